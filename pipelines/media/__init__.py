@@ -1,0 +1,1 @@
+"""Media helpers: locating ffmpeg, probing and decoding in a killable worker, cutting clips."""

@@ -1,0 +1,126 @@
+"""Probing a video file with PyAV (the FFmpeg libraries shipped in its wheel).
+
+Runs inside :mod:`pipelines.media.worker_main`, never in the pipeline process itself:
+a hostile file can hang or crash the demuxer. The frame count is *counted* by demuxing
+every packet of the video stream, because headers lie (or say nothing, as MPEG-PS and
+Ogg do) and a truncated file keeps its header's claims.
+"""
+from __future__ import annotations
+
+PROBE_VERSION = "probe-v1"
+
+# A file whose demuxed frames fall this far short of its header's claim is truncated.
+TRUNCATION_RATIO = 0.9
+
+
+class ProbeError(Exception):
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+def _rate(r) -> float | None:
+    try:
+        v = float(r) if r is not None else None
+    except ZeroDivisionError:
+        return None
+    return v if v and v > 0 else None
+
+
+def probe_file(path: str) -> dict:
+    """Return the probe fields of a ``video`` record (everything but ids, uri, bytes, licence).
+
+    Raises :class:`ProbeError` with a reject reason: ``not_a_video`` (unreadable container),
+    ``no_video_stream`` (audio only), ``undecodable`` (no frame decodes), ``truncated``,
+    ``zero_duration``.
+    """
+    import av  # imported here: the worker imports it once; the pipeline process never needs it
+
+    try:
+        container = av.open(path, metadata_errors="ignore")
+    except av.error.InvalidDataError as e:
+        raise ProbeError("not_a_video", f"not a readable media container: {e}") from None
+    except (av.error.FFmpegError, UnicodeDecodeError) as e:
+        raise ProbeError("not_a_video", f"cannot open as media: {e}") from None
+    with container:
+        if not container.streams.video:
+            kinds = sorted({s.type for s in container.streams})
+            raise ProbeError("no_video_stream", f"no video stream (streams: {kinds or 'none'})")
+        vs = container.streams.video[0]
+        cc = vs.codec_context
+        audio = container.streams.audio
+        header_frames = int(vs.frames or 0)
+        fps_avg = _rate(vs.average_rate)
+        fps_real = _rate(vs.base_rate) or _rate(vs.guessed_rate)
+        tb = vs.time_base
+
+        # Count the frames by demuxing (cheap: no decoding), and find the real end time.
+        n = 0
+        n_data = 0  # AVI stores repeated frames as empty packets: they count as frames, but not alone
+        first_pts = None
+        last_end = None
+        demux_error = None
+        try:
+            for pkt in container.demux(vs):
+                if pkt.dts is None and pkt.pts is None and pkt.size == 0:
+                    continue  # the demuxer's flush packet
+                n += 1
+                n_data += pkt.size > 0
+                if pkt.pts is not None:
+                    first_pts = pkt.pts if first_pts is None else min(first_pts, pkt.pts)
+                    end = pkt.pts + (pkt.duration or 0)
+                    last_end = end if last_end is None else max(last_end, end)
+        except av.error.FFmpegError as e:
+            demux_error = str(e)
+        if n_data == 0:
+            raise ProbeError("undecodable", f"no video packets could be read{': ' + demux_error if demux_error else ''}")
+        span = None
+        if first_pts is not None and last_end is not None and tb is not None and last_end > first_pts:
+            span = float((last_end - first_pts) * tb)
+        header_duration = float(vs.duration * tb) if vs.duration and tb is not None else None
+        # Compare times, not packet counts: AVI and some codecs skip repeated frames (cinepak stores 68
+        # packets for 444 frames), but a truncated file always ends early.
+        if span is not None and header_duration and span < TRUNCATION_RATIO * header_duration:
+            raise ProbeError("truncated", f"header says {header_duration:.2f} s but the packets end at {span:.2f} s"
+                                          f"{' (' + demux_error + ')' if demux_error else ''}")
+        if span is None and header_frames and n < TRUNCATION_RATIO * header_frames:
+            raise ProbeError("truncated", f"header claims {header_frames} frames but only {n} could be read")
+
+        # The stream's own duration can be missing (Ogg, MPEG-PS): fall back to packet times, then the container.
+        duration = span or header_duration
+        if not duration and container.duration:
+            duration = container.duration / 1e6
+        if not duration or duration <= 0:
+            raise ProbeError("zero_duration", "the video stream has no duration")
+        if fps_avg is None:
+            fps_avg = n / duration
+
+        # One decoded frame proves the codec works and tells the display rotation.
+        container.seek(0)
+        rotation = 0
+        width, height = cc.width, cc.height
+        try:
+            frame = next(container.decode(vs))
+            rotation = int(getattr(frame, "rotation", 0) or 0)
+            width, height = frame.width, frame.height
+        except (StopIteration, av.error.FFmpegError) as e:
+            raise ProbeError("undecodable", f"no frame of the {cc.name} stream decodes: {e}") from None
+        if not width or not height:
+            raise ProbeError("undecodable", "the video stream has no frame size")
+
+        return {
+            "container": container.format.name,
+            "duration_s": round(duration, 6),
+            "fps_avg": round(fps_avg, 6),
+            "fps_real": round(fps_real, 6) if fps_real else None,
+            "n_frames": n,
+            "n_frames_header": header_frames or None,
+            "width": int(width),
+            "height": int(height),
+            "rotation": rotation % 360,
+            "video_codec": cc.name,
+            "pix_fmt": cc.pix_fmt,
+            "has_audio": bool(audio),
+            "audio_codec": audio[0].codec_context.name if audio else None,
+            "probe_version": PROBE_VERSION,
+        }

@@ -1,0 +1,59 @@
+"""The child side of :class:`pipelines.media.worker.IsolatedWorker`: JSON requests in, JSON replies out.
+
+Operations are registered in ``OPS``; each takes keyword arguments and returns something JSON-able.
+An exception with a ``reason`` attribute becomes a clean error reply with that reason.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+
+
+def _probe(path: str) -> dict:
+    from pipelines.media.probe import probe_file
+    return probe_file(path)
+
+
+def _decode(tmpdir: str, **kw) -> dict:
+    from pipelines.media.decode import decode_to_npy
+    return decode_to_npy(tmpdir=tmpdir, **kw)
+
+
+def _sleep(seconds: float) -> dict:  # lets tests prove a hang costs one request, not the run
+    import time
+    time.sleep(seconds)
+    return {"slept": seconds}
+
+
+def _crash() -> dict:  # likewise for a hard crash of the decoder
+    import os
+    os.abort()
+
+
+OPS = {"probe": _probe, "decode": _decode, "sleep": _sleep, "crash": _crash}
+NEEDS_TMPDIR = {"decode"}
+
+
+def main() -> None:
+    out = sys.stdout.buffer
+    for line in sys.stdin.buffer:
+        req = json.loads(line)
+        op = req.get("op")
+        try:
+            fn = OPS[op]
+            args = dict(req.get("args") or {})
+            if op in NEEDS_TMPDIR:
+                args["tmpdir"] = req["tmpdir"]
+            reply = {"ok": True, "result": fn(**args)}
+        except KeyError as e:
+            reply = {"ok": False, "reason": "bad_request", "message": f"unknown op or argument {e}"}
+        except Exception as e:  # every failure is reported, with its reason code when it has one
+            reply = {"ok": False, "reason": getattr(e, "reason", type(e).__name__),
+                     "message": str(e) or traceback.format_exc(limit=2)}
+        out.write(json.dumps(reply).encode() + b"\n")
+        out.flush()
+
+
+if __name__ == "__main__":
+    main()

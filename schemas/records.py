@@ -1,0 +1,204 @@
+"""The one place where every record that crosses a stage boundary is defined.
+
+Each record kind is a pyarrow schema plus the few rules pyarrow cannot express
+(required fields, allowed values). Stages pass rows as plain dicts; they are
+checked with :func:`schemas.validate.validate_row` before they leave a stage
+and written to Parquet with :func:`schemas.validate.to_table`.
+
+Bump ``SCHEMA_VERSION`` when a field changes meaning or is removed; adding a
+nullable field is backwards compatible and only bumps the minor number.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+SCHEMA_VERSION = "1.2"
+
+
+@dataclass(frozen=True)
+class RecordKind:
+    name: str
+    schema: pa.Schema
+    key: str  # the field that identifies a row (sort key of the stage's Parquet output)
+    required: tuple[str, ...] = ()
+    allowed: dict[str, frozenset] = field(default_factory=dict)
+
+    def arrow_schema(self) -> pa.Schema:
+        return self.schema.with_metadata(
+            {b"longreel.record": self.name.encode(), b"longreel.schema_version": SCHEMA_VERSION.encode()}
+        )
+
+
+def _f(name: str, typ: pa.DataType, nullable: bool = True) -> pa.Field:
+    return pa.field(name, typ, nullable=nullable)
+
+
+_str, _f64, _i64, _i32, _bool = pa.string(), pa.float64(), pa.int64(), pa.int32(), pa.bool_()
+
+VIDEO = RecordKind(
+    name="video",
+    key="video_id",
+    schema=pa.schema([
+        _f("video_id", _str, False),       # first 16 hex digits of sha256: the stable id
+        _f("sha256", _str, False),         # of the file's bytes
+        _f("uri", _str, False),            # as given (path or URL)
+        _f("bytes", _i64, False),
+        _f("container", _str),
+        _f("duration_s", _f64, False),
+        _f("fps_avg", _f64),               # average frame rate (frames / duration as muxed)
+        _f("fps_real", _f64),              # the stream's base ("real") frame rate
+        _f("n_frames", _i64, False),       # counted by demuxing, not read from the header
+        _f("n_frames_header", _i64),       # what the container claims (0/None when it does not say)
+        _f("width", _i32, False),
+        _f("height", _i32, False),
+        _f("rotation", _i32),              # degrees, from the display matrix
+        _f("video_codec", _str, False),
+        _f("pix_fmt", _str),
+        _f("has_audio", _bool, False),
+        _f("audio_codec", _str),
+        _f("license", _str),
+        _f("attribution", _str),
+        _f("probe_version", _str, False),
+    ]),
+    required=("video_id", "sha256", "uri", "bytes", "duration_s", "n_frames", "width", "height",
+              "video_codec", "has_audio", "probe_version"),
+)
+
+CLIP = RecordKind(
+    name="clip",
+    key="clip_id",
+    schema=pa.schema([
+        _f("clip_id", _str, False),
+        _f("video_id", _str, False),
+        _f("index", _i32, False),
+        _f("start_s", _f64, False),        # planned range, snapped to frame boundaries
+        _f("end_s", _f64, False),
+        _f("start_frame", _i64, False),    # first frame in the clip
+        _f("end_frame", _i64, False),      # one past the last frame
+        _f("mode", _str, False),           # virtual | materialize
+        _f("cut", _str, False),            # none | copy | exact
+        _f("clip_uri", _str),              # materialized file, if any
+        _f("actual_start_s", _f64),        # where a stream copy really cut (keyframe aligned)
+        _f("actual_end_s", _f64),
+        _f("segment_params", _str, False), # JSON of the segmenting parameters
+    ]),
+    required=("clip_id", "video_id", "index", "start_s", "end_s", "start_frame", "end_frame", "mode", "cut"),
+    allowed={"mode": frozenset({"virtual", "materialize"}), "cut": frozenset({"none", "copy", "exact"})},
+)
+
+CLIP_FACTS = RecordKind(
+    name="clip_facts",
+    key="clip_id",
+    schema=pa.schema([
+        _f("clip_id", _str, False),
+        _f("video_id", _str, False),
+        _f("start_s", _f64, False),
+        _f("end_s", _f64, False),
+        _f("frame_timestamps", pa.list_(_f64), False),
+        _f("motion", _f64, False),         # mean absolute difference of consecutive sampled frames, 0..255
+        _f("black_ratio", _f64, False),    # share of sampled frames that are black or blank
+        _f("brightness", _f64, False),     # mean luma 0..255
+        _f("n_cuts", _i32, False),         # shot cuts between sampled frames
+        _f("dominant_color", _str),        # a colour name for the mean frame colour
+    ]),
+    required=("clip_id", "video_id", "start_s", "end_s", "frame_timestamps", "motion", "black_ratio",
+              "brightness", "n_cuts"),
+)
+
+CAPTION = RecordKind(
+    name="caption",
+    key="clip_id",
+    schema=pa.schema([
+        _f("clip_id", _str, False),
+        _f("video_id", _str, False),
+        _f("start_s", _f64, False),
+        _f("end_s", _f64, False),
+        _f("text", _str, False),
+        _f("backend", _str, False),        # facts | transformers | openai | vllm
+        _f("model", _str, False),
+        _f("model_revision", _str),        # revision or content hash of the weights
+        _f("prompt_hash", _str, False),
+        _f("sampling", _str, False),       # JSON
+        _f("frame_timestamps", pa.list_(_f64), False),
+        _f("latency_s", _f64),
+    ]),
+    required=("clip_id", "video_id", "text", "backend", "model", "prompt_hash", "sampling", "frame_timestamps"),
+)
+
+CATEGORIES = ("temporal", "goal_purpose", "spatial", "plot_narrative")
+PROBLEM_TYPES = ("multiple_choice", "open_ended", "numerical", "boolean", "temporal_grounding",
+                 "spatial_grounding", "math")
+
+QRA = RecordKind(
+    name="qra",
+    key="qra_id",
+    schema=pa.schema([
+        _f("qra_id", _str, False),
+        _f("video_id", _str, False),
+        _f("category", _str, False),
+        _f("problem_type", _str, False),
+        _f("question", _str, False),
+        _f("options", pa.list_(_str)),     # A..D texts for multiple choice, else null
+        _f("answer", _str, False),         # a letter for multiple choice, else the answer text
+        _f("reasoning", _str, False),
+        _f("target", _str, False),         # <think>reasoning</think><answer>answer</answer>
+        _f("generator", _str, False),      # template | transformers | openai | vllm
+        _f("model", _str, False),
+        _f("model_revision", _str),
+        _f("prompt_hash", _str, False),
+        _f("sampling", _str, False),       # JSON
+        _f("seed", _i64),
+        _f("source_caption_ids", pa.list_(_str), False),
+        _f("refined", _bool, False),
+    ]),
+    required=("qra_id", "video_id", "category", "problem_type", "question", "answer", "reasoning", "target",
+              "generator", "model", "prompt_hash", "sampling", "source_caption_ids", "refined"),
+    allowed={"category": frozenset(CATEGORIES), "problem_type": frozenset(PROBLEM_TYPES)},
+)
+
+PASS_RATE = RecordKind(
+    name="pass_rate",
+    key="qra_id",
+    schema=pa.schema([
+        _f("qra_id", _str, False),
+        _f("video_id", _str, False),
+        _f("k", _i32, False),
+        _f("pass_count", _i32, False),
+        _f("mean_reward", _f64, False),
+        _f("rewards", pa.list_(_f64), False),
+        _f("label", _str, False),          # easy | medium | hard
+        _f("split", _str, False),          # sft | rl | drop
+        _f("answerer", _str, False),
+        _f("answerer_revision", _str),
+        _f("temperature", _f64, False),
+        _f("seed", _i64, False),
+    ]),
+    required=("qra_id", "video_id", "k", "pass_count", "mean_reward", "rewards", "label", "split", "answerer",
+              "temperature", "seed"),
+    allowed={"label": frozenset({"easy", "medium", "hard"}), "split": frozenset({"sft", "rl", "drop"})},
+)
+
+REJECT = RecordKind(
+    name="reject",
+    key="key",
+    schema=pa.schema([
+        _f("stage", _str, False),
+        _f("key", _str, False),            # the input's key (uri, video id, clip id, qra id)
+        _f("reason", _str, False),         # machine-readable code, snake_case
+        _f("message", _str, False),        # for a person
+        _f("video_id", _str),
+        _f("details", _str),               # JSON, optional
+    ]),
+    required=("stage", "key", "reason", "message"),
+)
+
+KINDS: dict[str, RecordKind] = {k.name: k for k in (VIDEO, CLIP, CLIP_FACTS, CAPTION, QRA, PASS_RATE, REJECT)}
+
+
+def reject(stage: str, key: str, reason: str, message: str, video_id: str | None = None,
+           details: str | None = None) -> dict:
+    """Build a reject row. ``reason`` is a stable code that funnel statistics group by."""
+    return {"stage": stage, "key": key, "reason": reason, "message": message, "video_id": video_id,
+            "details": details}
