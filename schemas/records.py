@@ -54,6 +54,7 @@ VIDEO = RecordKind(
         _f("width", _i32, False),
         _f("height", _i32, False),
         _f("rotation", _i32),              # degrees, from the display matrix
+        _f("decode_delay_s", _f64),        # how far B-frames push the first decode timestamp below zero
         _f("video_codec", _str, False),
         _f("pix_fmt", _str),
         _f("has_audio", _bool, False),

@@ -58,6 +58,7 @@ def probe_file(path: str) -> dict:
         n = 0
         n_data = 0  # AVI stores repeated frames as empty packets: they count as frames, but not alone
         first_pts = None
+        first_dts = None
         last_end = None
         demux_error = None
         try:
@@ -66,6 +67,8 @@ def probe_file(path: str) -> dict:
                     continue  # the demuxer's flush packet
                 n += 1
                 n_data += pkt.size > 0
+                if first_dts is None and pkt.dts is not None:
+                    first_dts = pkt.dts
                 if pkt.pts is not None:
                     first_pts = pkt.pts if first_pts is None else min(first_pts, pkt.pts)
                     end = pkt.pts + (pkt.duration or 0)
@@ -122,5 +125,7 @@ def probe_file(path: str) -> dict:
             "pix_fmt": cc.pix_fmt,
             "has_audio": bool(audio),
             "audio_codec": audio[0].codec_context.name if audio else None,
+            # B-frame reordering makes the first decode timestamp negative; muxers shift every timestamp by it
+            "decode_delay_s": round(max(0.0, float(-first_dts * tb)), 6) if first_dts is not None and tb else 0.0,
             "probe_version": PROBE_VERSION,
         }

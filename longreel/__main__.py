@@ -1,0 +1,5 @@
+import sys
+
+from longreel.cli import main
+
+sys.exit(main())

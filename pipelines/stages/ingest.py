@@ -1,0 +1,145 @@
+"""Ingest + probe: input items -> ``video`` records; duplicates by content are rejects.
+
+Each input is hashed (sha256 of its bytes, read through Beam FileSystems) and probed by
+PyAV inside a killable worker process. The content hash is the video's identity: the same
+bytes under two names are one video, and every other name is a ``duplicate`` reject that
+names the kept one (the kept one is the smallest uri, so the choice is deterministic).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import stat
+import tempfile
+import time
+import urllib.request
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+
+from pipelines.media.worker import IsolatedWorker, WorkerError
+from pipelines.stages.base import MAIN, REJECTS, Progress, checked, rejected
+
+STAGE = "ingest"
+DEDUP_STAGE = "dedup"
+CHUNK = 1 << 20
+
+
+class NotRegularFile(OSError):
+    pass
+
+
+def _open(uri: str):
+    if uri.startswith(("http://", "https://")):
+        return urllib.request.urlopen(uri, timeout=60)  # noqa: S310 - the user's own URL list
+    return FileSystems.open(uri, compression_type="uncompressed")
+
+
+def hash_and_localize(uri: str, tmpdir: str) -> tuple[str, str, int, bool]:
+    """Return (local path, sha256, size, is_temp). Local files are read in place; remote ones copied once."""
+    h = hashlib.sha256()
+    size = 0
+    if "://" not in uri:
+        st = os.stat(uri)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(uri)
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or device would block or never end
+            raise NotRegularFile(uri)
+        with open(uri, "rb") as fh:
+            while chunk := fh.read(CHUNK):
+                h.update(chunk)
+                size += len(chunk)
+        return uri, h.hexdigest(), size, False
+    fd, local = tempfile.mkstemp(dir=tmpdir, suffix=os.path.splitext(uri)[1][:8])
+    with os.fdopen(fd, "wb") as out, _open(uri) as fh:
+        while chunk := fh.read(CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+            out.write(chunk)
+    return local, h.hexdigest(), size, True
+
+
+class ProbeVideo(beam.DoFn):
+    def __init__(self, probe_timeout_s: float = 120.0):
+        self.probe_timeout_s = probe_timeout_s
+
+    def setup(self):
+        self.worker = IsolatedWorker(default_timeout=self.probe_timeout_s)
+        self.tmpdir = tempfile.mkdtemp(prefix="longreel-ingest-")
+        self.progress = Progress(STAGE, "videos probed")
+
+    def teardown(self):
+        self.worker.close()
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+    def process(self, item: dict):
+        uri = item["uri"]
+        t0 = time.monotonic()
+        try:
+            local, sha, size, is_temp = hash_and_localize(uri, self.tmpdir)
+        except FileNotFoundError:
+            yield rejected(STAGE, uri, "not_found", f"no such file: {uri}")
+            return
+        except PermissionError as e:
+            yield rejected(STAGE, uri, "permission_denied", f"cannot read {uri}: {e}")
+            return
+        except IsADirectoryError:
+            yield rejected(STAGE, uri, "unreadable", f"{uri} is a directory, not a file")
+            return
+        except NotRegularFile:
+            yield rejected(STAGE, uri, "unreadable", f"{uri} is not a regular file (FIFO, socket or device)")
+            return
+        except OSError as e:
+            yield rejected(STAGE, uri, "unreadable", f"cannot read {uri}: {e}")
+            return
+        try:
+            if size == 0:
+                yield rejected(STAGE, uri, "empty_file", f"{uri} is empty (0 bytes)")
+                return
+            try:
+                info = self.worker.call("probe", path=local)
+            except WorkerError as e:
+                yield rejected(STAGE, uri, e.reason, e.message, video_id=sha[:16])
+                return
+        finally:
+            if is_temp:
+                os.unlink(local)
+        row = {"video_id": sha[:16], "sha256": sha, "uri": uri, "bytes": size,
+               "license": item.get("license"), "attribution": item.get("attribution"), **info}
+        self.progress.tick(f"{os.path.basename(uri)} ({time.monotonic() - t0:.2f} s)")
+        yield checked(STAGE, "video", row, uri)
+
+
+def _pick_canonical(element):
+    sha, rows = element
+    rows = sorted(rows, key=lambda r: r["uri"])
+    yield rows[0]
+    for dup in rows[1:]:
+        yield rejected(DEDUP_STAGE, dup["uri"], "duplicate",
+                       f"same content (sha256 {sha[:16]}…) as {rows[0]['uri']}", video_id=dup["video_id"])
+
+
+class ProbeVideos(beam.PTransform):
+    """Stage ``ingest``: items ``{"uri", "license", "attribution"}`` -> ``{"main": videos, "rejects"}``."""
+
+    def __init__(self, probe_timeout_s: float = 120.0):
+        super().__init__()
+        self.probe_timeout_s = probe_timeout_s
+
+    def expand(self, items):
+        out = (items
+               | "Reshuffle" >> beam.Reshuffle()  # spread the expensive probes over workers
+               | "HashAndProbe" >> beam.ParDo(ProbeVideo(self.probe_timeout_s)).with_outputs(REJECTS, main=MAIN))
+        return {MAIN: out[MAIN], REJECTS: out[REJECTS]}
+
+
+class DedupVideos(beam.PTransform):
+    """Stage ``dedup``: videos -> ``{"main": one video per content hash, "rejects": duplicates}``."""
+
+    def expand(self, videos):
+        out = (videos
+               | "KeyBySha" >> beam.Map(lambda r: (r["sha256"], r))
+               | "GroupBySha" >> beam.GroupByKey()
+               | "PickCanonical" >> beam.FlatMap(_pick_canonical).with_outputs(REJECTS, main=MAIN))
+        return {MAIN: out[MAIN], REJECTS: out[REJECTS]}

@@ -1,0 +1,99 @@
+"""Funnel statistics computed as data (a PCollection combined per key), never read back from metrics.
+
+Each stage contributes ``((stage, metric), count)`` pairs: ``in``, ``out`` and one
+``rejected:<reason>`` per reason. They are summed per key and folded into one ``stats.json``
+with a schema version, so that ``in == out + sum(rejected)`` can be checked for every stage.
+"""
+from __future__ import annotations
+
+import json
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+
+STATS_VERSION = "1.0"
+
+
+def _const_key(stage: str, metric: str):
+    return lambda n: ((stage, metric), n)
+
+
+def stage_counts(label: str, stage: str, inputs, main, rejects, out_units=None):
+    """PCollection of ``((stage, metric), n)`` for one stage.
+
+    ``out_units`` (optional) maps a main row to the unit the stage counts in (for example the
+    video id of a clip, so that ``segment`` counts videos in and videos out).
+    """
+    p = inputs.pipeline
+    n_in = inputs | f"{label}CountIn" >> beam.combiners.Count.Globally() | f"{label}KeyIn" >> beam.Map(
+        _const_key(stage, "in"))
+    units = main
+    if out_units is not None:
+        units = main | f"{label}OutUnits" >> beam.Map(out_units) | f"{label}DistinctOut" >> beam.Distinct()
+    n_out = units | f"{label}CountOut" >> beam.combiners.Count.Globally() | f"{label}KeyOut" >> beam.Map(
+        _const_key(stage, "out"))
+    by_reason = rejects | f"{label}KeyReasons" >> beam.Map(lambda r: ((stage, "rejected:" + r["reason"]), 1))
+    del p
+    return (n_in, n_out, by_reason) | f"{label}Flatten" >> beam.Flatten()
+
+
+def extra_count(label: str, stage: str, metric: str, pcoll):
+    """A further count a stage reports (for example ``clips`` for segment)."""
+    return (pcoll | f"{label}Count" >> beam.combiners.Count.Globally()
+            | f"{label}Key" >> beam.Map(_const_key(stage, metric)))
+
+
+def build_stats(pairs: list, stage_order: list[str], units: dict[str, str], meta: dict) -> dict:
+    """Fold summed pairs into the stats document (a pure function; tested directly)."""
+    stages = {s: {"stage": s, "unit": units.get(s, "item"), "in": 0, "out": 0, "rejected": {}, "extra": {}}
+              for s in stage_order}
+    for (stage, metric), n in pairs:
+        st = stages.setdefault(stage, {"stage": stage, "unit": units.get(stage, "item"), "in": 0, "out": 0,
+                                       "rejected": {}, "extra": {}})
+        if metric in ("in", "out"):
+            st[metric] += n
+        elif metric.startswith("rejected:"):
+            reason = metric.split(":", 1)[1]
+            st["rejected"][reason] = st["rejected"].get(reason, 0) + n
+        else:
+            st["extra"][metric] = st["extra"].get(metric, 0) + n
+    ordered = [stages[s] for s in stage_order] + [v for k, v in sorted(stages.items()) if k not in stage_order]
+    for st in ordered:
+        st["rejected"] = dict(sorted(st["rejected"].items()))
+        st["rejected_total"] = sum(st["rejected"].values())
+        st["balanced"] = st["in"] == st["out"] + st["rejected_total"]
+    return {"schema_version": STATS_VERSION, "kind": "longreel-funnel", **meta, "stages": ordered}
+
+
+def write_json(path: str, doc: dict) -> str:
+    blob = (json.dumps(doc, indent=2, sort_keys=False) + "\n").encode()
+    tmp = path + ".tmp"
+    with FileSystems.create(tmp) as fh:
+        fh.write(blob)
+    if FileSystems.exists(path):
+        FileSystems.delete([path])
+    FileSystems.rename([tmp], [path])
+    return path
+
+
+class WriteStats(beam.PTransform):
+    """pairs -> ``stats.json`` (``finish`` may add totals computed from the folded document)."""
+
+    def __init__(self, path: str, stage_order: list[str], units: dict[str, str], meta: dict, finish=None):
+        super().__init__()
+        self.path, self.stage_order, self.units, self.meta, self.finish = path, stage_order, units, meta, finish
+
+    def expand(self, pairs):
+        finish = self.finish
+
+        def fold(items):
+            doc = build_stats(items, self.stage_order, self.units, self.meta)
+            if finish is not None:
+                doc = finish(doc)
+            return write_json(self.path, doc)
+
+        return (pairs
+                | "SumPerKey" >> beam.CombinePerKey(sum)
+                | "Collect" >> beam.combiners.ToList()
+                | "Fold" >> beam.Map(lambda items: sorted(items))
+                | "Write" >> beam.Map(fold))
