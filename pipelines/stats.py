@@ -65,6 +65,27 @@ def build_stats(pairs: list, stage_order: list[str], units: dict[str, str], meta
     return {"schema_version": STATS_VERSION, "kind": "longreel-funnel", **meta, "stages": ordered}
 
 
+def read_json(path: str) -> dict | None:
+    if not FileSystems.exists(path):
+        return None
+    with FileSystems.open(path, compression_type="uncompressed") as fh:
+        return json.loads(fh.read())
+
+
+def merge_stats(old: dict | None, new: dict, stage_order: list[str] | None = None) -> dict:
+    """Replace ``old``'s entries for the stages ``new`` reports, keep the others (a stage run alone
+    on an existing output directory adds itself to that directory's funnel)."""
+    if not old:
+        return new
+    replaced = {s["stage"] for s in new["stages"]}
+    stages = [s for s in old["stages"] if s["stage"] not in replaced] + new["stages"]
+    if stage_order:
+        rank = {s: i for i, s in enumerate(stage_order)}
+        stages.sort(key=lambda s: rank.get(s["stage"], len(rank)))
+    merged = {**old, **{k: v for k, v in new.items() if k != "stages"}, "stages": stages}
+    return merged
+
+
 def write_json(path: str, doc: dict) -> str:
     blob = (json.dumps(doc, indent=2, sort_keys=False) + "\n").encode()
     tmp = path + ".tmp"
@@ -79,15 +100,19 @@ def write_json(path: str, doc: dict) -> str:
 class WriteStats(beam.PTransform):
     """pairs -> ``stats.json`` (``finish`` may add totals computed from the folded document)."""
 
-    def __init__(self, path: str, stage_order: list[str], units: dict[str, str], meta: dict, finish=None):
+    def __init__(self, path: str, stage_order: list[str], units: dict[str, str], meta: dict, finish=None,
+                 merge: bool = False):
         super().__init__()
         self.path, self.stage_order, self.units, self.meta, self.finish = path, stage_order, units, meta, finish
+        self.merge = merge
 
     def expand(self, pairs):
         finish = self.finish
 
         def fold(items):
             doc = build_stats(items, self.stage_order, self.units, self.meta)
+            if self.merge:
+                doc = merge_stats(read_json(self.path), doc)
             if finish is not None:
                 doc = finish(doc)
             return write_json(self.path, doc)
