@@ -14,33 +14,29 @@ from apache_beam.io.filesystems import FileSystems
 STATS_VERSION = "1.0"
 
 
-def _const_key(stage: str, metric: str):
-    return lambda n: ((stage, metric), n)
+def _metric(stage: str, metric: str):
+    return lambda _: ((stage, metric), 1)
 
 
 def stage_counts(label: str, stage: str, inputs, main, rejects, out_units=None):
-    """PCollection of ``((stage, metric), n)`` for one stage.
+    """PCollection of ``((stage, metric), 1)`` pairs for one stage, summed later by :class:`WriteStats`.
 
     ``out_units`` (optional) maps a main row to the unit the stage counts in (for example the
-    video id of a clip, so that ``segment`` counts videos in and videos out).
+    video id of a clip, so that ``segment`` counts videos in and videos out). A metric with no
+    pairs is 0 in the document (every stage always reports ``in`` and ``out``).
     """
-    p = inputs.pipeline
-    n_in = inputs | f"{label}CountIn" >> beam.combiners.Count.Globally() | f"{label}KeyIn" >> beam.Map(
-        _const_key(stage, "in"))
+    n_in = inputs | f"{label}CountIn" >> beam.Map(_metric(stage, "in"))
     units = main
     if out_units is not None:
         units = main | f"{label}OutUnits" >> beam.Map(out_units) | f"{label}DistinctOut" >> beam.Distinct()
-    n_out = units | f"{label}CountOut" >> beam.combiners.Count.Globally() | f"{label}KeyOut" >> beam.Map(
-        _const_key(stage, "out"))
+    n_out = units | f"{label}CountOut" >> beam.Map(_metric(stage, "out"))
     by_reason = rejects | f"{label}KeyReasons" >> beam.Map(lambda r: ((stage, "rejected:" + r["reason"]), 1))
-    del p
     return (n_in, n_out, by_reason) | f"{label}Flatten" >> beam.Flatten()
 
 
 def extra_count(label: str, stage: str, metric: str, pcoll):
     """A further count a stage reports (for example ``clips`` for segment)."""
-    return (pcoll | f"{label}Count" >> beam.combiners.Count.Globally()
-            | f"{label}Key" >> beam.Map(_const_key(stage, metric)))
+    return pcoll | f"{label}Count" >> beam.Map(_metric(stage, metric))
 
 
 def build_stats(pairs: list, stage_order: list[str], units: dict[str, str], meta: dict) -> dict:
@@ -117,8 +113,11 @@ class WriteStats(beam.PTransform):
                 doc = finish(doc)
             return write_json(self.path, doc)
 
-        return (pairs
+        # One always-present element, so that the document is written even when no stage saw any input.
+        seed = pairs.pipeline | "Seed" >> beam.Create([(("_", "_"), 0)])
+        return ((pairs, seed) | "WithSeed" >> beam.Flatten()
                 | "SumPerKey" >> beam.CombinePerKey(sum)
+                | "DropSeed" >> beam.Filter(lambda kv: kv[0] != ("_", "_"))
                 | "Collect" >> beam.combiners.ToList()
                 | "Fold" >> beam.Map(lambda items: sorted(items))
                 | "Write" >> beam.Map(fold))

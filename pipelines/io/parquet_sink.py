@@ -51,8 +51,8 @@ class _WriteShard(beam.DoFn):
         self.out_dir, self.table, self.kind, self.num_shards = out_dir, table, kind, num_shards
 
     def process(self, element):
-        index, groups = element
-        rows = list(groups["rows"])
+        index, group = element
+        rows = [r for r in group if r is not None]
         k = KINDS[self.kind]
         rows.sort(key=lambda r: row_sort_key(k.key, r))
         path = shard_name(self.out_dir, self.table, index, self.num_shards)
@@ -82,8 +82,9 @@ class WriteSortedParquet(beam.PTransform):
         key_field = KINDS[self.kind].key
         n = self.num_shards
         keyed = rows | "KeyByShard" >> beam.Map(lambda r: (shard_of(str(r[key_field]), n), r))
+        # A None marker per shard makes every shard present after grouping, so empty shards are written too.
         every = rows.pipeline | "AllShards" >> beam.Create([(i, None) for i in range(n)])
-        grouped = ({"rows": keyed, "present": every} | "GroupShards" >> beam.CoGroupByKey())
+        grouped = (keyed, every) | "WithMarkers" >> beam.Flatten() | "GroupShards" >> beam.GroupByKey()
         paths = grouped | "WriteShards" >> beam.ParDo(_WriteShard(self.out_dir, self.table, self.kind, n))
         return (paths
                 | "AllPaths" >> beam.combiners.ToList()

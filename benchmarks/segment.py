@@ -1,0 +1,114 @@
+"""Benchmark: `longreel curate` (ingest + probe + segment, materialize, stream copy) vs the bare ffmpeg CLI.
+
+All in one run, on the 10-minute Big Buck Bunny and on re-muxed copies of it with distinct
+bytes (so dedup keeps them all):
+
+* ffmpeg alone: ``ffmpeg -i IN -c copy -f segment -segment_time 10 OUT%03d.mp4`` (per-video time);
+* ``longreel curate`` as a user runs it (a fresh process, Beam start-up included) on 1 and on N videos.
+
+The marginal cost per video is ``(T(N) - T(1)) / (N - 1)``, the fixed start-up ``T(1) - marginal``.
+Targets: marginal / ffmpeg <= 1.5; start-up <= 5 s.
+
+    python benchmarks/segment.py [--video PATH] [--copies 8] [--repeats 3] [--out benchmarks/results/segment.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+
+from pipelines.media.ffmpeg_bin import ffmpeg_exe  # noqa: E402
+
+DEFAULT_VIDEO = os.path.join(ROOT, "..", "shared", "videos", "moviepy__bbb_full.mp4")
+
+
+def timed(args: list[str], cwd: str | None = None) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(args, check=True, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--video", default=DEFAULT_VIDEO)
+    ap.add_argument("--copies", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "segment.json"))
+    a = ap.parse_args()
+    ff = ffmpeg_exe()
+    work = tempfile.mkdtemp(prefix="longreel-bench-segment-")
+    try:
+        vids = os.path.join(work, "videos")
+        os.makedirs(vids)
+        for i in range(a.copies):  # distinct bytes: a different metadata tag in each re-mux
+            subprocess.run([ff, "-nostdin", "-loglevel", "error", "-y", "-i", a.video, "-map", "0", "-c", "copy",
+                            "-metadata", f"comment=longreel benchmark copy {i}", os.path.join(vids, f"bbb_{i:02d}.mp4")],
+                           check=True)
+        one = os.path.join(work, "one")
+        os.makedirs(one)
+        os.link(os.path.join(vids, "bbb_00.mp4"), os.path.join(one, "bbb_00.mp4"))
+
+        ffmpeg_times = []
+        for r in range(a.repeats):
+            out = os.path.join(work, f"ff{r}")
+            os.makedirs(out)
+            ffmpeg_times.append(timed([ff, "-nostdin", "-loglevel", "error", "-y", "-i", a.video, "-c", "copy",
+                                       "-f", "segment", "-segment_time", "10", os.path.join(out, "%03d.mp4")]))
+            shutil.rmtree(out)
+        longreel = [sys.executable, "-m", "longreel", "-q", "curate", "--set", "segment.mode=materialize",
+                    "--set", "segment.cut=copy"]
+        t1, tn = [], []
+        for r in range(a.repeats):  # interleaved so that machine noise hits both alike
+            out = os.path.join(work, f"lr1_{r}")
+            t1.append(timed(longreel + [one, "--out", out]))
+            shutil.rmtree(out)
+            out = os.path.join(work, f"lrn_{r}")
+            tn.append(timed(longreel + [vids, "--out", out]))
+            with open(os.path.join(out, "stats.json")) as fh:
+                totals = json.load(fh)["totals"]
+            assert totals["videos_ok"] == a.copies and totals["clips"] == 60 * a.copies, totals
+            shutil.rmtree(out)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    ff_s = statistics.median(ffmpeg_times)
+    one_s = statistics.median(t1)
+    n_s = statistics.median(tn)
+    marginal = (n_s - one_s) / (a.copies - 1)
+    startup = one_s - marginal
+    doc = {
+        "benchmark": "segment",
+        "video": os.path.basename(a.video),
+        "copies": a.copies,
+        "repeats": a.repeats,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "ffmpeg": ff},
+        "ffmpeg_cli_per_video_s": {"median": round(ff_s, 3), "all": [round(x, 3) for x in ffmpeg_times]},
+        "longreel_1_video_s": {"median": round(one_s, 3), "all": [round(x, 3) for x in t1]},
+        f"longreel_{a.copies}_videos_s": {"median": round(n_s, 3), "all": [round(x, 3) for x in tn]},
+        "marginal_per_video_s": round(marginal, 3),
+        "startup_s": round(startup, 3),
+        "marginal_ratio_vs_ffmpeg": round(marginal / ff_s, 3),
+        "targets": {"marginal_ratio_max": 1.5, "startup_max_s": 5.0},
+        "meets_targets": {"marginal_ratio": marginal / ff_s <= 1.5, "startup": startup <= 5.0},
+    }
+    os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    with open(a.out, "w") as fh:
+        json.dump(doc, fh, indent=2)
+        fh.write("\n")
+    print(json.dumps(doc, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
