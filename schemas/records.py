@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "1.2"
+SCHEMA_VERSION = "1.3"
 
 
 @dataclass(frozen=True)
@@ -175,6 +175,18 @@ PASS_RATE = RecordKind(
         _f("answerer_revision", _str),
         _f("temperature", _f64, False),
         _f("seed", _i64, False),
+        # 1.3: provenance and per-sample detail of the pass-rate filter (nullable)
+        _f("backend", _str),               # transformers | vllm | scripted
+        _f("top_p", _f64),
+        _f("top_k", _i32),
+        _f("max_new_tokens", _i32),
+        _f("prompt_hash", _str),           # trainer.prompting.prompt_hash(): the trainer's prompt format
+        _f("pass_threshold", _f64),        # null: a sample passes when accuracy == 1; else reward >= this
+        _f("policy", _str),                # medium | band (which rule set split=drop)
+        _f("frame_timestamps", pa.list_(_f64)),
+        _f("completions", pa.list_(_str)), # the k samples, in order
+        _f("sample_reasons", pa.list_(_str)),  # trainer.rewards reason code per sample
+        _f("latency_s", _f64),
     ]),
     required=("qra_id", "video_id", "k", "pass_count", "mean_reward", "rewards", "label", "split", "answerer",
               "temperature", "seed"),

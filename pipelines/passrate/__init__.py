@@ -1,0 +1,4 @@
+"""Pass-rate filtering: answerer backends (Beam RunInference model handlers) and the pure rules of the filter.
+
+The Beam stage itself is :mod:`pipelines.stages.passrate`; its config is :class:`pipelines.filter_config.FilterConfig`.
+"""
