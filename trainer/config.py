@@ -1,0 +1,172 @@
+"""Trainer configuration: dataclasses with help text on every field, loaded from YAML + ``--set`` overrides.
+
+One ``TrainConfig`` serves both stages (``longreel train sft`` and ``longreel train grpo``); each stage reads the
+sections it needs. Load with ``schemas.config.load_yaml(TrainConfig, path, overrides)``; list every key with
+``longreel train sft --show-config``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from schemas.config import ConfigError, cfg
+
+__all__ = [
+    "ModelConfig", "DataConfig", "OptimConfig", "RolloutConfig", "GRPOConfig", "SFTConfig", "RunConfig",
+    "DistConfig", "EvalConfig", "TrainConfig",
+]
+
+
+@dataclass
+class ModelConfig:
+    path: str = cfg("", "Local directory of the policy (save_pretrained layout: config, weights, processor). "
+                        "Hub ids are not fetched: download the model first.")
+    dtype: str = cfg("auto", "Parameter dtype: auto (bf16 on a GPU that supports it, else fp32), float32, bfloat16.",
+                     choices=("auto", "float32", "bfloat16"))
+    attn_implementation: str = cfg("sdpa", "Attention kernel passed to from_pretrained (sdpa, eager, "
+                                           "flash_attention_2 on GPU).")
+    trust_remote_code: bool = cfg(False, "Allow model code shipped with the checkpoint (needed for NVILA). Opt-in.")
+    gradient_checkpointing: bool = cfg(False, "Recompute activations in the backward pass to save memory.")
+    freeze_vision: bool = cfg(False, "Do not train the vision tower (its parameters get requires_grad=False).")
+
+
+@dataclass
+class DataConfig:
+    source: str = cfg("shards", "Where training items come from: 'shards' (WebDataset shards via trainer.data) or "
+                                "'synthetic' (the procedural task of trainer.synthetic_task, generated in memory).",
+                      choices=("shards", "synthetic"))
+    train_urls: list[str] = cfg(default_factory=list, help="Training shard URLs or globs (local, http(s), gs://, s3://).")
+    eval_urls: list[str] = cfg(default_factory=list, help="Held-out shard URLs or globs for evaluation.")
+    batch_size: int = cfg(4, "Prompts per optimizer step across all ranks (the global batch; must divide by the "
+                             "world size).")
+    shuffle: bool = cfg(True, "Shuffle the item order each epoch (deterministically from run.seed and the epoch).")
+    synthetic_train: int = cfg(256, "synthetic: number of training items.")
+    synthetic_eval: int = cfg(100, "synthetic: number of held-out items.")
+    synthetic_seed: int = cfg(0, "synthetic: generator seed for the training items (held-out items use seed + 1000).")
+    synthetic_kinds: list[str] = cfg(default_factory=lambda: ["colour"],
+                                     help="synthetic: question kinds to draw from (see trainer.synthetic_task.KINDS).")
+    max_frames: int = cfg(0, "If > 0, drop items whose video has more frames than this (a reject, logged).")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = cfg(1e-6, "Peak learning rate of AdamW.")
+    weight_decay: float = cfg(0.0, "AdamW weight decay.")
+    beta1: float = cfg(0.9, "AdamW beta1.")
+    beta2: float = cfg(0.999, "AdamW beta2.")
+    eps: float = cfg(1e-8, "AdamW epsilon.")
+    warmup_steps: int = cfg(0, "Linear warm-up steps from 0 to lr.")
+    schedule: str = cfg("constant", "LR schedule after warm-up.", choices=("constant", "linear", "cosine"))
+    min_lr_ratio: float = cfg(0.0, "linear/cosine: final LR as a fraction of lr.")
+    max_grad_norm: float = cfg(1.0, "Clip the global gradient norm to this (<= 0: no clipping, norm still logged).")
+    grad_accum: int = cfg(1, "Micro-steps accumulated per optimizer step; the global batch is split into this many "
+                             "micro-batches (per rank).")
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = cfg("transformers", "Rollout engine: 'transformers' (generate, CPU/GPU) or 'vllm' (GPU; weights "
+                                      "synced from the trainer after each update).", choices=("transformers", "vllm"))
+    n: int = cfg(8, "G: rollouts per prompt (the GRPO group size).")
+    temperature: float = cfg(1.0, "Sampling temperature (log-probs are computed at the same temperature).")
+    top_p: float = cfg(1.0, "Nucleus sampling threshold (1.0: off).")
+    max_new_tokens: int = cfg(256, "Longest response, in tokens.")
+    vllm_gpu_memory_utilization: float = cfg(0.4, "vllm: fraction of GPU memory the engine may take.")
+    vllm_max_model_len: int = cfg(8192, "vllm: longest prompt + response.")
+
+
+@dataclass
+class GRPOConfig:
+    adv_estimator: str = cfg("grpo", "Advantage estimator: grpo ((r-mean)/(std+eps)) or dr_grpo (r-mean).",
+                             choices=("grpo", "dr_grpo"))
+    clip_low: float = cfg(0.2, "Lower clip: the ratio is clipped below at 1 - clip_low.")
+    clip_high: float = cfg(0.28, "Upper clip (DAPO clip-higher): the ratio is clipped above at 1 + clip_high.")
+    loss_agg: str = cfg("token_mean", "Loss aggregation over tokens and sequences.",
+                        choices=("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"))
+    beta: float = cfg(0.0, "KL coefficient to the reference model; the reference is loaded only when > 0.")
+    kl_estimator: str = cfg("k3", "KL estimator for the penalty.", choices=("k1", "k2", "k3", "low_var_kl"))
+    ppo_epochs: int = cfg(1, "Passes over each rollout batch (more than 1 makes later passes off-policy, where the "
+                             "clip matters).")
+    mix_policy: bool = cfg(False, "Mix-policy: an item's offline trajectory (its CoT target) replaces one of its G "
+                                  "rollouts.")
+    behaviour_cap: float = cfg(5.0, "Cap of the decoupled off-policy weight exp(logp_prox - logp_behav).")
+    behaviour_correction: bool = cfg(False, "Apply the capped behaviour weight when rollouts come from older weights "
+                                            "(engine logprobs differ from the trainer's proximal ones).")
+    reward_format_weight: float = cfg(0.0, "trainer.rewards format_weight: reward of a well-formatted wrong answer.")
+
+
+@dataclass
+class SFTConfig:
+    max_items: int = cfg(0, "Use only the first N training items (0: all); a small N leaves room for GRPO.")
+    epochs: int = cfg(1, "Passes over the (possibly truncated) SFT set; run.steps, if > 0, wins.")
+
+
+@dataclass
+class RunConfig:
+    out_dir: str = cfg("runs/train", "Output directory: checkpoints/, final/, metrics.jsonl, tensorboard/.")
+    steps: int = cfg(100, "Optimizer steps to train (GRPO; SFT too when > 0, else sft.epochs).")
+    seed: int = cfg(0, "Seed of the model-independent randomness (data order, rollout sampling).")
+    save_every: int = cfg(50, "Save a resumable checkpoint every N steps (0: only at the end).")
+    keep_checkpoints: int = cfg(2, "Keep the newest N step checkpoints (older ones are deleted).")
+    resume: bool = cfg(True, "Resume from the newest checkpoint in out_dir/checkpoints when there is one.")
+    save_final: bool = cfg(True, "Write out_dir/final with save_pretrained (model + processor) at the end.")
+    log_every: int = cfg(1, "Write metrics every N steps.")
+    tensorboard: bool = cfg(True, "Also write TensorBoard event files (out_dir/tensorboard).")
+    progress: bool = cfg(True, "Show a tqdm progress bar on rank 0.")
+    device: str = cfg("auto", "auto (cuda when available), cpu, or cuda.")
+    deterministic: bool = cfg(True, "torch.use_deterministic_algorithms (warn-only) for reproducible runs.")
+    dump_grads: str = cfg("", "Debug: write the step-1 (post all-reduce) gradients to this safetensors file.")
+
+
+@dataclass
+class DistConfig:
+    backend: str = cfg("auto", "torch.distributed backend under torchrun: auto (nccl on GPU, gloo on CPU), gloo, nccl.",
+                       choices=("auto", "gloo", "nccl"))
+    strategy: str = cfg("ddp", "Data-parallel strategy: ddp (gradients all-reduced) or fsdp (FSDP2 fully_shard; GPU).",
+                        choices=("ddp", "fsdp"))
+
+
+@dataclass
+class EvalConfig:
+    max_new_tokens: int = cfg(256, "Longest greedy answer when evaluating.")
+    max_items: int = cfg(0, "Evaluate only the first N held-out items (0: all).")
+    every: int = cfg(0, "During training, evaluate on data.eval_urls every N steps (0: never).")
+
+
+@dataclass
+class TrainConfig:
+    model: ModelConfig = cfg(default_factory=ModelConfig, help="Policy model.")
+    data: DataConfig = cfg(default_factory=DataConfig, help="Training / held-out data.")
+    optim: OptimConfig = cfg(default_factory=OptimConfig, help="Optimizer and schedule.")
+    rollout: RolloutConfig = cfg(default_factory=RolloutConfig, help="Rollout sampling (GRPO).")
+    grpo: GRPOConfig = cfg(default_factory=GRPOConfig, help="GRPO loss.")
+    sft: SFTConfig = cfg(default_factory=SFTConfig, help="CoT-SFT stage.")
+    run: RunConfig = cfg(default_factory=RunConfig, help="Run control: steps, checkpoints, logging.")
+    dist: DistConfig = cfg(default_factory=DistConfig, help="Distributed training.")
+    eval: EvalConfig = cfg(default_factory=EvalConfig, help="Evaluation.")
+
+    def validate(self) -> None:
+        def need(ok: bool, msg: str) -> None:
+            if not ok:
+                raise ConfigError(msg)
+
+        need(self.data.batch_size >= 1, "data.batch_size must be >= 1")
+        need(self.optim.grad_accum >= 1, "optim.grad_accum must be >= 1")
+        need(self.optim.lr >= 0, "optim.lr must be >= 0")
+        need(self.optim.warmup_steps >= 0, "optim.warmup_steps must be >= 0")
+        need(0.0 <= self.optim.min_lr_ratio <= 1.0, "optim.min_lr_ratio must be in [0, 1]")
+        need(self.rollout.n >= 1, "rollout.n must be >= 1")
+        need(self.rollout.temperature > 0, "rollout.temperature must be > 0 (use eval for greedy decoding)")
+        need(0 < self.rollout.top_p <= 1, "rollout.top_p must be in (0, 1]")
+        need(self.rollout.max_new_tokens >= 1, "rollout.max_new_tokens must be >= 1")
+        need(0.0 <= self.grpo.clip_low < 1.0, "grpo.clip_low must be in [0, 1)")
+        need(self.grpo.clip_high >= 0.0, "grpo.clip_high must be >= 0")
+        need(self.grpo.beta >= 0.0, "grpo.beta must be >= 0")
+        need(self.grpo.ppo_epochs >= 1, "grpo.ppo_epochs must be >= 1")
+        need(self.grpo.behaviour_cap > 0, "grpo.behaviour_cap must be > 0")
+        need(0.0 <= self.grpo.reward_format_weight <= 1.0, "grpo.reward_format_weight must be in [0, 1]")
+        need(self.run.steps >= 0, "run.steps must be >= 0")
+        need(self.run.save_every >= 0, "run.save_every must be >= 0")
+        need(self.run.keep_checkpoints >= 1, "run.keep_checkpoints must be >= 1")
+        need(self.run.log_every >= 1, "run.log_every must be >= 1")
+        need(self.run.device in ("auto", "cpu", "cuda"), "run.device must be auto, cpu or cuda")
+        need(self.sft.max_items >= 0 and self.sft.epochs >= 1, "sft.max_items >= 0 and sft.epochs >= 1")

@@ -1,0 +1,293 @@
+"""The policy: a transformers VLM + processor loaded from a local directory, and the tensor plumbing around it.
+
+Video comes in as cached frames (uint8, already sampled and resized) + metadata, so the processor is called with
+``do_sample_frames=False``: the trainer, the pass-rate filter and evaluation see the same ``video_grid_thw``.
+
+The three entry points the GRPO/SFT loops use, each usable with precomputed video embeddings (the MR-SP hook):
+
+``encode_prompt(processor, item, video_token_id=...) -> PromptInputs``
+    chat template + processor; strict placeholder check (``VideoTokenMismatch`` names the sample).
+``encode_video(model, prompt) -> VideoEmbeds``
+    runs the vision tower once (``get_video_features``); checks one feature per placeholder token.
+``sequence_logprobs(model, prompt, response_ids, response_mask, temperature, video_embeds=None) -> [N, T]``
+    per-token log-probs of ``N`` responses to one prompt; the video is encoded once for all ``N`` (or not at all
+    when ``video_embeds`` is given) and fed through ``mm_encoder_outputs``, so the vision tower never runs ``N``
+    times. With grad enabled and no ``video_embeds``, gradients reach the vision tower.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "VideoTokenMismatch", "PromptInputs", "VideoEmbeds", "load_policy", "resolve_dtype", "resolve_device",
+    "prompt_messages", "encode_prompt", "encode_video", "sequence_logprobs", "sft_inputs", "video_token_id",
+]
+
+log = logging.getLogger("longreel.trainer")
+
+
+class VideoTokenMismatch(ValueError):
+    """The number of video placeholder tokens differs from the number of visual features for a sample."""
+
+
+# --------------------------------------------------------------------------------------------------
+# loading
+# --------------------------------------------------------------------------------------------------
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    if name == "auto":
+        return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("run.device=cuda but no CUDA device is available")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """``auto``: bf16 on a GPU that supports it, else fp32 (bf16 on this CPU is slow and imprecise)."""
+    if name == "auto":
+        if device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
+
+
+def load_policy(path: str, *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                attn_implementation: str | None = "sdpa", trust_remote_code: bool = False):
+    """Load ``(model, processor)`` from a local ``save_pretrained`` directory (nothing is downloaded)."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    if not path or not os.path.isdir(path):
+        raise FileNotFoundError(f"model.path {path!r} is not a local directory (hub ids are not downloaded here)")
+    kwargs: dict[str, Any] = {"dtype": dtype, "local_files_only": True, "trust_remote_code": trust_remote_code}
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    model = AutoModelForImageTextToText.from_pretrained(path, **kwargs).to(device)
+    processor = AutoProcessor.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
+    return model, processor
+
+
+def video_token_id(model_or_config) -> int:
+    config = getattr(model_or_config, "config", model_or_config)
+    tid = getattr(config, "video_token_id", None)
+    if tid is None:
+        raise ValueError(f"{type(config).__name__} has no video_token_id: not a video-capable VLM config")
+    return int(tid)
+
+
+# --------------------------------------------------------------------------------------------------
+# prompts
+# --------------------------------------------------------------------------------------------------
+
+
+def _prompting():
+    try:
+        from trainer import prompting  # the shared prompt builder (trainer + pass-rate filter), when present
+    except ImportError:
+        return None
+    return prompting if hasattr(prompting, "messages_for_qra") else None
+
+
+def prompt_messages(item: Mapping[str, Any]) -> list[dict]:
+    """Chat messages for an item: one user turn with the video and the question (+ lettered options)."""
+    shared = _prompting()
+    if shared is not None:
+        return shared.messages_for_qra(item)
+    lines = [str(item["question"]).strip()]
+    options = item.get("options") or []
+    if options:
+        lines.append("Options:")
+        lines.extend(f"{'ABCDEFGHIJKLMNOPQRSTUVWXYZ'[i]}. {o}" for i, o in enumerate(options))
+        tail = "answer with the option's letter"
+    else:
+        tail = "give the final answer"
+    lines.append(f"Think inside <think> </think>, then {tail} inside <answer> </answer>.")
+    return [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "\n".join(lines)}]}]
+
+
+def _metadata_dict(meta: Any) -> dict:
+    if meta is None:
+        raise ValueError("item has no video metadata (fps and frame indices are needed for the temporal rope)")
+    if isinstance(meta, Mapping):
+        d = dict(meta)
+    else:  # transformers.video_utils.VideoMetadata or any object with attributes
+        d = {k: getattr(meta, k) for k in ("total_num_frames", "fps", "frames_indices", "duration", "width",
+                                           "height", "video_backend") if getattr(meta, k, None) is not None}
+    if "frames_indices" in d and d["frames_indices"] is not None:
+        d["frames_indices"] = [int(i) for i in d["frames_indices"]]
+    return d
+
+
+def _frames(item: Mapping[str, Any]):
+    frames = item["frames"]
+    if isinstance(frames, Tensor):
+        if frames.dtype != torch.uint8:
+            raise ValueError(f"sample {item.get('key')!r}: frames must be uint8, got {frames.dtype}")
+        return frames
+    import numpy as np
+
+    arr = np.asarray(frames)
+    if arr.dtype != np.uint8:
+        raise ValueError(f"sample {item.get('key')!r}: frames must be uint8, got {arr.dtype}")
+    return torch.from_numpy(arr)
+
+
+@dataclass
+class PromptInputs:
+    """One tokenized prompt with its video. All tensors have a leading batch dim of 1.
+
+    ``input_ids`` / ``attention_mask`` / ``mm_token_type_ids``: ``[1, L]``; ``pixel_values_videos``:
+    ``[P, D]`` flattened patches; ``video_grid_thw``: ``[1, 3]``; ``extra``: other per-sample processor outputs
+    the model needs (e.g. Qwen2.5-VL's ``second_per_grid_ts``), each ``[1, ...]``.
+    """
+
+    key: str
+    input_ids: Tensor
+    attention_mask: Tensor
+    pixel_values_videos: Tensor
+    video_grid_thw: Tensor
+    mm_token_type_ids: Tensor | None = None
+    extra: dict[str, Tensor] = field(default_factory=dict)
+
+    @property
+    def length(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    def to(self, device) -> "PromptInputs":
+        mv = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return PromptInputs(self.key, mv(self.input_ids), mv(self.attention_mask), mv(self.pixel_values_videos),
+                            mv(self.video_grid_thw), mv(self.mm_token_type_ids),
+                            {k: mv(v) for k, v in self.extra.items()})
+
+
+_KNOWN_KEYS = {"input_ids", "attention_mask", "pixel_values_videos", "video_grid_thw", "mm_token_type_ids"}
+
+
+def encode_prompt(processor, item: Mapping[str, Any], *, video_token_id: int, merge_size: int | None = None,
+                  messages: list[dict] | None = None) -> PromptInputs:
+    """Tokenize an item's prompt with its cached frames; raise ``VideoTokenMismatch`` unless the prompt holds
+    exactly one ``<|video_pad|>`` per merged visual patch of the video."""
+    key = str(item.get("key", "?"))
+    msgs = messages if messages is not None else prompt_messages(item)
+    text = processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    enc = processor(text=[text], videos=[_frames(item)], video_metadata=[_metadata_dict(item.get("metadata"))],
+                    do_sample_frames=False, return_tensors="pt")
+    grid = enc["video_grid_thw"]
+    merge = merge_size or int(getattr(processor.video_processor, "merge_size", 2))
+    n_placeholders = int((enc["input_ids"] == video_token_id).sum())
+    n_features = int(grid.prod(-1).sum()) // (merge * merge)
+    if n_placeholders != n_features:
+        raise VideoTokenMismatch(
+            f"sample {key!r}: the prompt has {n_placeholders} video placeholder tokens but the video gives "
+            f"{n_features} visual features (video_grid_thw={grid.tolist()}, merge {merge}); a question or option "
+            f"containing placeholder text, or a truncated prompt, causes this")
+    extra = {k: v for k, v in enc.items() if k not in _KNOWN_KEYS and isinstance(v, Tensor)}
+    return PromptInputs(key=key, input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
+                        pixel_values_videos=enc["pixel_values_videos"], video_grid_thw=grid,
+                        mm_token_type_ids=enc.get("mm_token_type_ids"), extra=extra)
+
+
+# --------------------------------------------------------------------------------------------------
+# video embeddings (the MR-SP hook)
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class VideoEmbeds:
+    """Vision-tower output for one prompt's video, ready to be fed to the language model.
+
+    ``features``: ``[n_tokens, hidden]``, one row per video placeholder token (after the merger), in the
+    order the placeholders appear. ``grid_thw``: ``[1, 3]``. ``extra``: other per-video encoder outputs a family
+    needs (e.g. Qwen3-VL deepstack features, ``[n_tokens, hidden]`` each), repeated with ``features``.
+    Produced by ``encode_video`` or by any other encoder (sharded across ranks, cached) with the same shapes.
+    """
+
+    features: Tensor
+    grid_thw: Tensor
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_mm_encoder_outputs(self, copies: int = 1) -> dict:
+        from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+        out = BaseModelOutputWithPooling(pooler_output=tuple([self.features] * copies))
+        for k, v in self.extra.items():
+            out[k] = [v] * copies if not isinstance(v, (list, tuple)) else [x for _ in range(copies) for x in v]
+        return {"video": out}
+
+
+def encode_video(model, prompt: PromptInputs) -> VideoEmbeds:
+    """Run the vision tower once on a prompt's video (grad follows the caller's grad mode)."""
+    out = model.get_video_features(prompt.pixel_values_videos, prompt.video_grid_thw, return_dict=True)
+    pooled = out.pooler_output
+    feats = torch.cat(list(pooled), dim=0) if isinstance(pooled, (list, tuple)) else pooled
+    n_placeholders = int((prompt.input_ids == video_token_id(model)).sum())
+    if feats.shape[0] != n_placeholders:
+        raise VideoTokenMismatch(
+            f"sample {prompt.key!r}: the vision tower gave {feats.shape[0]} features for {n_placeholders} video "
+            f"placeholder tokens (video_grid_thw={prompt.video_grid_thw.tolist()})")
+    extra = {}
+    for name in ("deepstack_features", "deepstack_feature_lists"):
+        if getattr(out, name, None) is not None:
+            extra[name] = getattr(out, name)
+    return VideoEmbeds(features=feats, grid_thw=prompt.video_grid_thw, extra=extra)
+
+
+def _check_embeds(prompt: PromptInputs, embeds: VideoEmbeds, model) -> None:
+    n_placeholders = int((prompt.input_ids == video_token_id(model)).sum())
+    if embeds.features.shape[0] != n_placeholders:
+        raise VideoTokenMismatch(
+            f"sample {prompt.key!r}: {embeds.features.shape[0]} precomputed video features for {n_placeholders} "
+            f"video placeholder tokens")
+
+
+def _repeat_extra(extra: Mapping[str, Tensor], n: int) -> dict[str, Tensor]:
+    return {k: v.repeat_interleave(n, dim=0) if v.dim() >= 1 and v.shape[0] == 1 else v for k, v in extra.items()}
+
+
+def sequence_logprobs(model, prompt: PromptInputs, response_ids: Tensor, response_mask: Tensor, *,
+                      temperature: float = 1.0, video_embeds: VideoEmbeds | None = None) -> Tensor:
+    """Per-token log-probs ``[N, T]`` of ``N`` right-padded responses to one prompt (``logits / temperature``).
+
+    Args:
+        prompt: the tokenized prompt (batch 1).
+        response_ids: ``LongTensor[N, T]``; response_mask: ``[N, T]`` (1 on real tokens).
+        temperature: the sampling temperature, so ratios compare like with like.
+        video_embeds: precomputed vision features for this prompt (see ``VideoEmbeds``); when ``None`` the
+            video is encoded here, once for all ``N`` sequences.
+    Returns:
+        ``[N, T]`` float32 log-probs; entries at padding positions are meaningless (mask them).
+    """
+    n, t = response_ids.shape
+    dev = response_ids.device
+    if video_embeds is None:
+        video_embeds = encode_video(model, prompt)
+    else:
+        _check_embeds(prompt, video_embeds, model)
+    ids = torch.cat([prompt.input_ids.expand(n, -1), response_ids], dim=1)
+    attn = torch.cat([prompt.attention_mask.expand(n, -1), response_mask.to(prompt.attention_mask.dtype)], dim=1)
+    kwargs: dict[str, Any] = {}
+    if prompt.mm_token_type_ids is not None:
+        kwargs["mm_token_type_ids"] = torch.cat(
+            [prompt.mm_token_type_ids.expand(n, -1), prompt.mm_token_type_ids.new_zeros(n, t)], dim=1)
+    kwargs.update(_repeat_extra(prompt.extra, n))
+    out = model(input_ids=ids, attention_mask=attn, video_grid_thw=prompt.video_grid_thw.repeat(n, 1),
+                mm_encoder_outputs=video_embeds.as_mm_encoder_outputs(n), logits_to_keep=t + 1, use_cache=False,
+                **kwargs)
+    logits = out.logits[:, :-1, :].float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, response_ids.to(dev).unsqueeze(-1)).squeeze(-1)
+    return logp
+
+
+def sft_inputs(processor, prompt: PromptInputs, target: str, eos_token_id: int) -> tuple[Tensor, Tensor]:
+    """Tokenize an SFT target as a response: ``(response_ids [1, T], mask [1, T])``, ending with ``eos``."""
+    ids = processor.tokenizer(target, add_special_tokens=False)["input_ids"] + [int(eos_token_id)]
+    resp = torch.tensor([ids], dtype=torch.long)
+    return resp, torch.ones_like(resp)

@@ -1,0 +1,263 @@
+"""Rollout engines: sample G responses per prompt behind one interface.
+
+``RolloutEngine.generate(prompts, sampling, seeds, video_embeds=None, items=None) -> list[RolloutGroup]``
+
+* ``TransformersEngine``: ``model.generate`` on the trainer's own model (CPU or GPU). The video is encoded once
+  per prompt (or taken from ``video_embeds``) and passed as ``mm_encoder_outputs``, so the vision tower does not
+  run once per rollout. Each prompt's group is sampled under its own seed (``seeds[i]``), so a prompt gives the
+  same rollouts on whichever rank handles it, and after a resume.
+* ``VLLMEngine`` (GPU): a vLLM ``LLM`` holding its own copy of the weights; ``sync_weights(model)`` copies the
+  trainer's weights into it after every update. vLLM is imported lazily, only when this engine is built. With
+  ``video_embeds`` it passes the cached embeddings (``{"video": {"video_embeds", "video_grid_thw"}}``, needs
+  ``enable_mm_embeds``) instead of the frames, so vLLM does not re-encode the video.
+
+A ``RolloutGroup`` holds right-padded response ids ending at (and including) the first EOS, their mask, the decoded
+texts (special tokens skipped, reasoning tags kept), and, when the engine reports them, the behaviour log-probs.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+
+from trainer.policy import PromptInputs, VideoEmbeds, encode_video
+
+__all__ = ["SamplingConfig", "RolloutGroup", "RolloutEngine", "TransformersEngine", "VLLMEngine", "make_engine",
+           "pad_responses"]
+
+log = logging.getLogger("longreel.trainer")
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    n: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    greedy: bool = False
+
+
+@dataclass
+class RolloutGroup:
+    """The ``G`` responses to one prompt. ``response_ids``/``response_mask``: ``[G, T]``; ``behav_logp``:
+    optional ``[G, T]`` (engine-reported log-probs of the sampled tokens); ``finished``: ``BoolTensor[G]``
+    (stopped at EOS rather than at max_new_tokens)."""
+
+    key: str
+    response_ids: Tensor
+    response_mask: Tensor
+    texts: list[str]
+    finished: Tensor
+    behav_logp: Tensor | None = None
+
+    @property
+    def lengths(self) -> Tensor:
+        return self.response_mask.sum(-1)
+
+
+def pad_responses(seqs: Sequence[Sequence[int]], pad_id: int, min_len: int = 1) -> tuple[Tensor, Tensor]:
+    t = max([len(s) for s in seqs] + [min_len])
+    ids = torch.full((len(seqs), t), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), t), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, :len(s)] = torch.as_tensor(list(s), dtype=torch.long)
+        mask[i, :len(s)] = 1
+    return ids, mask
+
+
+def _eos_ids(model) -> list[int]:
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    if eos is None:
+        eos = model.config.get_text_config().eos_token_id
+    return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+
+
+def _pad_id(model, tokenizer) -> int:
+    pad = getattr(model.generation_config, "pad_token_id", None)
+    if pad is None:
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else _eos_ids(model)[0]
+    return int(pad)
+
+
+def _trim(rows: Sequence[Sequence[int]], eos: set[int]) -> tuple[list[list[int]], list[bool]]:
+    out, finished = [], []
+    for row in rows:
+        cut, done = list(row), False
+        for j, tok in enumerate(row):
+            if tok in eos:
+                cut, done = list(row[: j + 1]), True
+                break
+        out.append(cut)
+        finished.append(done)
+    return out, finished
+
+
+class RolloutEngine(ABC):
+    name = "base"
+
+    @abstractmethod
+    def generate(self, prompts: Sequence[PromptInputs], sampling: SamplingConfig, seeds: Sequence[int],
+                 video_embeds: Sequence[VideoEmbeds | None] | None = None,
+                 items: Sequence[dict] | None = None) -> list[RolloutGroup]:
+        """Sample ``sampling.n`` responses for each prompt (``seeds[i]`` seeds prompt ``i``'s group)."""
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Make the engine sample from ``model``'s current weights (no-op when it shares them)."""
+
+    def close(self) -> None:
+        pass
+
+
+class TransformersEngine(RolloutEngine):
+    """``model.generate`` on the trainer's model (shared weights: nothing to sync)."""
+
+    name = "transformers"
+
+    def __init__(self, model: torch.nn.Module, processor):
+        self.model = model
+        self.processor = processor
+        self.eos = _eos_ids(model)
+        self.pad_id = _pad_id(model, processor.tokenizer)
+
+    @torch.no_grad()
+    def generate(self, prompts, sampling, seeds, video_embeds=None, items=None):
+        model = self.model
+        was_training = model.training
+        model.eval()
+        groups = []
+        try:
+            for i, prompt in enumerate(prompts):
+                emb = video_embeds[i] if video_embeds is not None and video_embeds[i] is not None else None
+                if emb is None:
+                    emb = encode_video(model, prompt)
+                kwargs: dict[str, Any] = dict(
+                    input_ids=prompt.input_ids, attention_mask=prompt.attention_mask,
+                    video_grid_thw=prompt.video_grid_thw, mm_encoder_outputs=emb.as_mm_encoder_outputs(1),
+                    max_new_tokens=sampling.max_new_tokens, num_return_sequences=sampling.n,
+                    eos_token_id=self.eos, pad_token_id=self.pad_id, use_cache=True)
+                if prompt.mm_token_type_ids is not None:
+                    kwargs["mm_token_type_ids"] = prompt.mm_token_type_ids
+                kwargs.update(prompt.extra)
+                if sampling.greedy:
+                    kwargs.update(do_sample=False, top_p=None, top_k=None, temperature=None)
+                else:
+                    kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
+                devices = [prompt.input_ids.device] if prompt.input_ids.device.type == "cuda" else []
+                with torch.random.fork_rng(devices=devices):
+                    torch.manual_seed(int(seeds[i]))
+                    out = model.generate(**kwargs)
+                rows, finished = _trim(out[:, prompt.length:].tolist(), set(self.eos))
+                ids, mask = pad_responses(rows, self.pad_id)
+                texts = self.processor.tokenizer.batch_decode(
+                    [r[:-1] if f else r for r, f in zip(rows, finished)], skip_special_tokens=True)
+                groups.append(RolloutGroup(prompt.key, ids.to(prompt.input_ids.device),
+                                           mask.to(prompt.input_ids.device), texts, torch.tensor(finished)))
+        finally:
+            model.train(was_training)
+        return groups
+
+
+class VLLMEngine(RolloutEngine):
+    """vLLM generation on GPU, with the trainer's weights loaded into it after each update.
+
+    The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so ``sync_weights`` can reach the model
+    with ``LLM.apply_model``; the weights are passed as ``(name, tensor)`` pairs of the HF state dict, which the
+    vLLM model's ``load_weights`` maps to its own layout.
+    """
+
+    name = "vllm"
+
+    def __init__(self, model_path: str, processor, *, dtype: str = "bfloat16", gpu_memory_utilization: float = 0.4,
+                 max_model_len: int = 8192, seed: int = 0, enable_mm_embeds: bool = False):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        try:
+            import vllm  # noqa: F401  (lazy: a GPU-only dependency)
+        except ImportError as e:
+            raise RuntimeError("rollout.engine=vllm needs vllm installed (pip install 'longreel[gpu]') and a GPU") from e
+        from vllm import LLM
+
+        self.processor = processor
+        kwargs: dict[str, Any] = dict(model=model_path, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
+                                      max_model_len=max_model_len, seed=seed, enable_prefix_caching=False,
+                                      limit_mm_per_prompt={"video": 1, "image": 0})
+        if enable_mm_embeds:
+            kwargs["enable_mm_embeds"] = True
+        try:  # log-probs after temperature scaling, comparable with the trainer's
+            self.llm = LLM(logprobs_mode="processed_logprobs", **kwargs)
+        except TypeError:
+            self.llm = LLM(**kwargs)
+        self.pad_id = processor.tokenizer.pad_token_id or 0
+
+    def _request(self, item: dict, embeds: VideoEmbeds | None) -> dict:
+        from trainer.policy import _frames, _metadata_dict, prompt_messages
+
+        text = self.processor.apply_chat_template(prompt_messages(item), add_generation_prompt=True,
+                                                  tokenize=False)
+        if embeds is not None:
+            video = {"video_embeds": embeds.features.detach(), "video_grid_thw": embeds.grid_thw.reshape(-1, 3)}
+        else:
+            video = (_frames(item).numpy(), _metadata_dict(item.get("metadata")))
+        return {"prompt": text, "multi_modal_data": {"video": video},
+                "mm_processor_kwargs": {"do_sample_frames": False}}
+
+    def generate(self, prompts, sampling, seeds, video_embeds=None, items=None):
+        from vllm import SamplingParams
+
+        if items is None:
+            raise ValueError("the vllm engine needs the items (it renders the prompt and passes the frames itself)")
+        requests, params = [], []
+        for i, item in enumerate(items):
+            emb = video_embeds[i] if video_embeds is not None else None
+            requests.append(self._request(item, emb))
+            params.append(SamplingParams(n=sampling.n, temperature=0.0 if sampling.greedy else sampling.temperature,
+                                         top_p=sampling.top_p, max_tokens=sampling.max_new_tokens,
+                                         seed=int(seeds[i]), logprobs=0, skip_special_tokens=True))
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        groups = []
+        for prompt, out in zip(prompts, outputs):
+            rows, logps, finished, texts = [], [], [], []
+            for c in out.outputs:
+                toks = list(c.token_ids)
+                rows.append(toks)
+                lp = [next(iter(d.values())).logprob if d else 0.0 for d in (c.logprobs or [])]
+                logps.append(lp + [0.0] * (len(toks) - len(lp)))
+                finished.append(c.finish_reason == "stop")
+                texts.append(c.text)
+            ids, mask = pad_responses(rows, self.pad_id)
+            behav = torch.zeros(ids.shape, dtype=torch.float32)
+            for j, lp in enumerate(logps):
+                behav[j, :len(lp)] = torch.tensor(lp, dtype=torch.float32)
+            dev = prompt.input_ids.device
+            groups.append(RolloutGroup(prompt.key, ids.to(dev), mask.to(dev), texts, torch.tensor(finished),
+                                       behav.to(dev)))
+        return groups
+
+    def sync_weights(self, model: torch.nn.Module, state_dict: dict[str, Tensor] | None = None) -> None:
+        sd = state_dict if state_dict is not None else model.state_dict()
+        weights = [(k, v.detach()) for k, v in sd.items()]
+
+        def _load(vllm_model):
+            vllm_model.load_weights(iter(weights))
+            return None
+
+        self.llm.apply_model(_load)
+        try:
+            self.llm.reset_prefix_cache()
+        except Exception:  # noqa: BLE001 - prefix caching is off; older vLLMs lack the call
+            pass
+
+
+def make_engine(name: str, model, processor, *, model_path: str = "", rollout_cfg=None, seed: int = 0,
+                dtype: str = "bfloat16") -> RolloutEngine:
+    if name == "transformers":
+        return TransformersEngine(model, processor)
+    if name == "vllm":
+        return VLLMEngine(model_path, processor, dtype=dtype,
+                          gpu_memory_utilization=getattr(rollout_cfg, "vllm_gpu_memory_utilization", 0.4),
+                          max_model_len=getattr(rollout_cfg, "vllm_max_model_len", 8192), seed=seed)
+    raise ValueError(f"unknown rollout engine {name!r}; choose transformers or vllm")

@@ -1,0 +1,221 @@
+"""Shared run-time pieces of the SFT and GRPO loops: distributed setup, seeding, optimizer + schedule, data order.
+
+Distributed: started by ``torchrun`` (``WORLD_SIZE``/``RANK``/``LOCAL_RANK`` in the environment), gloo on CPU and
+NCCL on GPU. Data parallelism keeps one full replica per rank and sums gradients with ``all_reduce`` after the
+backward passes of a step (``sum_gradients``): each rank's loss is already divided by the *global* token (or
+sequence) count, so the summed gradient equals the single-process gradient of the same global batch. With
+``dist.strategy=fsdp`` (GPU) the model is wrapped with FSDP2 ``fully_shard`` instead, which reduce-scatters and
+averages, so the loss is scaled by the world size.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from trainer.config import DataConfig, OptimConfig
+
+__all__ = ["DistInfo", "init_distributed", "sum_gradients", "all_gather_objects", "all_reduce_sum", "seed_everything",
+           "build_optimizer", "build_scheduler", "ItemStream", "load_items", "rollout_seed"]
+
+log = logging.getLogger("longreel.trainer")
+
+
+@dataclass
+class DistInfo:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+    backend: str = ""
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+
+def init_distributed(device: torch.device, backend: str = "auto") -> DistInfo:
+    """Join the process group when launched by torchrun; a single process otherwise."""
+    import torch.distributed as dist
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return DistInfo(device=device)
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    if backend == "auto":
+        backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend)
+    return DistInfo(rank=rank, world=world, local_rank=local_rank, device=device, backend=backend)
+
+
+def sum_gradients(model: torch.nn.Module, info: DistInfo) -> None:
+    """All-reduce (sum) every gradient across ranks, in one flat bucket per dtype."""
+    if not info.enabled:
+        return
+    import torch.distributed as dist
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for p in params:
+        by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
+    for grads in by_dtype.values():
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+
+def all_reduce_sum(value: float, info: DistInfo) -> float:
+    if not info.enabled:
+        return float(value)
+    import torch.distributed as dist
+
+    t = torch.tensor([float(value)], dtype=torch.float64, device=info.device if info.backend == "nccl" else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return float(t.item())
+
+
+def all_gather_objects(obj: Any, info: DistInfo) -> list[Any]:
+    if not info.enabled:
+        return [obj]
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * info.world
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def rollout_seed(run_seed: int, step: int, index: int) -> int:
+    """Sampling seed of one prompt's group: a function of (run seed, step, the prompt's global batch position),
+    so a prompt samples the same rollouts whatever rank handles it and after a resume."""
+    return (run_seed * 1_000_003 + step * 10_007 + index * 101 + 17) % (2**63 - 1)
+
+
+# --------------------------------------------------------------------------------------------------
+# optimizer and schedule
+# --------------------------------------------------------------------------------------------------
+
+
+def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("no trainable parameters")
+    # foreach=False: the same per-parameter arithmetic everywhere (bitwise resume on CPU)
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                             weight_decay=cfg.weight_decay, foreach=False)
+
+
+def lr_factor(step: int, cfg: OptimConfig, total_steps: int) -> float:
+    """Multiplier of the peak LR at optimizer step ``step`` (0-based): linear warm-up, then the schedule."""
+    if cfg.warmup_steps and step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.schedule == "constant" or total_steps <= cfg.warmup_steps:
+        return 1.0
+    progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
+    lo = cfg.min_lr_ratio
+    if cfg.schedule == "linear":
+        return lo + (1.0 - lo) * (1.0 - progress)
+    return lo + (1.0 - lo) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int):
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg, total_steps))
+
+
+# --------------------------------------------------------------------------------------------------
+# data
+# --------------------------------------------------------------------------------------------------
+
+
+class ItemStream:
+    """Deterministic, resumable order over a list of items: epoch ``e`` is a permutation seeded by
+    ``(seed, e)`` (or the natural order without shuffle). ``state_dict()`` is the loader position."""
+
+    def __init__(self, items: list[dict], seed: int = 0, shuffle: bool = True):
+        if not items:
+            raise ValueError("no training items")
+        self.items = items
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epoch = 0
+        self.pos = 0
+        self._order = self._make_order(0)
+
+    def _make_order(self, epoch: int) -> list[int]:
+        n = len(self.items)
+        if not self.shuffle:
+            return list(range(n))
+        rng = np.random.default_rng([self.seed, epoch, 7])
+        return rng.permutation(n).tolist()
+
+    def next_batch(self, size: int) -> list[tuple[int, dict]]:
+        """The next ``size`` items as ``(item index, item)``; crosses epoch boundaries."""
+        out = []
+        while len(out) < size:
+            if self.pos >= len(self._order):
+                self.epoch += 1
+                self.pos = 0
+                self._order = self._make_order(self.epoch)
+            i = self._order[self.pos]
+            self.pos += 1
+            out.append((i, self.items[i]))
+        return out
+
+    def __iter__(self) -> Iterator[dict]:
+        return iter(self.items)
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "pos": self.pos, "seed": self.seed, "shuffle": self.shuffle,
+                "n_items": len(self.items)}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("n_items") != len(self.items):
+            raise ValueError(f"checkpoint loader state is for {state.get('n_items')} items, the data has "
+                             f"{len(self.items)}: resuming on other data would not continue where it stopped")
+        self.seed, self.shuffle = int(state["seed"]), bool(state["shuffle"])
+        self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
+        self._order = self._make_order(self.epoch)
+
+
+def load_items(cfg: DataConfig, split: str) -> list[dict]:
+    """Per-question items of ``split`` (``"train"`` or ``"eval"``): synthetic, or read from shards with
+    ``trainer.data``."""
+    if cfg.source == "synthetic":
+        from trainer.synthetic_task import make_items
+
+        if split == "train":
+            return make_items(cfg.synthetic_train, seed=cfg.synthetic_seed, kinds=cfg.synthetic_kinds)
+        return make_items(cfg.synthetic_eval, seed=cfg.synthetic_seed + 1000, kinds=cfg.synthetic_kinds)
+    urls = cfg.train_urls if split == "train" else cfg.eval_urls
+    if not urls:
+        raise ValueError(f"data.{'train' if split == 'train' else 'eval'}_urls is empty (data.source=shards)")
+    try:
+        from trainer import data as shard_data
+    except ImportError as e:  # pragma: no cover - the loader ships with the package
+        raise RuntimeError("trainer.data (the shard loader) is not available") from e
+    return list(shard_data.iter_items(urls))
