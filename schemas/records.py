@@ -186,7 +186,6 @@ PASS_RATE = RecordKind(
         _f("frame_timestamps", pa.list_(_f64)),
         _f("completions", pa.list_(_str)), # the k samples, in order
         _f("sample_reasons", pa.list_(_str)),  # trainer.rewards reason code per sample
-        _f("latency_s", _f64),
     ]),
     required=("qra_id", "video_id", "k", "pass_count", "mean_reward", "rewards", "label", "split", "answerer",
               "temperature", "seed"),

@@ -1,0 +1,118 @@
+"""``longreel filter``: the pass-rate filter run alone on an existing output directory."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+
+from pipelines.filter_config import FilterConfig
+from schemas.config import ConfigError, config_hash, describe, dump_yaml, load_yaml
+
+log = logging.getLogger("longreel")
+
+DESCRIPTION = """\
+Pass-rate filter: answer every question of an output directory k times with a VLM and keep the
+ones it sometimes gets right.
+
+Reads OUT/videos-*.parquet and OUT/<qra table>-*.parquet (default `qras`). For each question,
+n_frames frames are sampled uniformly over its video (decoded once per video in a killable
+worker), the answerer samples k completions with the trainer's prompt format
+(trainer.prompting), and each is scored with the trainer's rewards (trainer.rewards.score).
+A sample passes when its accuracy is 1 (or its reward >= pass_threshold). Labels: easy (k/k),
+hard (0/k), medium. Kept questions (policy `medium`, or a mean-reward band) are split into sft
+and rl by a hash of the qra_id (sft_fraction 36/104 by default) or by pass rate.
+
+Writes OUT/pass_rate-*.parquet (every scored question, with split sft/rl/drop, the k
+completions, rewards and the answerer's provenance), replaces this stage's rows in
+OUT/rejects-*.parquet (too_easy, too_hard, out_of_band, and failures by reason), merges a
+`passrate` stage into OUT/stats.json (in == kept + rejected) with the pass-count histogram
+0..k, and writes OUT/filter_config.yaml. Re-running replaces this stage's outputs.
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", help="Output directory of a curation run (local path or gs://, s3://). Required.")
+    p.add_argument("--model", help="Answerer model directory (shortcut for --set model=DIR).")
+    p.add_argument("--backend", choices=("transformers", "vllm", "scripted"),
+                   help="Answerer backend (shortcut for --set backend=NAME).")
+    p.add_argument("--qra-table", default="qras", help="Name of the questions table in --out (default: qras).")
+    p.add_argument("--config", help="YAML config file (FilterConfig); see --show-config for every key.")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="Override one config key, e.g. --set k=8 --set policy=band (repeatable).")
+    p.add_argument("--show-config", action="store_true", help="Print every config key with default and help; exit.")
+
+
+def run_filter(out_dir: str, cfg: FilterConfig, beam_args: list[str] | None = None, qra_table: str = "qras",
+               handler=None) -> dict:
+    """Run the filter on ``out_dir``'s tables; return the merged stats document."""
+    import apache_beam as beam
+    from apache_beam.io.filesystems import FileSystems
+
+    from pipelines.io.parquet_sink import WriteSortedParquet, read_table
+    from pipelines.runner import make_pipeline
+    from pipelines.stages.passrate import STAGE, add_filter_stage, finish_filter_stats
+    from pipelines.stats import WriteStats, read_json
+
+    cfg.validate()
+    videos = read_table(out_dir, "videos").to_pylist()
+    qras = read_table(out_dir, qra_table).to_pylist()
+    try:
+        old_rejects = [r for r in read_table(out_dir, "rejects").to_pylist() if r["stage"] != STAGE]
+    except FileNotFoundError:
+        old_rejects = []
+    with FileSystems.create(FileSystems.join(out_dir, "filter_config.yaml")) as fh:
+        fh.write(dump_yaml(cfg).encode())
+    log.info("filter: %d questions over %d videos in %s (k=%d, backend %s)", len(qras), len(videos), out_dir, cfg.k,
+             cfg.backend)
+    t0 = time.monotonic()
+    p = make_pipeline(beam_args)
+    v = p | "Videos" >> beam.Create(videos)
+    q = p | "Questions" >> beam.Create(qras)
+    res = add_filter_stage(p, v, q, out_dir, cfg, handler=handler)
+    earlier = p | "EarlierRejects" >> beam.Create(old_rejects)
+    ((earlier, res["rejects"]) | "AllRejects" >> beam.Flatten()
+     | "WriteRejects" >> WriteSortedParquet(out_dir, "rejects", "reject", cfg.parquet_shards))
+    k, prov, chash = cfg.k, res["provenance"], config_hash(cfg)
+    stats_path = FileSystems.join(out_dir, "stats.json")
+    res["counts"] | "WriteStats" >> WriteStats(stats_path, [STAGE], {STAGE: "question"}, {},
+                                               finish=lambda doc: finish_filter_stats(doc, k, prov, chash),
+                                               merge=True)
+    p.run().wait_until_finish()
+    doc = read_json(stats_path)
+    log.info("filter: done in %.1f s: %s", time.monotonic() - t0, json.dumps(doc.get("passrate", {}).get("kept")))
+    return doc
+
+
+def main(args, beam_args: list[str]) -> int:
+    if args.show_config:
+        for key, default, help_text in describe(FilterConfig):
+            print(f"{key} = {default}\n    {help_text}")
+        return 0
+    if not args.out:
+        print("longreel filter: --out is required", file=sys.stderr)
+        return 2
+    unknown = [a for a in beam_args if not a.startswith("--")]
+    if unknown:
+        print(f"longreel filter: unexpected arguments {unknown}", file=sys.stderr)
+        return 2
+    overrides = list(args.overrides)
+    if args.model:
+        overrides.append(f"model={args.model}")
+    if args.backend:
+        overrides.append(f"backend={args.backend}")
+    try:
+        cfg = load_yaml(FilterConfig, args.config, overrides)
+    except (ConfigError, OSError) as e:
+        print(f"longreel filter: bad config: {e}", file=sys.stderr)
+        return 2
+    try:
+        doc = run_filter(args.out, cfg, beam_args, qra_table=args.qra_table)
+    except FileNotFoundError as e:
+        print(f"longreel filter: {e}", file=sys.stderr)
+        return 2
+    section = doc.get("passrate", {})
+    print(json.dumps({key: section.get(key) for key in ("questions_in", "kept", "kept_by_split", "dropped_by_reason",
+                                                         "failed_by_reason", "pass_count_histogram", "balanced")}))
+    return 0
