@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "1.3"
+SCHEMA_VERSION = "1.4"
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,11 @@ CLIP_FACTS = RecordKind(
         _f("black_ratio", _f64, False),    # share of sampled frames that are black or blank
         _f("brightness", _f64, False),     # mean luma 0..255
         _f("n_cuts", _i32, False),         # shot cuts between sampled frames
-        _f("dominant_color", _str),        # a colour name for the mean frame colour
+        _f("dominant_color", _str),        # the colour name covering most pixels of the sampled frames
+        _f("facts_version", _str),         # version of the facts rules (pipelines.media.facts.FACTS_VERSION)
+        _f("frame_indices", pa.list_(_i64)),  # source frame numbers of the sampled frames
+        _f("frame_width", _i32),           # size the frames were decoded at (the backend's pixel budget)
+        _f("frame_height", _i32),
     ]),
     required=("clip_id", "video_id", "start_s", "end_s", "frame_timestamps", "motion", "black_ratio",
               "brightness", "n_cuts"),
@@ -124,6 +128,10 @@ CAPTION = RecordKind(
         _f("sampling", _str, False),       # JSON
         _f("frame_timestamps", pa.list_(_f64), False),
         _f("latency_s", _f64),
+        _f("prompt_name", _str),           # template name in pipelines/prompts (prompt_hash is its sha256)
+        _f("frame_width", _i32),           # size of the frames the model saw
+        _f("frame_height", _i32),
+        _f("finish_reason", _str),         # stop | length (as the backend reports)
     ]),
     required=("clip_id", "video_id", "text", "backend", "model", "prompt_hash", "sampling", "frame_timestamps"),
 )

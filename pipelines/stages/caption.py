@@ -1,0 +1,421 @@
+"""Caption: ``clip`` (+ ``video``) records -> ``clip_facts`` and ``caption`` records, through three counted stages.
+
+::
+
+    videos, clips --CoGroupByKey(video_id)--> decode tasks (per clip, or per video in chunks)
+      -> clip_facts   decode N frames per clip in the killable worker, resized to the backend's pixel budget;
+                      measure facts                       rejects: video_missing, video_changed, decode_*
+      -> clip_filter  optional static/black filter         rejects: black_clip, static_clip
+      -> caption      RunInference(GenerationModelHandler).with_exception_handling()
+                                                           rejects: request_*, model_error, bad_response,
+                                                                    empty_caption, repetitive_caption,
+                                                                    prompt_echo, schema_violation
+
+Each stage counts in clips: ``in == out + rejected``. The ``clip_facts`` table holds every decoded
+clip (filtered ones too: their facts explain the reject); the ``captions`` table the captions.
+
+Frame sampling: ``frames.n`` timestamps at the centres of equal bins of the clip's range
+(:func:`pipelines.media.decode.sample_timestamps`); each frame is the one shown at its timestamp,
+and the recorded ``frame_timestamps`` are the decoded frames' own presentation times.
+``frames.decode``: ``per_video`` sends the timestamps of many consecutive clips of a video
+(up to ``max_frames_per_call``) in one worker call, which decodes forward once and is sliced per
+clip; ``per_clip`` makes one call (open, seek, decode) per clip. A failed ``per_video`` call is
+retried clip by clip, so a damaged stretch costs only the clips that lie in it.
+
+Entry points: :class:`CaptionClips` (the composite) and :func:`add_caption_stage` (composite + the
+``captions`` / ``clip_facts`` Parquet tables + funnel counts, for ``longreel curate`` and
+``longreel caption``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+
+import apache_beam as beam
+from apache_beam.ml.inference.base import PredictionResult, RunInference
+
+from pipelines.caption_config import CaptionConfig
+from pipelines.inference.base import GenerationParams, ModelInfo, Request, fit_pixels, weights_revision
+from pipelines.inference.degenerate import degenerate_reason
+from pipelines.inference.handler import ClientSpec, GenerationModelHandler
+from pipelines.media import facts as F
+from pipelines.media.decode import DECODE_VERSION, sample_timestamps
+from pipelines.prompts import load_template, render
+from pipelines.stages.base import MAIN, REJECTS, Progress, checked, rejected
+
+STAGE_FACTS = "clip_facts"
+STAGE_FILTER = "clip_filter"
+STAGE_CAPTION = "caption"
+CAPTION_STAGES = [STAGE_FACTS, STAGE_FILTER, STAGE_CAPTION]
+CAPTION_UNITS = {s: "clip" for s in CAPTION_STAGES}
+
+FACTS_MAX_PIXELS = 128 * 128      # the facts backend only measures: small frames are plenty (170x96 for 16:9)
+VLM_MAX_PIXELS = 448 * 448
+QWEN_MULTIPLE = 28                # patch 14 x merge 2
+
+
+# -- configuration helpers (run where the pipeline is built) ---------------------------------------------------
+
+def frame_budget(cfg: CaptionConfig) -> tuple[int, int, int]:
+    """``(max_pixels, multiple, min_pixels)`` of the frames decoded for ``cfg.backend``."""
+    if cfg.backend == "facts":
+        return (cfg.frames.max_pixels or FACTS_MAX_PIXELS), 2, 0
+    if cfg.backend in ("transformers", "vllm") and cfg.model.path and os.path.isdir(cfg.model.path):
+        from pipelines.inference.hf_client import processor_pixel_budget
+        max_px, multiple, min_px = processor_pixel_budget(cfg.model.path)
+        return (cfg.frames.max_pixels or max_px), multiple, min_px
+    return (cfg.frames.max_pixels or VLM_MAX_PIXELS), QWEN_MULTIPLE, 0
+
+
+def client_spec(cfg: CaptionConfig) -> ClientSpec:
+    m = cfg.model
+    if cfg.backend == "facts":
+        return ClientSpec("facts", {})
+    if cfg.backend == "transformers":
+        return ClientSpec("transformers", {"path": m.path, "revision": m.revision, "kind": "vision",
+                                           "trust_remote_code": m.trust_remote_code, "dtype": m.dtype,
+                                           "device": m.device})
+    if cfg.backend == "openai":
+        o = cfg.openai
+        return ClientSpec("openai", {"base_url": o.base_url, "model": m.path, "api_key_env": o.api_key_env,
+                                     "timeout_s": o.timeout_s, "max_retries": o.max_retries,
+                                     "backoff_s": o.backoff_s, "concurrency": o.concurrency,
+                                     "jpeg_quality": o.jpeg_quality, "image_detail": o.image_detail,
+                                     "revision": m.revision})
+    if cfg.backend == "vllm":
+        v = cfg.vllm
+        return ClientSpec("vllm", {"path": m.path, "revision": m.revision, "trust_remote_code": m.trust_remote_code,
+                                   "dtype": m.dtype, "tensor_parallel_size": v.tensor_parallel_size,
+                                   "gpu_memory_utilization": v.gpu_memory_utilization,
+                                   "max_model_len": v.max_model_len, "enforce_eager": v.enforce_eager,
+                                   "seed": m.seed})
+    raise ValueError(f"unknown caption backend {cfg.backend!r}")
+
+
+def model_info(cfg: CaptionConfig) -> ModelInfo:
+    """Provenance recorded in every caption, computed once where the pipeline is built (no model load)."""
+    if cfg.backend == "facts":
+        from pipelines.inference.facts_captioner import MODEL_NAME
+        return ModelInfo("facts", MODEL_NAME, F.FACTS_VERSION)
+    if cfg.backend == "openai":
+        return ModelInfo("openai", cfg.model.path, cfg.model.revision)
+    return ModelInfo(cfg.backend, cfg.model.path, weights_revision(cfg.model.path, cfg.model.revision))
+
+
+def prompt_name(cfg: CaptionConfig) -> str:
+    if cfg.backend == "facts":
+        from pipelines.inference.facts_captioner import TEMPLATE
+        return TEMPLATE
+    return cfg.prompt
+
+
+def generation_params(cfg: CaptionConfig) -> GenerationParams:
+    m = cfg.model
+    return GenerationParams(max_new_tokens=m.max_new_tokens, temperature=m.temperature, top_p=m.top_p, seed=m.seed)
+
+
+def sampling_json(cfg: CaptionConfig, max_pixels: int) -> str:
+    frames = {"n_frames": cfg.frames.n, "max_pixels": max_pixels, "decode": DECODE_VERSION}
+    if cfg.backend == "facts":
+        doc = {"deterministic": True, "facts_version": F.FACTS_VERSION, **frames,
+               "black_luma": cfg.facts.black_luma, "black_share": cfg.facts.black_share,
+               "blank_std": cfg.facts.blank_std, "cut_threshold": cfg.facts.cut_threshold}
+    else:
+        doc = {**generation_params(cfg).to_dict(), **frames, "seed_per_item": True}
+        if cfg.backend == "openai":
+            doc["endpoint"] = cfg.openai.base_url
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"))
+
+
+# -- decode + facts ----------------------------------------------------------------------------------------------
+
+@dataclass
+class DecodeTask:
+    video: dict
+    clips: list[dict]
+
+
+def plan_decode(element, n_frames: int, mode: str, max_frames_per_call: int):
+    """``(video_id, {"videos": [...], "clips": [...]})`` -> DecodeTasks (or ``video_missing`` rejects)."""
+    vid, groups = element
+    clips = sorted(groups["clips"], key=lambda c: (c["index"], c["clip_id"]))
+    videos = list(groups["videos"])
+    if not clips:
+        return
+    if not videos:
+        for c in clips:
+            yield rejected(STAGE_FACTS, c["clip_id"], "video_missing",
+                           f"no video record {vid} for clip {c['clip_id']}", video_id=vid)
+        return
+    per = 1 if mode == "per_clip" else max(1, max_frames_per_call // n_frames)
+    for i in range(0, len(clips), per):
+        yield DecodeTask(videos[0], clips[i:i + per])
+
+
+def _reason(worker_reason: str) -> str:
+    return {"timeout": "decode_timeout", "worker_crashed": "decode_crashed"}.get(worker_reason, None) or (
+        worker_reason if worker_reason in ("not_a_video", "no_video_stream") else "decode_failed")
+
+
+class DecodeClipFrames(beam.DoFn):
+    """DecodeTask -> one element per clip ``{"clip", "facts", "frames" (or None), "timestamps", "indices", "fps"}``."""
+
+    def __init__(self, cfg: CaptionConfig, budget: tuple[int, int, int], keep_frames: bool):
+        self.cfg, self.budget, self.keep_frames = cfg, budget, keep_frames
+
+    def setup(self):
+        from pipelines.media.worker import IsolatedWorker
+        self.worker = IsolatedWorker(default_timeout=self.cfg.frames.timeout_s)
+        self.tmpdir = tempfile.mkdtemp(prefix="longreel-caption-")
+        self.verified: dict[tuple, str] = {}
+        self.progress = Progress(STAGE_FACTS, "clips decoded")
+        self.decode_s = 0.0
+
+    def teardown(self):
+        self.worker.close()
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+    def _local(self, video: dict) -> tuple[str | None, bool, tuple[str, str] | None]:
+        """(local path, is_temp, reject) for the task's video, verifying its sha256 when configured."""
+        from pipelines.stages.ingest import hash_and_localize
+
+        uri = video["uri"]
+        remote = "://" in uri
+        if not remote and not self.cfg.frames.verify_sha256:
+            return uri, False, None
+        try:
+            if not remote:
+                st = os.stat(uri)
+                key = (uri, st.st_size, st.st_mtime_ns)
+                if self.verified.get(key) == video["sha256"]:
+                    return uri, False, None
+            local, sha, _, is_temp = hash_and_localize(uri, self.tmpdir)
+        except OSError as e:
+            return None, False, ("video_unreadable", f"cannot read {uri}: {e}")
+        if self.cfg.frames.verify_sha256 and sha != video["sha256"]:
+            if is_temp:
+                os.unlink(local)
+            return None, False, ("video_changed", f"{uri} no longer has the ingested content (sha256 {sha[:16]}… "
+                                                  f"!= {video['sha256'][:16]}…)")
+        if not remote:
+            self.verified[key] = sha
+        return local, is_temp, None
+
+    def _size(self, video: dict) -> tuple[int, int]:
+        max_px, multiple, min_px = self.budget
+        return fit_pixels(int(video["width"]), int(video["height"]), max_px, multiple, min_px)
+
+    def _decode(self, path: str, stamps: list[float], size: tuple[int, int]):
+        from pipelines.media.decode import decode_in_worker
+        t0 = time.monotonic()
+        try:
+            return decode_in_worker(self.worker, path, stamps, width=size[0], height=size[1],
+                                    timeout=self.cfg.frames.timeout_s)
+        finally:
+            self.decode_s += time.monotonic() - t0
+
+    def process(self, task: DecodeTask):
+        from pipelines.media.worker import WorkerError
+
+        video, clips = task.video, task.clips
+        vid = video["video_id"]
+        path, is_temp, problem = self._local(video)
+        if problem:
+            for c in clips:
+                yield rejected(STAGE_FACTS, c["clip_id"], problem[0], problem[1], video_id=vid)
+            return
+        try:
+            n = self.cfg.frames.n
+            size = self._size(video)
+            stamps = [sample_timestamps(c["start_s"], c["end_s"], n) for c in clips]
+            decoded: list = [None] * len(clips)
+            if len(clips) > 1:
+                try:
+                    d = self._decode(path, [t for s in stamps for t in s], size)
+                    for i in range(len(clips)):
+                        decoded[i] = (d.frames[i * n:(i + 1) * n], d.timestamps[i * n:(i + 1) * n],
+                                      d.indices[i * n:(i + 1) * n], d.fps)
+                except WorkerError:
+                    pass  # retried clip by clip below: only the clips in a damaged stretch are lost
+            for i, c in enumerate(clips):
+                if decoded[i] is None:
+                    try:
+                        d = self._decode(path, stamps[i], size)
+                        decoded[i] = (d.frames, d.timestamps, d.indices, d.fps)
+                    except WorkerError as e:
+                        yield rejected(STAGE_FACTS, c["clip_id"], _reason(e.reason), f"{video['uri']}: {e.message}",
+                                       video_id=vid, details=json.dumps({"worker_reason": e.reason,
+                                                                         "timestamps": stamps[i]}))
+                        continue
+                yield self._element(c, video, *decoded[i], size)
+                self.progress.tick(c["clip_id"])
+        finally:
+            if is_temp and path:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+
+    def _element(self, clip: dict, video: dict, frames, timestamps, indices, fps, size) -> dict:
+        fc = self.cfg.facts
+        f = F.clip_facts(frames, black_luma=fc.black_luma, black_share=fc.black_share, blank_std=fc.blank_std,
+                         cut_threshold=fc.cut_threshold)
+        row = {"clip_id": clip["clip_id"], "video_id": clip["video_id"], "start_s": clip["start_s"],
+               "end_s": clip["end_s"], "frame_timestamps": [float(t) for t in timestamps],
+               "motion": f["motion"], "black_ratio": f["black_ratio"], "brightness": f["brightness"],
+               "n_cuts": f["n_cuts"], "dominant_color": f["dominant_color"], "facts_version": F.FACTS_VERSION,
+               "frame_indices": [int(i) for i in indices], "frame_width": int(frames.shape[2]),
+               "frame_height": int(frames.shape[1])}
+        bad = checked(STAGE_FACTS, "clip_facts", row, row["clip_id"])
+        if bad is not row:
+            return bad
+        return {"clip": {k: clip[k] for k in ("clip_id", "video_id", "index", "start_s", "end_s")},
+                "facts": row, "frames": frames if self.keep_frames else None, "fps": float(fps)}
+
+
+class FilterClips(beam.DoFn):
+    def __init__(self, cfg: CaptionConfig):
+        self.cfg = cfg
+
+    def process(self, el: dict):
+        f = self.cfg.filter
+        if f.enabled:
+            verdict = F.classify_clip(el["facts"], black_ratio_min=f.black_ratio_min,
+                                      static_motion_max=f.static_motion_max)
+            if verdict:
+                c = el["clip"]
+                yield rejected(STAGE_FILTER, c["clip_id"], verdict[0], verdict[1], video_id=c["video_id"],
+                               details=json.dumps({k: el["facts"][k] for k in ("motion", "black_ratio",
+                                                                               "brightness", "n_cuts")}))
+                return
+        yield el
+
+
+# -- caption -------------------------------------------------------------------------------------------------------
+
+def to_request(el: dict, cfg: CaptionConfig) -> Request:
+    c, f = el["clip"], el["facts"]
+    text = ""
+    if cfg.backend != "facts":
+        text, _ = render(cfg.prompt, n_frames=len(f["frame_timestamps"]), start_s=c["start_s"], end_s=c["end_s"],
+                         duration_s=c["end_s"] - c["start_s"], timestamps=f["frame_timestamps"])
+    return Request(key=c["clip_id"], text=text, frames=el["frames"], timestamps=f["frame_timestamps"],
+                   fps=el["fps"], frame_indices=f["frame_indices"], meta={"clip": c, "facts": f})
+
+
+class ToCaptionRow(beam.DoFn):
+    def __init__(self, cfg: CaptionConfig, info: ModelInfo, prompt: str, prompt_hash: str, sampling: str):
+        self.cfg, self.info, self.prompt, self.prompt_hash, self.sampling = cfg, info, prompt, prompt_hash, sampling
+
+    def setup(self):
+        self.progress = Progress(STAGE_CAPTION, "clips captioned")
+
+    def process(self, result: PredictionResult):
+        req, gen = result.example, result.inference
+        c, f = req.meta["clip"], req.meta["facts"]
+        cid, vid = c["clip_id"], c["video_id"]
+        if not gen.ok:
+            yield rejected(STAGE_CAPTION, cid, gen.error_reason, gen.error_message or gen.error_reason, video_id=vid,
+                           details=json.dumps({"attempts": gen.attempts, "latency_s": round(gen.latency_s, 3)}))
+            return
+        d = self.cfg.degenerate
+        bad = degenerate_reason(gen.text, req.text or None, min_chars=d.min_chars,
+                                max_repeat_share=d.max_repeat_share, echo_share=d.echo_share)
+        if bad:
+            yield rejected(STAGE_CAPTION, cid, bad[0], bad[1], video_id=vid,
+                           details=json.dumps({"text": (gen.text or "")[:2000]}))
+            return
+        row = {"clip_id": cid, "video_id": vid, "start_s": c["start_s"], "end_s": c["end_s"], "text": gen.text,
+               "backend": self.info.backend, "model": self.info.model, "model_revision": self.info.revision,
+               "prompt_hash": self.prompt_hash, "prompt_name": self.prompt, "sampling": self.sampling,
+               "frame_timestamps": f["frame_timestamps"], "latency_s": round(gen.latency_s, 6),
+               "frame_width": f["frame_width"], "frame_height": f["frame_height"],
+               "finish_reason": gen.finish_reason}
+        self.progress.tick(cid)
+        yield checked(STAGE_CAPTION, "caption", row, cid)
+
+
+def _dead_letters(bad):
+    """``(batch, (exc_type, exc_repr, traceback))`` from RunInference's dead-letter output -> one reject per clip."""
+    batch, (exc_type, exc_repr, _tb) = bad
+    name = getattr(exc_type, "__name__", str(exc_type))
+    for req in batch:
+        c = req.meta["clip"]
+        yield rejected(STAGE_CAPTION, c["clip_id"], "model_error", f"{name}: {exc_repr}"[:2000],
+                       video_id=c["video_id"]).value
+
+
+class CaptionClips(beam.PTransform):
+    """``{"videos": videos, "clips": clips}`` -> ``{"main": captions, "rejects", "facts", "counts"}``.
+
+    ``counts`` are ``((stage, metric), n)`` pairs for :class:`pipelines.stats.WriteStats` covering the
+    three stages ``clip_facts``, ``clip_filter`` and ``caption``.
+    """
+
+    def __init__(self, cfg: CaptionConfig, handler=None):
+        super().__init__()
+        self.cfg = cfg
+        self.budget = frame_budget(cfg)
+        self.info = model_info(cfg)
+        self.prompt = prompt_name(cfg)
+        self.prompt_hash = load_template(self.prompt)[1]
+        self.sampling = sampling_json(cfg, self.budget[0])
+        # a handler may be injected (tests; a custom client); by default one is built from the config
+        self.handler = handler or GenerationModelHandler(
+            client_spec(cfg), generation_params(cfg), batch_size=cfg.model.batch_size,
+            share_across_processes=cfg.model.share_across_processes or cfg.backend == "vllm",
+            namespace="longreel_caption")
+
+    def expand(self, pcolls):
+        from pipelines.stats import stage_counts
+
+        cfg = self.cfg
+        videos, clips = pcolls["videos"], pcolls["clips"]
+        grouped = ({"videos": videos | "KeyVideos" >> beam.Map(lambda v: (v["video_id"], v)),
+                    "clips": clips | "KeyClips" >> beam.Map(lambda c: (c["video_id"], c))}
+                   | "ClipsPerVideo" >> beam.CoGroupByKey())
+        tasks = grouped | "PlanDecode" >> beam.FlatMap(
+            plan_decode, cfg.frames.n, cfg.frames.decode, cfg.frames.max_frames_per_call).with_outputs(
+            REJECTS, main=MAIN)
+        decoded = (tasks[MAIN]
+                   | "SpreadTasks" >> beam.Reshuffle()
+                   | "DecodeAndMeasure" >> beam.ParDo(DecodeClipFrames(
+                       cfg, self.budget, keep_frames=cfg.backend != "facts")).with_outputs(REJECTS, main=MAIN))
+        facts = decoded[MAIN] | "FactsRows" >> beam.Map(lambda el: el["facts"])
+        filtered = decoded[MAIN] | "StaticBlackFilter" >> beam.ParDo(FilterClips(cfg)).with_outputs(
+            REJECTS, main=MAIN)
+        requests = filtered[MAIN] | "ToRequests" >> beam.Map(to_request, cfg)
+        results, dlq = requests | "Caption" >> RunInference(self.handler).with_exception_handling()
+        rows = results | "ToCaptionRows" >> beam.ParDo(ToCaptionRow(
+            cfg, self.info, self.prompt, self.prompt_hash, self.sampling)).with_outputs(REJECTS, main=MAIN)
+        dead = dlq.failed_inferences | "ModelErrors" >> beam.FlatMap(_dead_letters)
+
+        facts_rejects = (tasks[REJECTS], decoded[REJECTS]) | "FactsRejects" >> beam.Flatten()
+        caption_rejects = (rows[REJECTS], dead) | "CaptionRejects" >> beam.Flatten()
+        rejects = (facts_rejects, filtered[REJECTS], caption_rejects) | "AllCaptionRejects" >> beam.Flatten()
+        counts = (
+            stage_counts("ClipFacts", STAGE_FACTS, clips, facts, facts_rejects),
+            stage_counts("ClipFilter", STAGE_FILTER, facts, filtered[MAIN], filtered[REJECTS]),
+            stage_counts("Captions", STAGE_CAPTION, filtered[MAIN], rows[MAIN], caption_rejects),
+        ) | "CaptionCounts" >> beam.Flatten()
+        return {MAIN: rows[MAIN], REJECTS: rejects, "facts": facts, "counts": counts}
+
+
+def add_caption_stage(p, videos_pcoll, clips_pcoll, out_dir: str, cfg: CaptionConfig, handler=None) -> dict:
+    """Add captioning to pipeline ``p``; write ``captions-*`` and ``clip_facts-*`` Parquet tables under ``out_dir``.
+
+    Returns ``{"captions", "facts", "rejects", "counts"}`` PCollections: the caller flattens ``rejects`` into its
+    rejects table and ``counts`` into its :class:`~pipelines.stats.WriteStats` (stage order: ``CAPTION_STAGES``,
+    units ``CAPTION_UNITS``).
+    """
+    from pipelines.io.parquet_sink import WriteSortedParquet
+
+    del p  # the PCollections carry the pipeline; kept in the signature for symmetry with the other stages
+    out = {"videos": videos_pcoll, "clips": clips_pcoll} | "CaptionClips" >> CaptionClips(cfg, handler)
+    out[MAIN] | "WriteCaptions" >> WriteSortedParquet(out_dir, "captions", "caption", cfg.parquet_shards)
+    out["facts"] | "WriteClipFacts" >> WriteSortedParquet(out_dir, "clip_facts", "clip_facts", cfg.parquet_shards)
+    return {"captions": out[MAIN], "facts": out["facts"], "rejects": out[REJECTS], "counts": out["counts"]}
