@@ -1,0 +1,296 @@
+"""WebDataset shards and their wids index, written deterministically (in the manner of TFDS's BeamWriter).
+
+A *sample descriptor* (one element of the input PCollection) describes one tar sample::
+
+    {"split": "sft", "key": "<no dots>", "bytes": <tar bytes of the sample>, "nquestions": 3,
+     "files": [{"name": "frames.npy", "path": <cache .npy>, "size": n, "sha256": h},
+               {"name": "meta.json", "text": "..."}, ...]}
+
+Large members travel by reference (``path``) and are streamed from the frame cache into the tar,
+their sha256 checked on the way; small ones travel inline (``text``).
+
+:class:`WriteWebDatasetShards` is a small composite of named steps:
+
+1. ``SizeSamples`` -> ``PlanShards``: a first sizing pass over (sha256 of key, tar bytes) of every
+   sample of a split: ``n = min(samples, ceil(total bytes / target))`` shards, each a contiguous range
+   of the hash space holding about ``total / n`` bytes (:func:`plan_shards`), so the shard count and
+   assignment are a pure function of the data and the target and no shard is empty;
+2. ``AssignShards``: each sample to the shard whose hash range holds its key's hash (plus one marker
+   per shard, so that every planned shard is written);
+3. ``GroupShards`` -> ``WriteShards``: samples sorted by key, members by name, each tar header with
+   mtime 0, uid/gid 0, empty user/group names, mode 0644 (ustar); written under a temporary name and
+   renamed; a duplicate key is an error;
+4. ``WriteIndex``: one ``{dataset}-{split}.index.json`` per split in the wids format
+   (``__kind__: wids-shard-index-v1``, ``shardlist: [{url, nsamples, bytes, sha256}]``), URLs relative
+   to the index; shards of the split left by an earlier run with another count are removed.
+
+A retried bundle or a re-run rewrites the same bytes, so two runs (or a killed run and its re-run)
+give sha256-identical shards and index.
+"""
+from __future__ import annotations
+
+import bisect
+import hashlib
+import io
+import json
+import math
+import os
+import posixpath
+import tarfile
+import uuid
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+
+INDEX_KIND = "wids-shard-index-v1"
+SAMPLE_LAYOUT = "longreel-video-v1"
+BLOCK = 512
+COPY_CHUNK = 1 << 20
+
+
+def tar_member_bytes(size: int) -> int:
+    """Bytes one regular member takes in a ustar archive: header block + data padded to 512."""
+    return BLOCK + ((size + BLOCK - 1) // BLOCK) * BLOCK
+
+
+def shard_name(dataset: str, split: str, index: int) -> str:
+    return f"{dataset}-{split}-{index:06d}.tar"
+
+
+def index_name(dataset: str, split: str) -> str:
+    return f"{dataset}-{split}.index.json"
+
+
+def check_key(key: str) -> str:
+    if not key or "." in key or "/" in key or key.startswith("_"):
+        raise ValueError(f"bad sample key {key!r}: keys must be non-empty, without dots or slashes, not start with _")
+    return key
+
+
+def _tarinfo(name: str, size: int) -> tarfile.TarInfo:
+    ti = tarfile.TarInfo(name)
+    ti.size = size
+    ti.mtime = 0
+    ti.mode = 0o644
+    ti.uid = ti.gid = 0
+    ti.uname = ti.gname = ""
+    ti.type = tarfile.REGTYPE
+    return ti
+
+
+class _HashingWriter:
+    """File-like sink that hashes and counts what passes through."""
+
+    def __init__(self, fh):
+        self.fh, self.h, self.n = fh, hashlib.sha256(), 0
+
+    def write(self, b) -> int:
+        self.h.update(b)
+        self.n += len(b)
+        self.fh.write(b)
+        return len(b)
+
+
+class _CheckedReader:
+    """Reads a cache file for a tar member, hashing it; a mismatch with the recorded sha256 is an error."""
+
+    def __init__(self, fh, path: str, size: int, sha256: str):
+        self.fh, self.path, self.size, self.sha256 = fh, path, size, sha256
+        self.h, self.n = hashlib.sha256(), 0
+
+    def read(self, n: int = -1) -> bytes:
+        b = self.fh.read(n)
+        self.h.update(b)
+        self.n += len(b)
+        return b
+
+    def check(self) -> None:
+        if self.n != self.size or self.h.hexdigest() != self.sha256:
+            raise IOError(f"{self.path} changed since it was cached ({self.n} bytes, expected {self.size}, "
+                          f"sha256 {'ok' if self.h.hexdigest() == self.sha256 else 'differs'}); re-run pack")
+
+
+def _open_read(path: str):
+    if "://" not in path:
+        return open(path, "rb")
+    return FileSystems.open(path, compression_type="uncompressed")
+
+
+def write_tar(out, samples: list[dict]) -> None:
+    """Write ``samples`` (descriptors, already sorted) as one deterministic ustar stream to ``out``."""
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.USTAR_FORMAT) as tar:
+        for s in samples:
+            key = check_key(s["key"])
+            for f in sorted(s["files"], key=lambda f: f["name"]):
+                name = f"{key}.{f['name']}"
+                if "text" in f:
+                    data = f["text"].encode("utf-8")
+                    tar.addfile(_tarinfo(name, len(data)), io.BytesIO(data))
+                else:
+                    with _open_read(f["path"]) as fh:
+                        reader = _CheckedReader(fh, f["path"], f["size"], f["sha256"])
+                        tar.addfile(_tarinfo(name, f["size"]), reader)
+                        reader.check()
+
+
+def write_shard_atomic(path: str, samples: list[dict]) -> tuple[int, str]:
+    """Write a shard under a temporary name, rename it into place; return (bytes, sha256)."""
+    directory, name = posixpath.split(path)
+    tmp = FileSystems.join(directory, f".tmp-{uuid.uuid4().hex}-{name}")
+    try:
+        with FileSystems.create(tmp) as fh:
+            w = _HashingWriter(fh)
+            write_tar(w, samples)
+    except BaseException:
+        try:
+            FileSystems.delete([tmp])
+        except Exception:
+            pass
+        raise
+    if FileSystems.exists(path):
+        FileSystems.delete([path])
+    FileSystems.rename([tmp], [path])
+    return w.n, w.h.hexdigest()
+
+
+class _WriteShard(beam.DoFn):
+    def __init__(self, shards_dir: str, dataset: str):
+        self.shards_dir, self.dataset = shards_dir, dataset
+
+    def process(self, element):
+        (split, index, num_shards), group = element
+        samples = sorted((s for s in group if s is not None), key=lambda s: s["key"])
+        for a, b in zip(samples, samples[1:]):
+            if a["key"] == b["key"]:
+                raise ValueError(f"duplicate sample key {a['key']!r} in split {split!r}")
+        name = shard_name(self.dataset, split, index)
+        nbytes, sha = write_shard_atomic(FileSystems.join(self.shards_dir, name), samples)
+        yield {"split": split, "index": index, "num_shards": num_shards, "url": name, "nsamples": len(samples),
+               "nquestions": sum(int(s.get("nquestions", 0)) for s in samples), "bytes": nbytes, "sha256": sha}
+
+
+def build_index(dataset: str, split: str, infos: list[dict], extra: dict | None = None) -> dict:
+    infos = sorted(infos, key=lambda i: i["index"])
+    if [i["index"] for i in infos] != list(range(len(infos))):
+        raise ValueError(f"{dataset}-{split}: shard indices are not 0..{len(infos) - 1}")
+    return {
+        "__kind__": INDEX_KIND,
+        "wids_version": 1,
+        "name": f"{dataset}-{split}",
+        "shardlist": [{"url": i["url"], "nsamples": i["nsamples"], "bytes": i["bytes"], "sha256": i["sha256"],
+                       "nquestions": i["nquestions"]} for i in infos],
+        "longreel": {"dataset": dataset, "split": split, "sample_layout": SAMPLE_LAYOUT,
+                     "samples": sum(i["nsamples"] for i in infos),
+                     "questions": sum(i["nquestions"] for i in infos),
+                     "bytes": sum(i["bytes"] for i in infos), **(extra or {})},
+    }
+
+
+def _write_index(split_infos, shards_dir: str, dataset: str, extra: dict | None):
+    split, infos = split_infos
+    infos = list(infos)
+    doc = build_index(dataset, split, infos, extra)
+    path = FileSystems.join(shards_dir, index_name(dataset, split))
+    blob = (json.dumps(doc, indent=1, sort_keys=False) + "\n").encode()
+    tmp = FileSystems.join(shards_dir, f".tmp-{uuid.uuid4().hex}-{index_name(dataset, split)}")
+    with FileSystems.create(tmp) as fh:
+        fh.write(blob)
+    if FileSystems.exists(path):
+        FileSystems.delete([path])
+    FileSystems.rename([tmp], [path])
+    # Shards of this split from an earlier run with another shard count, and temp files of killed runs.
+    keep = {i["url"] for i in infos}
+    pattern = FileSystems.join(shards_dir, f"{dataset}-{split}-*.tar")
+    stale = [m.path for r in FileSystems.match([pattern]) for m in r.metadata_list
+             if posixpath.basename(m.path) not in keep]
+    own = (f"{dataset}-{split}-", index_name(dataset, split))
+
+    def is_own_temp(path: str) -> bool:
+        base = posixpath.basename(path)
+        rest = base[len(".tmp-") + 33:] if base.startswith(".tmp-") else ""
+        return rest.startswith(own[0]) and rest.endswith(".tar") or rest == own[1]
+
+    temps = [m.path for r in FileSystems.match([FileSystems.join(shards_dir, ".tmp-*")]) for m in r.metadata_list
+             if is_own_temp(m.path)]
+    if stale or temps:
+        FileSystems.delete(sorted(set(stale + temps)))
+    return {"split": split, "index": path, "doc": doc}
+
+
+class WriteWebDatasetShards(beam.PTransform):
+    """sample descriptors -> shards + one index per split; outputs ``{"shards": infos, "indexes": docs}``."""
+
+    def __init__(self, shards_dir: str, dataset: str, target_shard_bytes: int, index_extra: dict | None = None):
+        super().__init__()
+        if target_shard_bytes < 1:
+            raise ValueError("target_shard_bytes must be >= 1")
+        self.shards_dir, self.dataset, self.target = shards_dir, dataset, int(target_shard_bytes)
+        self.index_extra = index_extra
+
+    def expand(self, samples):
+        target = self.target
+        plans = (samples
+                 | "SizeSamples" >> beam.Map(lambda s: (s["split"], (hash_key(s["key"]), int(s["bytes"]))))
+                 | "GroupSizes" >> beam.GroupByKey()
+                 | "PlanShards" >> beam.Map(lambda kv: (kv[0], plan_shards(list(kv[1]), target))))
+        plan_by_split = beam.pvalue.AsDict(plans)
+
+        def assign(s, plans):
+            starts = plans[s["split"]]
+            return (s["split"], bisect.bisect_right(starts, hash_key(s["key"])) - 1, len(starts)), s
+
+        keyed = samples | "AssignShards" >> beam.Map(assign, plan_by_split)
+        markers = plans | "AllShards" >> beam.FlatMap(
+            lambda kv: [((kv[0], i, len(kv[1])), None) for i in range(len(kv[1]))])
+        infos = ((keyed, markers) | "WithMarkers" >> beam.Flatten() | "GroupShards" >> beam.GroupByKey()
+                 | "WriteShards" >> beam.ParDo(_WriteShard(self.shards_dir, self.dataset)))
+        indexes = (infos
+                   | "BySplit" >> beam.Map(lambda i: (i["split"], i))
+                   | "GroupSplits" >> beam.GroupByKey()
+                   | "WriteIndex" >> beam.Map(_write_index, self.shards_dir, self.dataset, self.index_extra))
+        return {"shards": infos, "indexes": indexes}
+
+
+def hash_key(key: str) -> int:
+    """Where a sample sits in hash order (128 bits of sha256 of its key)."""
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:16], "big")
+
+
+def plan_shards(sizes: list[tuple[int, int]], target: int) -> list[int]:
+    """First sizing pass: ``(hash_key, bytes)`` of every sample of a split -> the first hash key of each shard.
+
+    ``n = min(samples, max(1, ceil(total / target)))`` shards; samples in hash order are cut into
+    ``n`` contiguous ranges of about equal bytes (sample ``j`` goes to ``floor(bytes before j * n /
+    total)``, kept non-decreasing by steps of at most one so that no shard is empty). A pure function
+    of the multiset of (key, size) pairs and the target.
+    """
+    sizes = sorted(sizes)
+    if not sizes:
+        return [0]
+    total = sum(b for _, b in sizes)
+    count = len(sizes)
+    n = min(count, max(1, math.ceil(total / target)))
+    starts, cum, prev = [], 0, -1
+    for j, (h, b) in enumerate(sizes):
+        want = (cum * n) // total if total else 0
+        idx = min(max(want, n - (count - j)), prev + 1)
+        if idx != prev:
+            starts.append(h)
+        prev = idx
+        cum += b
+    assert len(starts) == n, (len(starts), n)
+    starts[0] = 0  # the first shard starts at the bottom of hash space
+    return starts
+
+
+def sample_bytes(files: list[dict]) -> int:
+    total = 0
+    for f in files:
+        size = len(f["text"].encode("utf-8")) if "text" in f else int(f["size"])
+        total += tar_member_bytes(size)
+    return total
+
+
+def ensure_dir(path: str) -> None:
+    if "://" not in path:
+        os.makedirs(path, exist_ok=True)
