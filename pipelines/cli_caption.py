@@ -1,0 +1,143 @@
+"""``longreel caption``: caption the clips of an existing curate output directory."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+
+from pipelines.caption_config import BACKENDS, CaptionConfig
+from schemas.config import ConfigError, config_hash, describe, dump_yaml, load_yaml
+
+log = logging.getLogger("longreel")
+
+DESCRIPTION = """\
+Caption the clips of a `longreel curate` output directory (its videos-* and clips-* tables).
+
+Three counted stages, each clip either passing or becoming a reject with a reason:
+clip_facts (N frames per clip decoded in a killable worker, resized to the backend's pixel
+budget; motion, black ratio, brightness, shot cuts, dominant colour), clip_filter (optional
+static/black filter) and caption (the backend through Beam RunInference; empty, looping and
+prompt-echo captions are rejects).
+
+Writes captions-*.parquet and clip_facts-*.parquet into the directory, replaces the caption
+stages' rows of rejects-*.parquet (other stages' rejects are kept) and merges the three stages
+into stats.json; config_caption.yaml records the resolved config.
+
+Backends: facts (weight-free, default), transformers (a local VLM directory, e.g. Qwen2-VL /
+Qwen2.5-VL; NVILA needs --trust-remote-code), openai (any OpenAI-compatible server:
+--set caption.openai.base_url=http://host:8000/v1), vllm (GPU, Qwen2.5-VL / Qwen3-VL).
+Config keys are under `caption.` (see --show-config), e.g. --set caption.filter.enabled=true.
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--clips-dir", required=False, metavar="OUT",
+                   help="A curate output directory (local path or gs://, s3://). Required.")
+    p.add_argument("--backend", choices=BACKENDS, help="Captioner (default: the config's, facts).")
+    p.add_argument("--model", help="Shortcut for --set caption.model.path=MODEL.")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="Allow the checkpoint's own Python code (NVILA). Never implied.")
+    p.add_argument("--config", help="YAML file with a `caption:` section (or the caption keys at the top level).")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="Override one key, e.g. --set caption.frames.n=16 (repeatable; the caption. prefix is "
+                        "optional).")
+    p.add_argument("--show-config", action="store_true", help="Print every caption key with default and help; exit.")
+
+
+def load_config(args) -> CaptionConfig:
+    import yaml
+
+    data = {}
+    if args.config:
+        with open(args.config, encoding="utf-8") as fh:
+            loaded = yaml.safe_load(fh) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{args.config}: the top level must be a mapping")
+        data = loaded.get("caption", loaded) if "caption" in loaded else loaded
+    import os
+    import tempfile
+
+    overrides = [o.split("caption.", 1)[1] if o.startswith("caption.") else o for o in args.overrides]
+    if args.backend:
+        overrides.append(f"backend={args.backend}")
+    if args.model:
+        overrides.append(f"model.path={args.model}")
+    if args.trust_remote_code:
+        overrides.append("model.trust_remote_code=true")
+    fd, tmp = tempfile.mkstemp(suffix=".yaml")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            yaml.safe_dump(data, fh)
+        return load_yaml(CaptionConfig, tmp, overrides)
+    finally:
+        os.unlink(tmp)
+
+
+def run_caption(clips_dir: str, cfg: CaptionConfig, beam_args: list[str] | None = None, handler=None) -> dict:
+    """Caption ``clips_dir`` in place; return the merged stats document."""
+    import apache_beam as beam
+    from apache_beam.io.filesystems import FileSystems
+
+    from pipelines.io.parquet_sink import WriteSortedParquet, read_table
+    from pipelines.provenance import code_version
+    from pipelines.runner import make_pipeline
+    from pipelines.stages.caption import CAPTION_STAGES, CAPTION_UNITS, add_caption_stage
+    from pipelines.stats import WriteStats, read_json
+
+    videos = read_table(clips_dir, "videos").to_pylist()
+    clips = read_table(clips_dir, "clips").to_pylist()
+    try:  # rejects of the other stages are kept; this command's own stages are replaced (re-runs are idempotent)
+        old_rejects = [r for r in read_table(clips_dir, "rejects").to_pylist() if r["stage"] not in CAPTION_STAGES]
+    except FileNotFoundError:
+        old_rejects = []
+    with FileSystems.create(FileSystems.join(clips_dir, "config_caption.yaml")) as fh:
+        fh.write(dump_yaml(cfg).encode())
+    old = read_json(FileSystems.join(clips_dir, "stats.json")) or {}
+    order = [s["stage"] for s in old.get("stages", []) if s["stage"] not in CAPTION_STAGES] + CAPTION_STAGES
+    log.info("caption: %d clips of %d videos in %s with backend %s (config %s)", len(clips), len(videos), clips_dir,
+             cfg.backend, config_hash(cfg)[:12])
+    t0 = time.monotonic()
+    p = make_pipeline(beam_args)
+    v = p | "Videos" >> beam.Create(videos)
+    c = p | "Clips" >> beam.Create(clips)
+    out = add_caption_stage(p, v, c, clips_dir, cfg, handler=handler)
+    kept = p | "OtherRejects" >> beam.Create(old_rejects)
+    ((kept, out["rejects"]) | "AllRejects" >> beam.Flatten()
+     | "WriteRejects" >> WriteSortedParquet(clips_dir, "rejects", "reject", cfg.parquet_shards))
+    meta = {"caption_config_hash": config_hash(cfg), "caption_backend": cfg.backend, "code_version": code_version()}
+    out["counts"] | "WriteStats" >> WriteStats(FileSystems.join(clips_dir, "stats.json"), order,
+                                               CAPTION_UNITS, meta, merge=True)
+    p.run().wait_until_finish()
+    stats = read_json(FileSystems.join(clips_dir, "stats.json"))
+    log.info("caption: done in %.1f s", time.monotonic() - t0)
+    return stats
+
+
+def main(args, beam_args: list[str]) -> int:
+    if args.show_config:
+        for key, default, help_text in describe(CaptionConfig, "caption."):
+            print(f"{key} = {default}\n    {help_text}")
+        return 0
+    if not args.clips_dir:
+        print("longreel caption: --clips-dir is required", file=sys.stderr)
+        return 2
+    unknown = [a for a in beam_args if not a.startswith("--")]
+    if unknown:
+        print(f"longreel caption: unexpected arguments {unknown}", file=sys.stderr)
+        return 2
+    try:
+        cfg = load_config(args)
+    except (ConfigError, OSError) as e:
+        print(f"longreel caption: bad config: {e}", file=sys.stderr)
+        return 2
+    try:
+        stats = run_caption(args.clips_dir, cfg, beam_args)
+    except FileNotFoundError as e:
+        print(f"longreel caption: {e} (run `longreel curate --out {args.clips_dir}` first)", file=sys.stderr)
+        return 2
+    by = {s["stage"]: s for s in stats["stages"]}
+    print(json.dumps({s: {k: by[s][k] for k in ("in", "out", "rejected", "balanced")} for s in
+                      ("clip_facts", "clip_filter", "caption") if s in by}))
+    return 0
