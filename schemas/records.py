@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "1.4"
+SCHEMA_VERSION = "1.5"
 
 
 @dataclass(frozen=True)
@@ -161,6 +161,9 @@ QRA = RecordKind(
         _f("seed", _i64),
         _f("source_caption_ids", pa.list_(_str), False),
         _f("refined", _bool, False),
+        _f("refine_prompt_hash", _str),    # prompt hash of the accepted refinement, if any
+        _f("draft_reasoning", _str),       # the reasoning before an accepted refinement
+        _f("context", _str),               # JSON: caption window (strategy, window, n_windows, span, prompt tokens)
     ]),
     required=("qra_id", "video_id", "category", "problem_type", "question", "answer", "reasoning", "target",
               "generator", "model", "prompt_hash", "sampling", "source_caption_ids", "refined"),
