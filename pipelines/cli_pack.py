@@ -14,7 +14,7 @@ log = logging.getLogger("longreel")
 DESCRIPTION = """\
 Pack a curated output directory into training shards.
 
-Reads OUT's `videos`, `qra` and, when present, `pass_rate` tables. Each QRA gets a split:
+Reads OUT's `videos`, `qras` and, when present, `pass_rate` tables. Each QRA gets a split:
 the pass-rate record's sft / rl (drop and missing records are rejects), or `default_split`
 when there is no pass-rate table. Each video with kept QRAs is decoded once per parameter
 set into the frame cache (uint8 frames sampled and resized by the target processor's rules,
@@ -23,7 +23,7 @@ as WebDataset shards `{dataset}-{split}-{index:06d}.tar` (one sample = one video
 once, all its questions) with a wids index `{dataset}-{split}.index.json` per split.
 Re-running with the same inputs and config rewrites byte-identical shards and index.
 The funnel (pack_select, frame_cache, pack_write) and a `pack` summary are merged into
-OUT/stats.json; rejects go to OUT/pack_rejects-*.parquet. See docs/SHARDS.md.
+OUT/stats.json; rejects are merged into OUT/rejects-*.parquet. See docs/SHARDS.md.
 """
 
 

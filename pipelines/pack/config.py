@@ -30,7 +30,7 @@ class PackConfig:
                                                      "ceil(total bytes / this), samples go to shards by key hash.")
     default_split: str = cfg("train", "Split for every QRA when there is no pass_rate table.")
     videos_table: str = cfg("videos", "Input table of video records (under the output directory).")
-    qra_table: str = cfg("qra", "Input table of QRA records.")
+    qra_table: str = cfg("qras", "Input table of QRA records.")
     pass_rate_table: str = cfg("pass_rate", "Input table of pass-rate records; used when present.")
     decode_timeout_s: float = cfg(600.0, "Seconds decoding one video may take before its worker is killed.")
 

@@ -70,7 +70,7 @@ def pass_rate_rows(qras: list[dict], k: int = 4) -> list[dict]:
 
 
 def write_tables(out_dir: str, tables: dict[str, tuple[str, list[dict]]]) -> None:
-    """``{"videos": ("video", rows), "qra": ("qra", rows), ...}`` -> ``<out_dir>/<table>-00000-of-00001.parquet``."""
+    """``{"videos": ("video", rows), "qras": ("qra", rows), ...}`` -> ``<out_dir>/<table>-00000-of-00001.parquet``."""
     from pipelines.io.parquet_sink import shard_name, write_parquet_atomic
 
     os.makedirs(out_dir, exist_ok=True)

@@ -280,18 +280,24 @@ def index_extra(cfg: PackConfig) -> dict:
 
 
 def add_pack_stage(p, videos_pcoll, qras_pcoll, passrate_pcoll_or_none, out_dir: str, cfg: PackConfig, *,
-                   write_stats: bool = True) -> dict:
+                   standalone: bool = True) -> dict:
     """Add the pack stage to pipeline ``p``.
 
     Inputs are PCollections of VIDEO, QRA and (optionally) PASS_RATE rows. Writes the frame cache
-    (``cfg.cache_dir`` or ``<out_dir>/frame_cache``), shards + indexes (``cfg.shards_dir`` or
-    ``<out_dir>/shards``), ``<out_dir>/pack_rejects-*.parquet`` and, with ``write_stats``, merges the
-    ``pack_*``/``frame_cache`` funnel and a ``pack`` summary into ``<out_dir>/stats.json``.
+    (``cfg.cache_dir`` or ``<out_dir>/frame_cache``) and shards + one index per split
+    (``cfg.shards_dir`` or ``<out_dir>/shards``).
 
-    Returns ``{"shards": shard infos, "indexes": index docs, "rejects": reject rows, "counts":
-    ((stage, metric), n) pairs, "summary": one summary dict, "samples": sample descriptors}``. When
-    wiring into a pipeline that writes ``stats.json`` itself, pass ``write_stats=False`` and flatten
-    ``counts`` into that pipeline's pairs (order :data:`STAGE_ORDER`, units :data:`STAGE_UNITS`).
+    ``standalone=True`` (``longreel pack``): also rewrites ``<out_dir>/rejects-*.parquet`` (other
+    stages' rejects kept, this stage's replaced) and merges the ``pack_select`` / ``frame_cache`` /
+    ``pack_write`` funnel plus a ``pack`` summary (frames per video, shard sizes) into
+    ``<out_dir>/stats.json``. ``standalone=False`` (wired into a pipeline that writes those files
+    itself, e.g. ``longreel curate``): writes neither; flatten ``counts`` into that pipeline's
+    ``((stage, metric), n)`` pairs (order :data:`STAGE_ORDER`, units :data:`STAGE_UNITS`) and
+    ``rejects`` into its rejects, and put ``summary`` under ``stats["pack"]`` if wanted.
+
+    Returns ``{"shards": one dict per shard {split, index, num_shards, url, nsamples, nquestions,
+    bytes, sha256}, "indexes": {split, index (path), doc}, "rejects": reject rows, "counts": pairs,
+    "summary": one dict, "samples": sample descriptors}``.
     """
     from pipelines.io.parquet_sink import WriteSortedParquet
     from schemas.config import config_hash
@@ -321,13 +327,21 @@ def add_pack_stage(p, videos_pcoll, qras_pcoll, passrate_pcoll_or_none, out_dir:
     rejects = (selected[REJECTS], built[REJECTS]) | "PackAllRejects" >> beam.Flatten()
     reject_counts = rejects | "PackRejectCounts" >> beam.Map(lambda r: ((r["stage"], "rejected:" + r["reason"]), 1))
     counts = (selected[COUNTS], built[COUNTS], write_counts, reject_counts) | "PackAllCounts" >> beam.Flatten()
-    rejects | "PackWriteRejects" >> WriteSortedParquet(out_dir, "pack_rejects", "reject", 1)
+    if standalone:
+        # Like the other stages run alone on an output directory: the rejects table keeps other stages' rows.
+        from pipelines.io.parquet_sink import read_table
+        try:
+            earlier = [r for r in read_table(out_dir, "rejects").to_pylist() if r["stage"] not in STAGE_ORDER]
+        except FileNotFoundError:
+            earlier = []
+        ((p | "PackEarlierRejects" >> beam.Create(earlier), rejects) | "PackRejectsAll" >> beam.Flatten()
+         | "PackWriteRejects" >> WriteSortedParquet(out_dir, "rejects", "reject", 1))
 
     shard_list = written["shards"] | "PackShardList" >> beam.combiners.ToList()
     frame_list = built["frames"] | "PackFrameList" >> beam.combiners.ToList()
     summary = (shard_list | "PackSummary" >> beam.Map(
         lambda shards, frames: _summary(shards, frames, cfg.dataset), beam.pvalue.AsSingleton(frame_list)))
-    if write_stats:
+    if standalone:
         meta = {"pack_config_hash": config_hash(cfg)}
         (counts, summary) | "PackWriteStats" >> _WritePackStats(FileSystems.join(out_dir, "stats.json"), meta)
     return {"shards": written["shards"], "indexes": written["indexes"], "rejects": rejects, "counts": counts,
