@@ -47,6 +47,7 @@ QWEN_FRAME_FACTOR = 28
 
 __all__ = [
     "AnswererHandler",
+    "Loaded",
     "ScriptedAnswererHandler",
     "TransformersAnswererHandler",
     "VLLMAnswererHandler",
@@ -54,6 +55,16 @@ __all__ = [
     "question_seed",
     "weights_sha256",
 ]
+
+
+class Loaded:
+    """What ``load_model`` returns: Beam's model sharing keeps a weak reference to it (tuples cannot be)."""
+
+    def __init__(self, model: Any = None, processor: Any = None):
+        self.model, self.processor = model, processor
+
+    def __iter__(self):  # ``model, processor = loaded``
+        return iter((self.model, self.processor))
 
 
 def question_seed(seed: int, qra_id: str) -> int:
@@ -174,7 +185,7 @@ class TransformersAnswererHandler(AnswererHandler):
         model = model.to(device).eval()
         processor = AutoProcessor.from_pretrained(c.model, trust_remote_code=c.trust_remote_code,
                                                   local_files_only=True)
-        return model, processor
+        return Loaded(model, processor)
 
     def processor_inputs(self, processor, example: dict):
         """Tokenized prompt + processed frames of one question (a dict of tensors on the CPU)."""
@@ -247,7 +258,7 @@ class VLLMAnswererHandler(AnswererHandler):
                   gpu_memory_utilization=c.vllm_gpu_memory_utilization)
         processor = AutoProcessor.from_pretrained(c.model, trust_remote_code=c.trust_remote_code,
                                                   local_files_only=True)
-        return llm, processor
+        return Loaded(llm, processor)
 
     def requests(self, processor, batch: Sequence[dict]):
         from vllm import SamplingParams
@@ -295,7 +306,7 @@ class ScriptedAnswererHandler(AnswererHandler):
         return SCRIPTED_REVISION
 
     def load_model(self):
-        return None
+        return Loaded()
 
     def answer(self, model, example: dict) -> list[str]:
         frames = example.get("frames")
