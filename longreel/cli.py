@@ -19,6 +19,7 @@ logging.getLogger().addFilter(_DropBeamImportNoise())
 # name -> (module, one-line help). Modules expose add_arguments(parser) and main(args, extra_args) -> int.
 COMMANDS = {
     "curate": ("pipelines.cli_curate", "Run the curation pipeline (ingest, probe, segment, ...) on videos."),
+    "card": ("pipelines.cli_card", "Data card: build (README.md, card.json, plots) or verify it against shards."),
     "caption": ("pipelines.cli_caption", "Caption the clips of a curate output (facts, transformers, openai, vllm)."),
     "pack": ("pipelines.cli_pack", "Frame cache + WebDataset shards + wids index from an output directory."),
     "filter": ("pipelines.cli_filter", "Pass-rate filter: answer each question k times, keep the medium ones."),

@@ -3,6 +3,10 @@
 Each stage contributes ``((stage, metric), count)`` pairs: ``in``, ``out`` and one
 ``rejected:<reason>`` per reason. They are summed per key and folded into one ``stats.json``
 with a schema version, so that ``in == out + sum(rejected)`` can be checked for every stage.
+
+Distributions for the data card (:mod:`pipelines.card.distributions`) travel the same way as
+``(("dist:<section>", key), n)`` pairs and are folded into ``stats.json["distributions"]``; a document
+without such pairs is unchanged.
 """
 from __future__ import annotations
 
@@ -39,8 +43,16 @@ def extra_count(label: str, stage: str, metric: str, pcoll):
     return pcoll | f"{label}Count" >> beam.Map(_metric(stage, metric))
 
 
+DIST_PREFIX = "dist:"
+
+
 def build_stats(pairs: list, stage_order: list[str], units: dict[str, str], meta: dict) -> dict:
-    """Fold summed pairs into the stats document (a pure function; tested directly)."""
+    """Fold summed pairs into the stats document (a pure function; tested directly).
+
+    Pairs whose first element starts with ``dist:`` are distributions: they go to ``"distributions"``
+    (present only when there are any), never into the funnel."""
+    dist_pairs = [p for p in pairs if str(p[0][0]).startswith(DIST_PREFIX)]
+    pairs = [p for p in pairs if not str(p[0][0]).startswith(DIST_PREFIX)]
     stages = {s: {"stage": s, "unit": units.get(s, "item"), "in": 0, "out": 0, "rejected": {}, "extra": {}}
               for s in stage_order}
     for (stage, metric), n in pairs:
@@ -58,7 +70,11 @@ def build_stats(pairs: list, stage_order: list[str], units: dict[str, str], meta
         st["rejected"] = dict(sorted(st["rejected"].items()))
         st["rejected_total"] = sum(st["rejected"].values())
         st["balanced"] = st["in"] == st["out"] + st["rejected_total"]
-    return {"schema_version": STATS_VERSION, "kind": "longreel-funnel", **meta, "stages": ordered}
+    doc = {"schema_version": STATS_VERSION, "kind": "longreel-funnel", **meta, "stages": ordered}
+    if dist_pairs:
+        from pipelines.card.distributions import fold_distributions
+        doc["distributions"] = fold_distributions(dist_pairs)
+    return doc
 
 
 def read_json(path: str) -> dict | None:
@@ -79,6 +95,9 @@ def merge_stats(old: dict | None, new: dict, stage_order: list[str] | None = Non
         rank = {s: i for i, s in enumerate(stage_order)}
         stages.sort(key=lambda s: rank.get(s["stage"], len(rank)))
     merged = {**old, **{k: v for k, v in new.items() if k != "stages"}, "stages": stages}
+    if old.get("distributions") and new.get("distributions"):
+        from pipelines.card.distributions import merge_distributions
+        merged["distributions"] = merge_distributions(old["distributions"], new["distributions"])
     return merged
 
 

@@ -1,0 +1,440 @@
+"""``longreel card build``: a run's outputs -> a Hugging Face dataset card, ``card.json`` and plots.
+
+Everything the card states is first gathered as a flat, ordered list of *claims* (``{"id", "value",
+"check", "source"}``) written to ``card.json``; ``README.md`` is then rendered from ``card.json`` alone
+(:func:`render_readme`) with the Jinja2 template ``data_cards/card.md.j2``. So an auditor's
+``longreel card verify`` can (1) re-render the README from ``card.json`` and find any edited number, and
+(2) recompute, claim by claim, everything derivable from the shards. ``check`` says how a claim can be
+checked: ``shards`` (recomputed from the shards by verify), ``funnel`` (``in == out + rejected``, recomputed
+from the card's own numbers) or ``recorded`` (what the pipeline recorded: configs, models, sources).
+
+Inputs, all under the run's output directory: ``stats.json`` (funnel, and ``distributions`` when the
+pipeline computed them), ``config.yaml``, the stage tables (``videos``, ``clips``, ``captions``, ``qra``,
+``pass_rate``, ``rejects``, ``pack_rejects``) and the shards' wids index files (``<run>/shards`` unless
+given). A distribution the pipeline did not compute is computed here from the tables (or, for the
+``released_*`` sections, from the shards) with the same functions, and the card says so.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+
+import yaml
+
+import data_cards
+from pipelines.card import distributions as D
+
+log = logging.getLogger("longreel")
+
+CARD_SCHEMA = "1.0"
+TEMPLATE_DIR = os.path.dirname(os.path.abspath(data_cards.__file__))
+TEMPLATE_NAME = "card.md.j2"
+
+TABLES = {"videos": "video", "clips": "clip", "clip_facts": "clip_facts", "captions": "caption", "qras": "qra",
+          "pass_rate": "pass_rate", "rejects": "reject", "pack_rejects": "reject"}
+REJECT_TABLES = ("rejects", "pack_rejects")
+REJECT_EXAMPLES = 3
+PLOTS = ("funnel.png", "category_balance.png", "pass_count.png", "duration.png")
+
+# SPDX-ish ids recorded by the inputs -> Hugging Face licence ids.
+HF_LICENSES = {"cc-by-3.0": "cc-by-3.0", "cc-by-4.0": "cc-by-4.0", "cc-by-sa-3.0": "cc-by-sa-3.0",
+               "cc-by-sa-4.0": "cc-by-sa-4.0", "cc0-1.0": "cc0-1.0", "bsd-3-clause": "bsd-3-clause",
+               "bsd-2-clause": "bsd-2-clause", "mit": "mit", "apache-2.0": "apache-2.0", "lppl-1.3c": "lppl-1.3c",
+               "cc-by-nc-4.0": "cc-by-nc-4.0", "cc-by-nc-sa-4.0": "cc-by-nc-sa-4.0", "unknown": "unknown"}
+
+
+def template_path() -> str:
+    return os.path.join(TEMPLATE_DIR, TEMPLATE_NAME)
+
+
+def template_sha256() -> str:
+    with open(template_path(), "rb") as fh:
+        return hashlib.sha256(fh.read()).hexdigest()
+
+
+class Claims:
+    def __init__(self):
+        self.items: list[dict] = []
+        self._ids: set[str] = set()
+
+    def add(self, cid: str, value, check: str = "recorded", source: str = "") -> None:
+        if cid in self._ids:
+            raise ValueError(f"duplicate claim {cid!r}")
+        self._ids.add(cid)
+        self.items.append({"id": cid, "value": value, "check": check, "source": source})
+
+
+def claims_by_id(card: dict) -> dict:
+    return {c["id"]: c["value"] for c in card["claims"]}
+
+
+def hf_license(lic: str) -> str:
+    return HF_LICENSES.get(lic.lower(), "other")
+
+
+def size_category(n: int) -> str:
+    for hi, label in ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"), (1_000_000, "100K<n<1M"),
+                      (10_000_000, "1M<n<10M"), (100_000_000, "10M<n<100M"), (1_000_000_000, "100M<n<1B")):
+        if n < hi:
+            return label
+    return "n>1T" if n > 10 ** 12 else "1B<n<10B"
+
+
+def _basename(uri: str) -> str:
+    return uri.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _read_tables(run_dir: str) -> dict[str, list[dict]]:
+    from pipelines.io.parquet_sink import read_table
+    out = {}
+    for t in TABLES:
+        try:
+            out[t] = read_table(run_dir, t).to_pylist()
+        except FileNotFoundError:
+            continue
+    return out
+
+
+def _flatten_config(node, prefix: str = "") -> list[tuple[str, object]]:
+    if isinstance(node, dict):
+        out = []
+        for k, v in node.items():
+            out += _flatten_config(v, f"{prefix}.{k}" if prefix else str(k))
+        return out
+    return [(prefix, node)]
+
+
+def _provenance(rows: list[dict], fields: tuple[str, ...]) -> list[dict]:
+    """Distinct combinations of provenance ``fields`` with how many rows carry each (sorted)."""
+    acc: dict[str, int] = {}
+    for r in rows:
+        key = json.dumps({f: r.get(f) for f in fields}, sort_keys=True)
+        acc[key] = acc.get(key, 0) + 1
+    return [{**json.loads(k), "rows": n} for k, n in sorted(acc.items())]
+
+
+CAPTION_PROVENANCE = ("backend", "model", "model_revision", "prompt_name", "prompt_hash", "sampling")
+QRA_PROVENANCE = ("generator", "model", "model_revision", "prompt_hash", "sampling", "refined")
+PASS_RATE_PROVENANCE = ("backend", "answerer", "answerer_revision", "k", "temperature", "top_p", "top_k",
+                        "max_new_tokens", "prompt_hash", "pass_threshold", "policy")
+
+
+def _released_from_shards(indexes: list[tuple[str, dict]]) -> list[dict]:
+    """Sample descriptors (JSON members + cached frames from the npy header) read back from the shards."""
+    from pipelines.card.shardread import join, read_shard, sample_descriptor
+    samples = []
+    for path, doc in indexes:
+        split = doc.get("longreel", {}).get("split") or doc["name"].rsplit("-", 1)[-1]
+        for sh in doc["shardlist"]:
+            for s in read_shard(join(path, sh["url"]))["samples"]:
+                samples.append(sample_descriptor(split, s))
+    return samples
+
+
+def _features_yaml_for_kind(kind: str) -> list:
+    import datasets
+    from schemas import KINDS
+    return datasets.Features.from_arrow_schema(KINDS[kind].schema)._to_yaml_list()
+
+
+def shard_features(indexes: list[tuple[str, dict]]) -> list | None:
+    """The features the ``datasets`` WebDataset builder infers, from every sample's JSON members (promoted
+    across samples, so optional fields that are null in one sample and set in another type correctly) and
+    the ``.npy`` headers (an array of the same dtype and rank stands in for the frames)."""
+    import datasets
+    import numpy as np
+    import pyarrow as pa
+    from datasets.features.features import cast_to_python_objects
+
+    from pipelines.card.shardread import join, read_shard
+    tables = []
+    for path, doc in indexes:
+        for sh in doc["shardlist"]:
+            url = join(path, sh["url"])
+            for s in read_shard(url)["samples"]:
+                ex = {}
+                for name in sorted(s["members"]):
+                    if name in s["json"]:
+                        ex[name] = s["json"][name]
+                    elif name in s["npy"]:
+                        h = s["npy"][name]
+                        ex[name] = np.zeros((1,) * len(h["shape"]), dtype=np.dtype(h["dtype"]))
+                    else:
+                        ex[name] = b""
+                ex["__key__"] = s["key"]
+                ex["__url__"] = sh["url"]
+                tables.append(pa.Table.from_pylist(cast_to_python_objects([ex], only_1d_for_numpy=True)))
+    if not tables:
+        return None
+    schema = pa.concat_tables(tables, promote_options="default").schema
+    return datasets.Features.from_arrow_schema(schema)._to_yaml_list()
+
+
+def collect(run_dir: str, shards: str | None = None, *, name: str | None = None, pretty_name: str | None = None,
+            command: str | None = None, data_prefix: str = "data/", tables_prefix: str = "tables/",
+            features: bool = True) -> dict:
+    """Gather every claim of the card of the run in ``run_dir`` (see the module docstring)."""
+    from pipelines.card.shardread import list_indexes, read_index
+    from pipelines.stats import read_json
+
+    stats = read_json(os.path.join(run_dir, "stats.json") if "://" not in run_dir else run_dir + "/stats.json")
+    if stats is None:
+        raise FileNotFoundError(f"{run_dir}: no stats.json (run `longreel curate` first)")
+    config = {}
+    cfg_path = os.path.join(run_dir, "config.yaml")
+    if os.path.exists(cfg_path):
+        with open(cfg_path, encoding="utf-8") as fh:
+            config = yaml.safe_load(fh) or {}
+    tables = _read_tables(run_dir)
+    if "videos" not in tables:
+        raise FileNotFoundError(f"{run_dir}: no videos table")
+
+    shards = shards if shards is not None else os.path.join(run_dir, "shards")
+    indexes: list[tuple[str, dict]] = []
+    if shards.endswith(".index.json") or "://" in shards or os.path.isdir(shards):
+        indexes = [(p, read_index(p)) for p in list_indexes(shards)]
+    indexes.sort(key=lambda pd: pd[1]["name"])
+
+    dataset = name or next((d.get("longreel", {}).get("dataset") for _, d in indexes), None) or "longreel"
+    c = Claims()
+
+    # ---- distributions: from the pipeline when it computed them, else here from the same functions ----
+    dist = (stats.get("distributions") or {}).get("sections", {})
+    dist_source = {s: "stats.json" for s in dist}
+    for table in ("videos", "clips", "captions", "qras", "pass_rate"):
+        wanted = [s for s, spec in D.SECTIONS.items() if spec["table"] == table]
+        if table in tables and any(s not in dist for s in wanted):
+            computed = D.distributions_from_rows({table: tables[table]})["sections"]
+            for s in wanted:
+                if s not in dist and s in computed:
+                    dist[s], dist_source[s] = computed[s], f"{table} table (computed by card build)"
+    if indexes:
+        released = [s for s, spec in D.SECTIONS.items() if spec["table"] in ("pack_samples", "shards")]
+        if any(s not in dist for s in released):
+            computed = D.distributions_from_rows({"pack_samples": _released_from_shards(indexes),
+                                                  "shards": [dict(sh) for _, d in indexes for sh in d["shardlist"]]})
+            for s in released:
+                if s not in dist and s in computed["sections"]:
+                    dist[s], dist_source[s] = computed["sections"][s], "shards (computed by card build)"
+    ordered = [s for s in D.SECTIONS if s in dist] + sorted(s for s in dist if s not in D.SECTIONS)
+
+    videos = sorted(tables["videos"], key=lambda v: v["video_id"])
+    released_q = sum(dist.get("released_split_questions", {}).get("counts", {}).values())
+    n_for_size = released_q or len(tables.get("qras", [])) or len(videos)
+    if "released_license" in dist:
+        lic_names = sorted(dist["released_license"]["counts"])
+    else:
+        lic_names = sorted({v.get("license") or "unknown" for v in videos})
+
+    # ---- identity ----
+    c.add("card/schema", CARD_SCHEMA)
+    c.add("card/template_sha256", template_sha256())
+    c.add("dataset/name", dataset)
+    c.add("dataset/pretty_name", pretty_name or f"{dataset}: long-video reasoning questions")
+    c.add("dataset/licenses", sorted({hf_license(x) for x in lic_names}), source="video licences")
+    c.add("dataset/license_names", lic_names, source="video licences")
+    c.add("dataset/size_category", size_category(n_for_size))
+    c.add("dataset/size_unit", "questions" if released_q or tables.get("qras") else "videos")
+    c.add("dataset/size_count", n_for_size)
+
+    # ---- reproduction ----
+    c.add("reproduction/code_version", stats.get("code_version"), source="stats.json")
+    c.add("reproduction/config_hash", stats.get("config_hash"), source="stats.json")
+    c.add("reproduction/stats_schema", stats.get("schema_version"), source="stats.json")
+    c.add("reproduction/distributions_schema",
+          (stats.get("distributions") or {}).get("schema_version", D.DISTRIBUTIONS_VERSION), source="stats.json")
+    c.add("reproduction/command", command or stats.get("command") or "", source="stats.json or --command")
+    others = {k: stats[k] for k in sorted(stats) if k.endswith("config_hash") and k != "config_hash"}
+    if "passrate" in stats and stats["passrate"].get("config_hash"):
+        others["filter_config_hash"] = stats["passrate"]["config_hash"]
+    c.add("reproduction/other_config_hashes", others, source="stats.json")
+
+    # ---- stage parameters ----
+    c.add("config", [{"key": k, "value": v} for k, v in _flatten_config(config)], source="config.yaml")
+
+    # ---- funnel ----
+    stage_names = []
+    for st in stats.get("stages", []):
+        s = st["stage"]
+        stage_names.append(s)
+        c.add(f"funnel/{s}", {"unit": st.get("unit", "item"), "in": st["in"], "out": st["out"],
+                              "rejected": dict(st.get("rejected", {})),
+                              "rejected_total": sum(st.get("rejected", {}).values()),
+                              "extra": dict(st.get("extra", {}))}, check="funnel", source="stats.json")
+    c.add("funnel/stages", stage_names, source="stats.json")
+    if "totals" in stats:
+        c.add("funnel/totals", stats["totals"], check="funnel", source="stats.json")
+
+    # ---- rejects, by stage and reason, with example keys ----
+    summary: dict[tuple[str, str], dict] = {}
+    for t in REJECT_TABLES:
+        for r in tables.get(t, []):
+            d = summary.setdefault((r["stage"], r["reason"]), {"table": t, "rows": 0, "keys": [], "message": None})
+            d["rows"] += 1
+            d["keys"].append(r["key"])
+    for t in REJECT_TABLES:
+        for r in sorted(tables.get(t, []), key=lambda r: (r["stage"], r["reason"], r["key"])):
+            d = summary[(r["stage"], r["reason"])]
+            if d["message"] is None:
+                d["message"] = r["message"]
+    c.add("rejects", [{"stage": s, "reason": reason, "table": d["table"], "rows": d["rows"],
+                       "examples": sorted(d["keys"])[:REJECT_EXAMPLES], "message": d["message"]}
+                      for (s, reason), d in sorted(summary.items())], source="rejects tables")
+
+    # ---- sources ----
+    total_ms = sum(D._ms(v["duration_s"]) for v in videos)
+    c.add("sources/videos", len(videos), source="videos table")
+    c.add("sources/duration_s", round(total_ms / 1000, 3), source="videos table")
+    c.add("sources/hours", round(total_ms / 3_600_000, 4), source="videos table")
+    by_lic: dict[str, int] = {}
+    for v in videos:
+        by_lic[v.get("license") or "unknown"] = by_lic.get(v.get("license") or "unknown", 0) + 1
+    c.add("sources/by_license", dict(sorted(by_lic.items())), source="videos table")
+    c.add("sources/list", [{"video_id": v["video_id"], "file": _basename(v["uri"]), "license": v.get("license"),
+                            "attribution": v.get("attribution"), "duration_s": round(float(v["duration_s"]), 3),
+                            "width": v["width"], "height": v["height"], "sha256": v["sha256"]} for v in videos],
+          source="videos table")
+
+    # ---- models ----
+    c.add("models/caption", _provenance(tables.get("captions", []), CAPTION_PROVENANCE), source="captions table")
+    c.add("models/qra", _provenance(tables.get("qras", []), QRA_PROVENANCE), source="qras table")
+    c.add("models/pass_rate", _provenance(tables.get("pass_rate", []), PASS_RATE_PROVENANCE),
+          source="pass_rate table")
+
+    # ---- distributions ----
+    c.add("dist/sections", ordered)
+    for s in ordered:
+        check = "shards" if D.SECTIONS.get(s, {}).get("table") in ("pack_samples", "shards") else "recorded"
+        c.add(f"dist/{s}", dict(dist[s]["counts"]), check=check, source=dist_source.get(s, "stats.json"))
+
+    # ---- released shards ----
+    splits = []
+    for path, doc in indexes:
+        lr = doc.get("longreel", {})
+        split = lr.get("split") or doc["name"].rsplit("-", 1)[-1]
+        splits.append(split)
+        c.add(f"split/{split}", {"index": os.path.basename(path), "shards": len(doc["shardlist"]),
+                                 "samples": sum(s["nsamples"] for s in doc["shardlist"]),
+                                 "questions": sum(s.get("nquestions", 0) for s in doc["shardlist"]),
+                                 "bytes": sum(s["bytes"] for s in doc["shardlist"])},
+              check="shards", source="index")
+        for sh in doc["shardlist"]:
+            c.add(f"shard/{sh['url']}", {"split": split, "nsamples": sh["nsamples"],
+                                         "nquestions": sh.get("nquestions", 0), "bytes": sh["bytes"],
+                                         "sha256": sh["sha256"]}, check="shards", source="index")
+    c.add("splits", splits, source="index")
+    c.add("released/frames", (indexes[0][1].get("longreel", {}).get("frames") if indexes else None) or {},
+          source="index")
+    c.add("released/processor", (indexes[0][1].get("longreel", {}).get("processor") if indexes else None) or {},
+          source="index")
+
+    # ---- Hugging Face configs / features ----
+    configs = []
+    if indexes:
+        configs.append({"config_name": "default",
+                        "data_files": [{"split": sp, "path": f"{data_prefix}{dataset}-{sp}-*.tar"} for sp in splits],
+                        "features": shard_features(indexes) if features else None,
+                        "splits": [{"name": sp, "num_bytes": claims_split(c, sp)["bytes"],
+                                    "num_examples": claims_split(c, sp)["samples"]} for sp in splits]})
+    for t, kind in TABLES.items():
+        if t in tables:
+            configs.append({"config_name": t, "data_files": [{"split": "train",
+                                                              "path": f"{tables_prefix}{t}-*.parquet"}],
+                            "features": _features_yaml_for_kind(kind) if features else None,
+                            "splits": [{"name": "train", "num_examples": len(tables[t])}]})
+    c.add("hf/configs", configs)
+    return {"card_schema": CARD_SCHEMA, "claims": c.items}
+
+
+def claims_split(c: Claims, split: str) -> dict:
+    return next(i["value"] for i in c.items if i["id"] == f"split/{split}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# rendering (a pure function of card.json)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def front_matter(cl: dict) -> str:
+    configs = cl["hf/configs"]
+    fm = {
+        "pretty_name": cl["dataset/pretty_name"],
+        "license": cl["dataset/licenses"][0] if len(cl["dataset/licenses"]) == 1 else cl["dataset/licenses"],
+        "task_categories": ["video-text-to-text", "visual-question-answering"],
+        "language": ["en"],
+        "size_categories": [cl["dataset/size_category"]],
+        "source_datasets": ["original"],
+        "annotations_creators": ["machine-generated"],
+        "language_creators": ["machine-generated"],
+        "multilinguality": ["monolingual"],
+        "tags": ["video", "reasoning", "long-video", "webdataset", "synthetic"],
+        "configs": [{"config_name": cf["config_name"], "data_files": cf["data_files"],
+                     **({"default": True} if cf["config_name"] == "default" else {})} for cf in configs],
+        "dataset_info": [{"config_name": cf["config_name"], **({"features": cf["features"]} if cf["features"] else {}),
+                          "splits": cf["splits"]} for cf in configs],
+    }
+    if "other" in cl["dataset/licenses"]:
+        fm["license_name"] = "see the Source videos section"
+    return yaml.safe_dump(fm, sort_keys=False, allow_unicode=True, width=1000)
+
+
+def _context(card: dict) -> dict:
+    cl = claims_by_id(card)
+    stages = [dict(cl[f"funnel/{s}"], stage=s) for s in cl["funnel/stages"]]
+    return {"c": cl, "front_matter": front_matter(cl), "stages": stages,
+            "dist": {s: cl[f"dist/{s}"] for s in cl["dist/sections"]},
+            "dist_source": {i["id"][5:]: i["source"] for i in card["claims"] if i["id"].startswith("dist/")
+                            and i["id"] != "dist/sections"},
+            "splits": [dict(cl[f"split/{sp}"], name=sp) for sp in cl["splits"]],
+            "shards": [dict(i["value"], url=i["id"][6:]) for i in card["claims"] if i["id"].startswith("shard/")],
+            "sections": D.SECTIONS, "plots": PLOTS}
+
+
+def _fmt_num(x) -> str:
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, int):
+        return f"{x:,}"
+    if isinstance(x, float):
+        return f"{x:,.3f}".rstrip("0").rstrip(".")
+    return str(x)
+
+
+def render_readme(card: dict, template: str | None = None) -> str:
+    import jinja2
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATE_DIR), undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False)
+    env.filters["num"] = _fmt_num
+    env.filters["tojson"] = lambda v: json.dumps(v, sort_keys=True, ensure_ascii=False)
+    env.filters["cell"] = lambda v: str(v).replace("|", "\\|").replace("\n", " ")
+    tpl = env.get_template(template or TEMPLATE_NAME)
+    return tpl.render(**_context(card))
+
+
+def dump_card_json(card: dict) -> str:
+    return json.dumps(card, indent=1, sort_keys=False, ensure_ascii=False) + "\n"
+
+
+def write_card(card: dict, out_dir: str, plots: bool = True) -> list[str]:
+    """Write README.md, card.json and the plots into ``out_dir``; return the paths written."""
+    os.makedirs(out_dir, exist_ok=True)
+    written = []
+    for name, text in (("card.json", dump_card_json(card)), ("README.md", render_readme(card))):
+        path = os.path.join(out_dir, name)
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8", newline="\n") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+        written.append(path)
+    if plots:
+        from pipelines.card.plots import write_plots
+        written += write_plots(card, out_dir)
+    return written
+
+
+def build_card(run_dir: str, out_dir: str, shards: str | None = None, **kw) -> dict:
+    card = collect(run_dir, shards, **kw)
+    write_card(card, out_dir)
+    return card

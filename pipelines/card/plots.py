@@ -1,0 +1,122 @@
+"""The card's plots, as deterministic PNGs (matplotlib Agg, fixed rcParams, no Software/date metadata).
+
+Each plot is drawn from ``card.json`` alone: the funnel (in / out / rejected per stage), category balance
+(released questions when there are shards, else generated ones), the pass-count histogram and the video
+duration histogram. A plot with no data says so in its title instead of being left out, so the card always
+links four images.
+"""
+from __future__ import annotations
+
+import os
+
+FIGSIZE = (7.0, 3.6)
+DPI = 100
+RC = {"font.family": "DejaVu Sans", "font.size": 9, "axes.titlesize": 10, "svg.hashsalt": "longreel",
+      "path.simplify": True, "figure.dpi": DPI, "savefig.dpi": DPI, "axes.spines.top": False,
+      "axes.spines.right": False, "hatch.linewidth": 0.8}
+COLORS = {"in": "#4C72B0", "out": "#55A868", "rejected": "#C44E52", "bar": "#4C72B0", "alt": "#DD8452"}
+
+
+def _save(fig, path: str) -> str:
+    tmp = path + ".tmp"
+    fig.savefig(tmp, format="png", metadata={"Software": None})
+    os.replace(tmp, path)
+    return path
+
+
+def _bars(ax, labels, values, color, title, xlabel, ylabel, rotate=False):
+    xs = list(range(len(labels)))
+    ax.bar(xs, values, color=color, width=0.7)
+    ax.set_xticks(xs)
+    ax.set_xticklabels(labels, rotation=30 if rotate else 0, ha="right" if rotate else "center")
+    for x, v in zip(xs, values):
+        ax.annotate(f"{v:,}", (x, v), ha="center", va="bottom", fontsize=8, xytext=(0, 2), textcoords="offset points")
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    top = max(values) if values else 0
+    ax.set_ylim(0, max(1, top) * 1.15)
+    ax.yaxis.get_major_locator().set_params(integer=True)
+
+
+def write_plots(card: dict, out_dir: str) -> list[str]:
+    import matplotlib
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    from pipelines.card.build import claims_by_id
+
+    cl = claims_by_id(card)
+    dist = {s: cl[f"dist/{s}"] for s in cl["dist/sections"]}
+    paths = []
+    with matplotlib.rc_context(RC):
+        # funnel
+        fig, ax = plt.subplots(figsize=FIGSIZE)
+        stages = [cl[f"funnel/{s}"] | {"stage": s} for s in cl["funnel/stages"]]
+        xs = list(range(len(stages)))
+        w = 0.27
+        for i, (what, vals) in enumerate((("in", [s["in"] for s in stages]), ("out", [s["out"] for s in stages]),
+                                          ("rejected", [s["rejected_total"] for s in stages]))):
+            bx = [x + (i - 1) * w for x in xs]
+            ax.bar(bx, vals, width=w, color=COLORS[what], label=what)
+            for x, v in zip(bx, vals):
+                ax.annotate(f"{v:,}", (x, v), ha="center", va="bottom", fontsize=7, xytext=(0, 2),
+                            textcoords="offset points")
+        ax.set_xticks(xs)
+        ax.set_xticklabels([f"{s['stage']}\n({s['unit']})" for s in stages])
+        top = max([s["in"] for s in stages] + [1])
+        ax.set_ylim(0, top * 1.18)
+        ax.yaxis.get_major_locator().set_params(integer=True)
+        ax.set_title("Filter funnel: in / out / rejected per stage")
+        ax.set_ylabel("count (in the stage's unit)")
+        ax.legend(frameon=False, ncols=3, loc="upper right")
+        fig.tight_layout()
+        paths.append(_save(fig, os.path.join(out_dir, "funnel.png")))
+        plt.close(fig)
+
+        # category balance
+        fig, ax = plt.subplots(figsize=FIGSIZE)
+        sect = "released_category" if sum(dist.get("released_category", {}).values()) else "qra_category"
+        counts = dist.get(sect, {})
+        if counts:
+            _bars(ax, list(counts), list(counts.values()), COLORS["bar"],
+                  f"Category balance ({'released' if sect.startswith('released') else 'generated'} questions)",
+                  "category", "questions")
+        else:
+            ax.set_axis_off()
+            ax.set_title("Category balance: no questions in this run")
+        fig.tight_layout()
+        paths.append(_save(fig, os.path.join(out_dir, "category_balance.png")))
+        plt.close(fig)
+
+        # pass-count histogram
+        fig, ax = plt.subplots(figsize=FIGSIZE)
+        counts = dist.get("pass_count", {})
+        if counts:
+            ks = sorted(int(k) for k in dist.get("pass_k", {}))
+            k = ks[-1] if ks else max(int(x) for x in counts)
+            full = {str(i): counts.get(str(i), 0) for i in range(k + 1)}
+            colors = [COLORS["rejected"] if i in (0, k) else COLORS["out"] for i in range(k + 1)]
+            _bars(ax, list(full), list(full.values()), colors,
+                  f"Pass-count histogram (k = {', '.join(map(str, ks)) or k}; red: dropped as too hard/easy)",
+                  "samples answered correctly out of k", "questions")
+        else:
+            ax.set_axis_off()
+            ax.set_title("Pass-count histogram: no pass-rate filter in this run")
+        fig.tight_layout()
+        paths.append(_save(fig, os.path.join(out_dir, "pass_count.png")))
+        plt.close(fig)
+
+        # duration histogram
+        fig, ax = plt.subplots(figsize=FIGSIZE)
+        counts = dist.get("video_duration_s", {})
+        if counts:
+            _bars(ax, list(counts), list(counts.values()), COLORS["alt"], "Source videos by duration",
+                  "duration (s)", "videos", rotate=True)
+        else:
+            ax.set_axis_off()
+            ax.set_title("Video durations: no videos")
+        fig.tight_layout()
+        paths.append(_save(fig, os.path.join(out_dir, "duration.png")))
+        plt.close(fig)
+    return paths

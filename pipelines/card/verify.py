@@ -1,0 +1,232 @@
+"""``longreel card verify CARD_DIR SHARDS_OR_INDEX``: check a data card against the shards, claim by claim.
+
+Nothing the pipeline wrote is trusted except as the thing being checked:
+
+1. ``README.md`` is re-rendered from ``card.json`` with the template it was built with (its sha256 is a
+   claim); an edited number in the README shows as the differing line.
+2. Funnel claims are re-added: for every stage ``in == out + sum(rejected by reason)``.
+3. Every shard listed by the index files is streamed once (local path or URL): its bytes and sha256 are
+   compared with the index and with the card; every sample's members are hashed and compared with its
+   ``sums.json``; ``frames.npy`` headers give the frame counts (the arrays are never loaded, nothing is
+   unpickled).
+4. The distributions the card states about the released data (``released_*``, ``shard_*``: samples and
+   questions per split, categories, problem types, MC answer letters, pass counts, frames per video,
+   licences and attributions, shard sizes) are recomputed from what was read, with the functions the
+   pipeline uses, and compared.
+
+The result is a table ``claim | card | recomputed | ok``; any mismatch makes the command exit 1.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import os
+
+from pipelines.card import distributions as D
+from pipelines.card.build import claims_by_id, render_readme, template_sha256
+from pipelines.card.shardread import join, list_indexes, read_index, read_shard, sample_descriptor
+
+
+def _short(v, width: int = 72) -> str:
+    s = v if isinstance(v, str) else json.dumps(v, sort_keys=True, ensure_ascii=False)
+    return s if len(s) <= width else s[: width - 1] + "…"
+
+
+def _nz(d: dict) -> dict:
+    return {k: v for k, v in (d or {}).items() if v}
+
+
+def _dict_diff(card: dict, got: dict) -> tuple[dict, dict]:
+    keys = sorted(set(card) | set(got))
+    bad = [k for k in keys if card.get(k, 0) != got.get(k, 0)]
+    return {k: card.get(k, 0) for k in bad}, {k: got.get(k, 0) for k in bad}
+
+
+class Report:
+    def __init__(self):
+        self.rows: list[dict] = []
+
+    def add(self, claim: str, card, recomputed, ok: bool | None = None) -> None:
+        if ok is None:
+            ok = card == recomputed
+        self.rows.append({"claim": claim, "card": card, "recomputed": recomputed, "ok": bool(ok)})
+
+    @property
+    def ok(self) -> bool:
+        return all(r["ok"] for r in self.rows)
+
+    def failures(self) -> list[dict]:
+        return [r for r in self.rows if not r["ok"]]
+
+    def table(self) -> str:
+        rows = [("claim", "card", "recomputed", "ok")]
+        rows += [(r["claim"], _short(r["card"]), _short(r["recomputed"]), "ok" if r["ok"] else "MISMATCH")
+                 for r in self.rows]
+        widths = [min(max(len(r[i]) for r in rows), 72) for i in range(4)]
+        lines = []
+        for i, r in enumerate(rows):
+            lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+            if i == 0:
+                lines.append("  ".join("-" * w for w in widths))
+        return "\n".join(lines)
+
+
+def check_readme(card_dir: str, card: dict, rep: Report) -> None:
+    cl = claims_by_id(card)
+    want = template_sha256()
+    if cl.get("card/template_sha256") != want:
+        rep.add("card/template_sha256 (README.md cannot be re-rendered)", cl.get("card/template_sha256"), want)
+        return
+    path = os.path.join(card_dir, "README.md")
+    if not os.path.exists(path):
+        rep.add("README.md", "missing", "rendered from card.json", False)
+        return
+    with open(path, encoding="utf-8") as fh:
+        have = fh.read()
+    expected = render_readme(card)
+    if have == expected:
+        rep.add("README.md = render(card.json)", "same", "same", True)
+        return
+    a, b = have.splitlines(), expected.splitlines()
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
+        if tag == "equal":
+            continue
+        rep.add(f"README.md line {i1 + 1}", "\n".join(a[i1:i2]) or "(nothing)", "\n".join(b[j1:j2]) or "(nothing)",
+                False)
+
+
+def check_funnel(card: dict, rep: Report) -> None:
+    cl = claims_by_id(card)
+    for s in cl.get("funnel/stages", []):
+        st = cl[f"funnel/{s}"]
+        rejected = sum(st["rejected"].values())
+        rep.add(f"funnel/{s}: rejected_total = sum by reason", st["rejected_total"], rejected)
+        rep.add(f"funnel/{s}: in = out + rejected", st["in"], st["out"] + rejected)
+    t = cl.get("funnel/totals")
+    if t and "videos_in" in t:
+        rep.add("funnel/totals: videos_in = ok + rejected", t["videos_in"], t["videos_ok"] + t["videos_rejected"])
+
+
+def read_all(shards: str) -> dict:
+    """Every index under ``shards`` and every shard it lists, read back."""
+    out = {"indexes": [], "shards": []}
+    for path in list_indexes(shards):
+        doc = read_index(path)
+        split = doc.get("longreel", {}).get("split") or doc["name"].rsplit("-", 1)[-1]
+        out["indexes"].append({"path": path, "doc": doc, "split": split})
+        for sh in doc["shardlist"]:
+            url = join(path, sh["url"])
+            try:
+                got = read_shard(url)
+            except OSError as e:
+                got = {"url": url, "bytes": None, "sha256": None, "samples": [], "errors": [f"cannot read: {e}"]}
+            out["shards"].append({"split": split, "name": sh["url"], "index": sh, "read": got})
+    return out
+
+
+def check_shards(card: dict, data: dict, rep: Report) -> None:
+    cl = claims_by_id(card)
+    card_shards = {i["id"][len("shard/"):]: i["value"] for i in card["claims"] if i["id"].startswith("shard/")}
+    seen = set()
+    splits: dict[str, dict] = {}
+    descriptors, infos, facts = [], [], set()
+    meta_frames_bad, sums_bad, sample_errors = [], [], []
+    for sh in data["shards"]:
+        name, got, idx = sh["name"], sh["read"], sh["index"]
+        seen.add(name)
+        nq = 0
+        for s in got["samples"]:
+            q = s["json"].get("qras.json")
+            nq += len(q) if isinstance(q, list) else 0
+            descriptors.append(sample_descriptor(sh["split"], s))
+            meta = s["json"].get("meta.json") or {}
+            npy = s["npy"].get("frames.npy")
+            frames = npy["shape"][0] if npy and npy["shape"] else None
+            if frames is None or meta.get("num_frames") != frames:
+                meta_frames_bad.append(s["key"])
+            facts.add((meta.get("video_id", s["key"]), frames if frames is not None else -1,
+                       meta.get("license") or "unknown", meta.get("attribution") or ""))
+            sums = s["json"].get("sums.json") or {}
+            for member, digest in s["sha256"].items():
+                if member == "sums.json":
+                    continue
+                want = sums.get(member, {})
+                if want.get("sha256") != digest or want.get("bytes") != s["members"][member]:
+                    sums_bad.append(f"{s['key']}.{member}")
+            missing = sorted(set(sums) - set(s["sha256"]))
+            sums_bad += [f"{s['key']}.{m} (missing)" for m in missing]
+            sample_errors += [f"{s['key']}: {e}" for e in s["errors"]]
+        recomputed = {"split": sh["split"], "nsamples": len(got["samples"]), "nquestions": nq,
+                      "bytes": got["bytes"], "sha256": got["sha256"]}
+        infos.append({"url": name, **recomputed})
+        for field in ("nsamples", "bytes", "sha256"):
+            rep.add(f"index {name}: {field}", idx.get(field), recomputed[field])
+        claimed = card_shards.get(name)
+        if claimed is None:
+            rep.add(f"shard/{name}", "not in the card", recomputed, False)
+        else:
+            for field in ("split", "nsamples", "nquestions", "bytes", "sha256"):
+                rep.add(f"shard/{name}: {field}", claimed.get(field), recomputed[field])
+        for e in got["errors"]:
+            rep.add(f"shard/{name}: readable", "readable tar", e, False)
+        sp = splits.setdefault(sh["split"], {"shards": 0, "samples": 0, "questions": 0, "bytes": 0})
+        sp["shards"] += 1
+        sp["samples"] += recomputed["nsamples"]
+        sp["questions"] += nq
+        sp["bytes"] += got["bytes"] or 0
+    for name in sorted(set(card_shards) - seen):
+        rep.add(f"shard/{name}", card_shards[name], "not in the shards' index", False)
+
+    rep.add("samples: sums.json matches every member", [], sorted(sums_bad), not sums_bad)
+    rep.add("samples: meta.json num_frames = frames.npy frames", [], sorted(meta_frames_bad), not meta_frames_bad)
+    if sample_errors:
+        rep.add("samples: well-formed", [], sample_errors, False)
+
+    for split in sorted(set(splits) | set(cl.get("splits", []))):
+        claimed = cl.get(f"split/{split}")
+        got = splits.get(split)
+        if claimed is None or got is None:
+            rep.add(f"split/{split}", claimed or "not in the card", got or "no shards", False)
+            continue
+        for field in ("shards", "samples", "questions", "bytes"):
+            rep.add(f"split/{split}: {field}", claimed[field], got[field])
+
+    pairs = D.pairs_for_rows("shards", infos)
+    for s in descriptors:
+        try:
+            pairs += D.released_pairs(s)
+        except (KeyError, TypeError, ValueError) as e:
+            rep.add(f"sample {s['key']}: readable questions", "qras.json with questions", str(e), False)
+    for f in sorted(facts):
+        pairs += D.video_fact_pairs(f)
+    recomputed_sections = D.fold_distributions(D.sum_pairs(pairs))["sections"]
+    claimed_sections = [i["id"][len("dist/"):] for i in card["claims"]
+                        if i["id"].startswith("dist/") and i["check"] == "shards"]
+    names = list(dict.fromkeys(claimed_sections + [s for s in recomputed_sections if s not in claimed_sections]))
+    for s in names:
+        have = _nz(cl.get(f"dist/{s}")) if f"dist/{s}" in cl else None
+        got = _nz(recomputed_sections.get(s, {}).get("counts", {}))
+        if have is None:
+            rep.add(f"dist/{s}", "not in the card", got, not got)
+            continue
+        if have == got:
+            rep.add(f"dist/{s}", have, got, True)
+        else:
+            a, b = _dict_diff(have, got)
+            rep.add(f"dist/{s}", a, b, False)
+    if "released_license" in recomputed_sections:
+        rep.add("dataset/license_names = licences of the released videos", cl.get("dataset/license_names"),
+                sorted(_nz(recomputed_sections["released_license"]["counts"])))
+
+
+def verify(card_dir: str, shards: str) -> Report:
+    with open(os.path.join(card_dir, "card.json"), encoding="utf-8") as fh:
+        card = json.load(fh)
+    rep = Report()
+    check_readme(card_dir, card, rep)
+    check_funnel(card, rep)
+    data = read_all(shards)
+    if not data["indexes"]:
+        rep.add("shards", "index files", f"no *.index.json under {shards}", False)
+    check_shards(card, data, rep)
+    return rep

@@ -1,0 +1,86 @@
+"""``longreel card``: build a dataset's data card, or verify one against the shards."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+DESCRIPTION = """\
+Data cards.
+
+  longreel card build RUN_DIR --out CARD_DIR [--shards DIR_OR_INDEX] [--command "..."]
+      A Hugging Face dataset card (README.md with YAML front matter and Datasheets-for-Datasets
+      sections), card.json (every claim the card makes, one by one) and four PNG plots (funnel,
+      category balance, pass-count histogram, duration histogram), from a run's output directory:
+      stats.json, config.yaml, the stage tables and the shards' wids index files (RUN_DIR/shards
+      unless --shards is given).
+
+  longreel card verify CARD_DIR SHARDS_OR_INDEX
+      Re-reads the shards (a directory of *.index.json, or one index file; local paths or URLs),
+      recomputes every count and distribution the card states that the shards determine, checks
+      shard sizes and sha256 against the index and each sample's members against its sums.json,
+      re-renders README.md from card.json, and prints claim / card / recomputed / ok. Exits 1 on any
+      mismatch.
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="card_command", metavar="SUBCOMMAND")
+    b = sub.add_parser("build", help="Build README.md, card.json and plots from a run's outputs.")
+    b.add_argument("run_dir", metavar="RUN_DIR", help="The pipeline's output directory (has stats.json).")
+    b.add_argument("--out", required=True, help="Card directory to write (README.md, card.json, *.png).")
+    b.add_argument("--shards", help="Shards directory or an index file; default RUN_DIR/shards when it exists.")
+    b.add_argument("--name", help="Dataset name (default: the shards' dataset name, else 'longreel').")
+    b.add_argument("--pretty-name", help="The card's title.")
+    b.add_argument("--command", dest="run_command",
+                   help="The exact command that produced the run (default: what stats.json recorded).")
+    b.add_argument("--data-prefix", default="data/",
+                   help="Path of the shards relative to the card when published (configs.data_files).")
+    b.add_argument("--tables-prefix", default="tables/",
+                   help="Path of the stage tables relative to the card when published.")
+    v = sub.add_parser("verify", help="Recompute the card's claims from the shards; exit 1 on any mismatch.")
+    v.add_argument("card_dir", metavar="CARD_DIR")
+    v.add_argument("shards", metavar="SHARDS_OR_INDEX")
+    v.add_argument("--json", dest="as_json", action="store_true", help="Print the rows as JSON instead of a table.")
+    v.add_argument("--failures-only", action="store_true", help="Print only the rows that do not match.")
+
+
+def main(args, extra: list[str]) -> int:
+    if extra:
+        print(f"longreel card: unexpected arguments {extra}", file=sys.stderr)
+        return 2
+    if args.card_command == "build":
+        from pipelines.card.build import build_card
+        try:
+            card = build_card(args.run_dir, args.out, args.shards, name=args.name, pretty_name=args.pretty_name,
+                              command=args.run_command, data_prefix=args.data_prefix,
+                              tables_prefix=args.tables_prefix)
+        except (FileNotFoundError, ValueError) as e:
+            print(f"longreel card build: {e}", file=sys.stderr)
+            return 2
+        print(f"card: {args.out}/README.md ({len(card['claims'])} claims in card.json)")
+        return 0
+    if args.card_command == "verify":
+        from pipelines.card.verify import verify
+        try:
+            rep = verify(args.card_dir, args.shards)
+        except (FileNotFoundError, ValueError) as e:
+            print(f"longreel card verify: {e}", file=sys.stderr)
+            return 2
+        if args.as_json:
+            rows = rep.failures() if args.failures_only else rep.rows
+            print(json.dumps(rows, indent=1, ensure_ascii=False, default=str))
+        else:
+            if args.failures_only:
+                shown = rep.failures()
+                rep_rows, rep.rows = rep.rows, shown
+                print(rep.table())
+                rep.rows = rep_rows
+            else:
+                print(rep.table())
+            bad = rep.failures()
+            print(f"\n{len(rep.rows) - len(bad)} of {len(rep.rows)} claims match"
+                  + (f"; {len(bad)} MISMATCH: " + ", ".join(r['claim'] for r in bad) if bad else "."))
+        return 0 if rep.ok else 1
+    print("longreel card: give a subcommand: build or verify (see --help)", file=sys.stderr)
+    return 2
