@@ -205,6 +205,9 @@ def iter_tar_samples(stream, url: str) -> Iterator[RawSample | ShardError]:
                 raise ShardError(url, cur.key if cur else last_key,
                                  f"corrupt tar stream {where}: {type(e).__name__}: {e}") from None
             if ti is None:
+                # tarfile ends a stream quietly at a damaged header or a cut at a block boundary; a real end
+                # is followed by zero blocks only, so anything else is corruption.
+                _check_end(tar, url, cur.key if cur else last_key)
                 break
             name = ti.name
             try:
@@ -259,6 +262,22 @@ def iter_tar_samples(stream, url: str) -> Iterator[RawSample | ShardError]:
             yield cur
     finally:
         tar.close()
+
+
+def _check_end(tar: tarfile.TarFile, url: str, key: str | None) -> None:
+    rest_zero, n = True, 0
+    try:
+        while chunk := tar.fileobj.read(1 << 20):
+            n += len(chunk)
+            if rest_zero and chunk.strip(b"\0"):
+                rest_zero = False
+    except (tarfile.TarError, EOFError, OSError) as e:
+        raise ShardError(url, key, f"corrupt tar stream after sample {key!r}: {e}") from None
+    if not rest_zero:
+        raise ShardError(url, key, f"corrupt tar stream after sample {key!r}: a damaged member header "
+                                   "(data follows where the archive seems to end)")
+    if n == 0:
+        raise ShardError(url, key, f"truncated tar stream after sample {key!r}: no end-of-archive blocks")
 
 
 def _load_npy(data: bytes) -> np.ndarray:

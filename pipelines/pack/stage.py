@@ -179,51 +179,54 @@ class _CacheAndBuild(beam.DoFn):
             q["pass_rate"] = it["pass_rate"]
             by_split.setdefault(it["split"], []).append(q)
         for split, qs in sorted(by_split.items()):
-            yield self._sample(split, video, entry, sorted(qs, key=lambda q: q["qra_id"]))
+            yield sample_descriptor(split, video, entry, sorted(qs, key=lambda q: q["qra_id"]))
 
-    def _sample(self, split: str, video: dict, entry, qras: list[dict]) -> dict:
-        m = entry.meta
-        meta = {
-            "sample_layout": SAMPLE_LAYOUT,
-            "key": video["video_id"],
-            "split": split,
-            "video_id": video["video_id"],
-            "video_sha256": video["sha256"],
-            "license": video.get("license"),
-            "attribution": video.get("attribution"),
-            "source": {"duration_s": video["duration_s"], "width": video["width"], "height": video["height"],
-                       "fps_avg": video.get("fps_avg"), "n_frames": video["n_frames"],
-                       "video_codec": video.get("video_codec"), "container": video.get("container")},
-            # transformers VideoMetadata (source video) + what the frames are
-            "video_metadata": {"total_num_frames": m["total_num_frames"], "fps": m["fps"], "duration": m["duration"],
-                               "width": m["width"], "height": m["height"], "frames_indices": m["frames_indices"]},
-            "timestamps": m["timestamps"],
-            "num_frames": m["num_frames"],
-            "resized_height": m["resized_height"],
-            "resized_width": m["resized_width"],
-            "video_grid_thw": m["video_grid_thw"],
-            "processor": m["processor"],
-            "sampling": m["sampling"],
-            "versions": m["versions"],
-            "cache_key": entry.key,
-            "nquestions": len(qras),
-        }
-        meta_text = _dumps(meta)
-        qras_text = _dumps(qras)
+def sample_descriptor(split: str, video: dict, entry, qras: list[dict]) -> dict:
+    """One tar sample (see :mod:`pipelines.pack.shards`): a video's frames (by reference to the cache),
+    meta.json (VideoMetadata, sizes, processor, licence), qras.json (its questions in ``split``, sorted)
+    and sums.json (bytes + sha256 of the three)."""
+    m = entry.meta
+    meta = {
+        "sample_layout": SAMPLE_LAYOUT,
+        "key": video["video_id"],
+        "split": split,
+        "video_id": video["video_id"],
+        "video_sha256": video["sha256"],
+        "license": video.get("license"),
+        "attribution": video.get("attribution"),
+        "source": {"duration_s": video["duration_s"], "width": video["width"], "height": video["height"],
+                   "fps_avg": video.get("fps_avg"), "n_frames": video["n_frames"],
+                   "video_codec": video.get("video_codec"), "container": video.get("container")},
+        # transformers VideoMetadata (source video) + what the frames are
+        "video_metadata": {"total_num_frames": m["total_num_frames"], "fps": m["fps"], "duration": m["duration"],
+                           "width": m["width"], "height": m["height"], "frames_indices": m["frames_indices"]},
+        "timestamps": m["timestamps"],
+        "num_frames": m["num_frames"],
+        "resized_height": m["resized_height"],
+        "resized_width": m["resized_width"],
+        "video_grid_thw": m["video_grid_thw"],
+        "processor": m["processor"],
+        "sampling": m["sampling"],
+        "versions": m["versions"],
+        "cache_key": entry.key,
+        "nquestions": len(qras),
+    }
+    meta_text = _dumps(meta)
+    qras_text = _dumps(qras)
 
-        def digest(text: str) -> dict:
-            data = text.encode("utf-8")
-            return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    def digest(text: str) -> dict:
+        data = text.encode("utf-8")
+        return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
-        sums = {"frames.npy": {"bytes": entry.frames_bytes, "sha256": entry.frames_sha256},
-                "meta.json": digest(meta_text), "qras.json": digest(qras_text)}
-        files = [{"name": "frames.npy", "path": entry.npy_path, "size": entry.frames_bytes,
-                  "sha256": entry.frames_sha256},
-                 {"name": "meta.json", "text": meta_text},
-                 {"name": "qras.json", "text": qras_text},
-                 {"name": "sums.json", "text": _dumps(sums)}]
-        return {"split": split, "key": video["video_id"], "nquestions": len(qras), "bytes": sample_bytes(files),
-                "files": files}
+    sums = {"frames.npy": {"bytes": entry.frames_bytes, "sha256": entry.frames_sha256},
+            "meta.json": digest(meta_text), "qras.json": digest(qras_text)}
+    files = [{"name": "frames.npy", "path": entry.npy_path, "size": entry.frames_bytes,
+              "sha256": entry.frames_sha256},
+             {"name": "meta.json", "text": meta_text},
+             {"name": "qras.json", "text": qras_text},
+             {"name": "sums.json", "text": _dumps(sums)}]
+    return {"split": split, "key": video["video_id"], "nquestions": len(qras), "bytes": sample_bytes(files),
+            "files": files}
 
 
 def _summary(shards: list[dict], frames: list[int], dataset: str) -> dict:

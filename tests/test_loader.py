@@ -1,0 +1,313 @@
+"""trainer/data.py: the shard loader, on shards written by the pack writer (synthetic frames, no Beam)."""
+from __future__ import annotations
+
+import functools
+import hashlib
+import http.server
+import io
+import json
+import os
+import tarfile
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from pipelines.media.decode import DecodedFrames
+from pipelines.pack.frame_cache import FrameCache, FrameParams, load_video_processor
+from pipelines.pack.shards import build_index, index_name, shard_name, write_shard_atomic
+from pipelines.pack.stage import sample_descriptor
+from trainer.data import ShardDataset, ShardError, UnsafeMemberError, processor_inputs, resolve_shards
+
+N_VIDEOS = 6
+QUESTIONS = (1, 2, 3, 2, 1, 3)
+
+
+def _video(i: int) -> dict:
+    sha = hashlib.sha256(f"video-{i}".encode()).hexdigest()
+    return {"video_id": sha[:16], "sha256": sha, "uri": f"/nowhere/{i}.mp4", "bytes": 1000, "duration_s": 10.0 + i,
+            "fps_avg": 25.0, "n_frames": 250 + 25 * i, "width": 320 + 16 * i, "height": 240, "video_codec": "h264",
+            "container": "mp4", "license": f"CC-BY-{i}", "attribution": f"maker {i}"}
+
+
+def _qras(v: dict, n: int, split: str) -> list[dict]:
+    out = []
+    for j in range(n):
+        qid = hashlib.sha256(f"{v['video_id']}:{j}".encode()).hexdigest()[:20]
+        out.append({"qra_id": qid, "video_id": v["video_id"], "category": "temporal", "problem_type": "multiple_choice",
+                    "question": f"q{j} of {v['video_id']}?", "options": ["a", "b", "c", "d"], "answer": "B",
+                    "reasoning": "r", "target": "<think>r</think><answer>B</answer>", "split": split,
+                    "pass_rate": None})
+    return sorted(out, key=lambda q: q["qra_id"])
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """Two shards of split ``train`` (3 videos each), frames made by FrameCache.build with a synthetic decoder."""
+    root = tmp_path_factory.mktemp("loader")
+    vp = load_video_processor(None, min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
+    cache = FrameCache(str(root / "cache"), FrameParams(fps=1.0, max_frames=8), vp)
+
+    def decode(path, timestamps, i):
+        rng = np.random.default_rng(i)
+        v = _video(i)
+        frames = rng.integers(0, 256, size=(len(timestamps), v["height"], v["width"], 3), dtype=np.uint8)
+        return DecodedFrames(frames, list(timestamps), [round(t * 25) for t in timestamps], 25.0)
+
+    samples = []
+    for i in range(N_VIDEOS):
+        v = _video(i)
+        entry = cache.build(v, v["uri"], functools.partial(decode, i=i))
+        samples.append(sample_descriptor("train", v, entry, _qras(v, QUESTIONS[i], "train")))
+    out = root / "shards"
+    out.mkdir()
+    infos = []
+    for idx, part in enumerate((samples[:3], samples[3:])):
+        part = sorted(part, key=lambda s: s["key"])
+        name = shard_name("toy", "train", idx)
+        nbytes, sha = write_shard_atomic(str(out / name), part)
+        infos.append({"index": idx, "url": name, "nsamples": len(part), "bytes": nbytes, "sha256": sha,
+                      "nquestions": sum(s["nquestions"] for s in part)})
+    (out / index_name("toy", "train")).write_text(json.dumps(build_index("toy", "train", infos)))
+    return {"dir": out, "index": str(out / index_name("toy", "train")), "vp": vp, "cache": cache,
+            "tars": [str(out / i["url"]) for i in infos]}
+
+
+def _ids(ds) -> list[str]:
+    return [it["qra_id"] for it in ds]
+
+
+def test_items_carry_frames_metadata_and_question(shards):
+    items = list(ShardDataset(shards["index"]))
+    assert len(items) == sum(QUESTIONS)
+    by_video = {}
+    for it in items:
+        assert it["frames"].dtype == torch.uint8 and it["frames"].ndim == 4 and it["frames"].shape[-1] == 3
+        for k in ("question", "options", "answer", "problem_type", "target", "category", "qra_id"):
+            assert it[k] is not None
+        assert it["meta"]["license"].startswith("CC-BY-")
+        by_video.setdefault(it["video_id"], it)
+    for i in range(N_VIDEOS):
+        v = _video(i)
+        it = by_video[v["video_id"]]
+        entry, state = shards["cache"].lookup(v["sha256"])
+        assert state == "hit"
+        assert np.array_equal(it["frames"].numpy(), np.asarray(entry.load()))
+        out = shards["vp"](**processor_inputs(it), return_tensors="pt")
+        assert out["video_grid_thw"].tolist() == [it["video_grid_thw"]]
+        assert it["video_metadata"]["frames_indices"] == entry.meta["frames_indices"]
+
+
+def test_brace_pattern_and_list_equal_index(shards):
+    d = shards["dir"]
+    a = _ids(ShardDataset(shards["index"]))
+    b = _ids(ShardDataset(f"{d}/toy-train-{{000000..000001}}.tar"))
+    c = _ids(ShardDataset(shards["tars"]))
+    assert a == b == c
+    assert [s.sha256 for s in resolve_shards(shards["index"])] == [
+        hashlib.sha256(open(t, "rb").read()).hexdigest() for t in shards["tars"]]
+
+
+def test_shuffle_is_seeded_and_epochs_cover_everything(shards):
+    plain = _ids(ShardDataset(shards["index"]))
+    s1 = _ids(ShardDataset(shards["index"], shuffle=True, seed=1, shuffle_buffer=3))
+    s1b = _ids(ShardDataset(shards["index"], shuffle=True, seed=1, shuffle_buffer=3))
+    s2 = _ids(ShardDataset(shards["index"], shuffle=True, seed=2, shuffle_buffer=3))
+    assert s1 == s1b and sorted(s1) == sorted(plain)
+    assert s1 != s2 or s1 != plain
+    two = list(ShardDataset(shards["index"], shuffle=True, seed=1, epochs=2, shuffle_buffer=3))
+    e0 = [it["qra_id"] for it in two if it["epoch"] == 0]
+    e1 = [it["qra_id"] for it in two if it["epoch"] == 1]
+    assert e0 == s1 and sorted(e1) == sorted(plain) and e0 != e1
+
+
+@pytest.mark.parametrize("split_by", ["shard", "sample"])
+def test_ranks_partition_the_data(shards, split_by):
+    parts = [_ids(ShardDataset(shards["index"], rank=r, world_size=2, split_by=split_by)) for r in range(2)]
+    assert parts[0] and parts[1]
+    assert not set(parts[0]) & set(parts[1])
+    assert sorted(parts[0] + parts[1]) == sorted(_ids(ShardDataset(shards["index"])))
+
+
+def test_resume_continues_exactly(shards):
+    kw = dict(shuffle=True, seed=7, epochs=2, shuffle_buffer=2)
+    full = [(it["epoch"], it["qra_id"]) for it in ShardDataset(shards["index"], **kw)]
+    for cut in (1, 3, sum(QUESTIONS), sum(QUESTIONS) + 4):
+        ds = ShardDataset(shards["index"], **kw)
+        it = iter(ds)
+        head = [(x["epoch"], x["qra_id"]) for x in (next(it) for _ in range(cut))]
+        state = json.loads(json.dumps(ds.state_dict()))  # survives a JSON checkpoint
+        ds2 = ShardDataset(shards["index"], **kw)
+        ds2.load_state_dict(state)
+        tail = [(x["epoch"], x["qra_id"]) for x in ds2]
+        assert head + tail == full, cut
+    other = ShardDataset(shards["index"], shuffle=True, seed=8, epochs=2)
+    with pytest.raises(ValueError, match="seed"):
+        other.load_state_dict(state)
+
+
+def test_dataloader_workers_split_and_resume(shards):
+    ds = ShardDataset(shards["index"], shuffle=True, seed=3)
+    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, collate_fn=lambda x: x)
+    seen = []
+    for item in dl:
+        ds.observe(item)
+        seen.append(item["qra_id"])
+    assert sorted(seen) == sorted(_ids(ShardDataset(shards["index"])))
+    state = ds.state_dict()
+    assert state["consumers"] == 2 and set(state["positions"]) == {"0", "1"}
+
+
+def _flip(path: str, offset: int, out: str) -> None:
+    data = bytearray(open(path, "rb").read())
+    data[offset] ^= 0xFF
+    open(out, "wb").write(bytes(data))
+
+
+def _member_offsets(path: str) -> dict[str, tuple[int, int]]:
+    with tarfile.open(path) as tf:
+        return {m.name: (m.offset, m.offset_data) for m in tf.getmembers()}
+
+
+def test_corrupt_byte_in_frames_names_shard_and_key_or_is_skipped(shards, tmp_path):
+    src = shards["tars"][0]
+    offs = _member_offsets(src)
+    frames = sorted(n for n in offs if n.endswith(".frames.npy"))
+    victim = frames[1]
+    key = victim.split(".")[0]
+    bad = str(tmp_path / "toy-train-000000.tar")
+    _flip(src, offs[victim][1] + 5000, bad)
+    with pytest.raises(ShardError) as e:
+        list(ShardDataset(bad))
+    assert e.value.shard == bad and e.value.key == key
+    assert bad in str(e.value) and key in str(e.value)
+    ds = ShardDataset(bad, on_error="skip")
+    got = _ids(ds)
+    assert ds.stats.skipped_samples == 1 and ds.stats.samples == 2
+    good = _ids(ShardDataset(src))
+    assert len(got) < len(good) and set(got) < set(good)
+    # without verification the flipped pixel would go unnoticed: the check is what catches it
+    assert len(_ids(ShardDataset(bad, verify="none"))) == len(good)
+
+
+def test_corrupt_tar_header_names_shard(shards, tmp_path):
+    src = shards["tars"][1]
+    offs = _member_offsets(src)
+    names = sorted(offs)
+    victim = names[5]  # a header in the middle of the shard
+    bad = str(tmp_path / "toy-train-000001.tar")
+    _flip(src, offs[victim][0] + 10, bad)  # inside the member's name field -> header checksum fails
+    with pytest.raises(ShardError) as e:
+        list(ShardDataset(bad))
+    assert bad in str(e.value) and "corrupt tar stream" in str(e.value)
+    assert e.value.key == names[4].split(".")[0]
+    ds = ShardDataset([bad, shards["tars"][0]], on_error="skip")
+    got = _ids(ds)
+    assert ds.stats.skipped_shards == 1 and len(got) >= sum(QUESTIONS[:3])
+
+
+def test_verify_shard_checks_the_index_sha256(shards, tmp_path):
+    d = tmp_path / "copy"
+    d.mkdir()
+    for t in shards["tars"]:
+        (d / os.path.basename(t)).write_bytes(open(t, "rb").read())
+    idx = json.loads(open(shards["index"]).read())
+    (d / "toy-train.index.json").write_text(json.dumps(idx))
+    assert len(_ids(ShardDataset(str(d / "toy-train.index.json"), verify="shard"))) == sum(QUESTIONS)
+    victim = d / os.path.basename(shards["tars"][1])
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 1
+    victim.write_bytes(bytes(data))
+    with pytest.raises(ShardError, match="sha256/size mismatch") as e:
+        list(ShardDataset(str(d / "toy-train.index.json"), verify="shard"))
+    assert e.value.shard.endswith("toy-train-000001.tar")
+    ds = ShardDataset(str(d / "toy-train.index.json"), verify="shard", on_error="skip")
+    assert len(_ids(ds)) == sum(QUESTIONS[:3]) and ds.stats.skipped_shards == 1
+
+
+def _tar_with(path, members: list[tuple[str, bytes]], kind=tarfile.REGTYPE):
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tf:
+        for name, data in members:
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            ti.type = kind
+            tf.addfile(ti, io.BytesIO(data))
+
+
+@pytest.mark.parametrize("name", ["../evil.json", "/abs/evil.json", "a/../../evil.json", "..\\evil.json"])
+def test_path_escaping_members_are_rejected(tmp_path, name):
+    bad = str(tmp_path / "evil.tar")
+    _tar_with(bad, [(name, b"{}")])
+    with pytest.raises(UnsafeMemberError, match="rejected member"):
+        list(ShardDataset(bad, verify="none"))
+    ds = ShardDataset(bad, verify="none", on_error="skip")
+    assert list(ds) == [] and ds.stats.skipped_samples == 1
+    assert not (tmp_path.parent / "evil.json").exists() and not os.path.exists("/abs/evil.json")
+
+
+def test_links_and_pickles_are_rejected(tmp_path):
+    link = str(tmp_path / "link.tar")
+    with tarfile.open(link, "w") as tf:
+        ti = tarfile.TarInfo("k.frames.npy")
+        ti.type = tarfile.SYMTYPE
+        ti.linkname = "/etc/passwd"
+        tf.addfile(ti)
+    with pytest.raises(UnsafeMemberError, match="not a regular file"):
+        list(ShardDataset(link, verify="none"))
+    pick = str(tmp_path / "pick.tar")
+    _tar_with(pick, [("k.data.pyd", b"\x80\x04N."), ("k.meta.json", b"{}")])
+    with pytest.raises(ShardError, match="pickle-style"):
+        list(ShardDataset(pick, verify="none"))
+
+
+def test_http_yields_exactly_what_the_local_path_yields(shards):
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(shards["dir"]))
+
+    class Quiet(handler.func):
+        def log_message(self, *a):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(shards["dir"])))
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/{os.path.basename(shards['index'])}"
+        kw = dict(shuffle=True, seed=5, verify="shard")
+        remote = list(ShardDataset(url, **kw))
+        local = list(ShardDataset(shards["index"], **kw))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert [r["qra_id"] for r in remote] == [x["qra_id"] for x in local]
+    for r, x in zip(remote, local):
+        assert torch.equal(r["frames"], x["frames"])
+        assert r["meta"] == x["meta"] and r["target"] == x["target"]
+        assert r["shard"].startswith("http://") and r["shard"].endswith(os.path.basename(x["shard"]))
+
+
+def test_huggingface_datasets_reads_the_shards(shards):
+    import datasets
+
+    ds = datasets.load_dataset("webdataset", data_files={"train": shards["tars"]}, split="train")
+    assert len(ds) == N_VIDEOS
+    row = ds[0]
+    assert set(row) >= {"__key__", "frames.npy", "meta.json", "qras.json"}
+    frames = np.asarray(row["frames.npy"], dtype=np.uint8)
+    assert frames.ndim == 4 and frames.shape[-1] == 3
+    meta = row["meta.json"]
+    assert meta["key"] == row["__key__"] and len(row["qras.json"]) == meta["nquestions"]
+
+
+def test_truncated_shard_is_an_error_even_at_a_member_boundary(shards, tmp_path):
+    src = shards["tars"][0]
+    offs = _member_offsets(src)
+    cut_at = sorted(o for o, _ in offs.values())[4]  # the header of the second sample: a clean block boundary
+    bad = tmp_path / "toy-train-000000.tar"
+    bad.write_bytes(open(src, "rb").read()[:cut_at])
+    with pytest.raises(ShardError, match="truncated tar stream"):
+        list(ShardDataset(str(bad)))
+    mid = tmp_path / "mid.tar"
+    mid.write_bytes(open(src, "rb").read()[:cut_at - 700])  # inside a member's data
+    with pytest.raises(ShardError, match="truncated|corrupt"):
+        list(ShardDataset(str(mid)))
