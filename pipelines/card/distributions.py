@@ -42,8 +42,9 @@ DURATION_EDGES_S = (5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600)
 CAPTION_WORD_EDGES = (10, 20, 40, 60, 80, 120, 160, 240, 320)
 MC_LETTERS = ("A", "B", "C", "D")
 
-# section -> (table it comes from, unit counted, description, key order: "bins:<edges name>" | "int" | "enum:<..>"
-#             | "name")
+# section -> (table it comes from, unit counted, description, key order: "bins:<edges name>" (every bin, zeros
+# included) | "int" (every integer from 0 to the largest) | "int_sparse" (the integers seen, in numeric order) |
+# "enum:<name>" (every allowed value) | "name" (sorted))
 SECTIONS: dict[str, dict] = {
     "video_duration_s": {"table": "videos", "unit": "videos", "order": "bins:duration",
                          "description": "Videos by duration in seconds (bins [lo, hi))."},
@@ -51,7 +52,7 @@ SECTIONS: dict[str, dict] = {
                      "description": "Videos and their summed duration in milliseconds."},
     "video_license": {"table": "videos", "unit": "videos", "order": "name",
                       "description": "Videos by licence (\"unknown\" when the input did not say)."},
-    "clips_per_video": {"table": "clips", "unit": "videos", "order": "int",
+    "clips_per_video": {"table": "clips", "unit": "videos", "order": "int_sparse",
                         "description": "Videos by their number of clips."},
     "clip_totals": {"table": "clips", "unit": "", "order": "name",
                     "description": "Clips and their summed length in milliseconds."},
@@ -69,7 +70,7 @@ SECTIONS: dict[str, dict] = {
                       "description": "Generated multiple-choice questions by answer letter."},
     "pass_count": {"table": "pass_rate", "unit": "questions", "order": "int",
                    "description": "Scored questions by pass count (passing samples out of k)."},
-    "pass_k": {"table": "pass_rate", "unit": "questions", "order": "int",
+    "pass_k": {"table": "pass_rate", "unit": "questions", "order": "int_sparse",
                "description": "Scored questions by k (samples per question)."},
     "pass_label": {"table": "pass_rate", "unit": "questions", "order": "enum:label",
                    "description": "Scored questions by difficulty label."},
@@ -87,7 +88,7 @@ SECTIONS: dict[str, dict] = {
                            "description": "Released multiple-choice questions by answer letter."},
     "released_pass_count": {"table": "pack_samples", "unit": "questions", "order": "int",
                             "description": "Released questions by pass count (when a pass-rate filter ran)."},
-    "released_frames_per_video": {"table": "pack_samples", "unit": "videos", "order": "int",
+    "released_frames_per_video": {"table": "pack_samples", "unit": "videos", "order": "int_sparse",
                                   "description": "Released videos by number of cached frames."},
     "released_license": {"table": "pack_samples", "unit": "videos", "order": "name",
                          "description": "Released videos by licence."},
@@ -311,6 +312,9 @@ def order_counts(section: str, counts: dict[str, int]) -> dict[str, int]:
         values = _enum(order.split(":", 1)[1])
         return {**{v: int(counts.get(v, 0)) for v in values},
                 **{k: int(v) for k, v in sorted(counts.items()) if k not in values}}
+    if order == "int_sparse":
+        ints = sorted((k for k in counts if re.fullmatch(r"-?\d+", k)), key=int)
+        return {**{k: int(counts[k]) for k in ints}, **{k: int(v) for k, v in sorted(counts.items()) if k not in ints}}
     if order == "int":
         ints = sorted(int(k) for k in counts if re.fullmatch(r"-?\d+", k))
         if ints:

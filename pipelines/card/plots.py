@@ -89,17 +89,33 @@ def write_plots(card: dict, out_dir: str) -> list[str]:
         paths.append(_save(fig, os.path.join(out_dir, "category_balance.png")))
         plt.close(fig)
 
-        # pass-count histogram
+        # pass-count histogram: every scored question, and the released ones beside them
         fig, ax = plt.subplots(figsize=FIGSIZE)
-        counts = dist.get("pass_count", {})
-        if counts:
-            ks = sorted(int(k) for k in dist.get("pass_k", {}))
-            k = ks[-1] if ks else max(int(x) for x in counts)
-            full = {str(i): counts.get(str(i), 0) for i in range(k + 1)}
-            colors = [COLORS["rejected"] if i in (0, k) else COLORS["out"] for i in range(k + 1)]
-            _bars(ax, list(full), list(full.values()), colors,
-                  f"Pass-count histogram (k = {', '.join(map(str, ks)) or k}; red: dropped as too hard/easy)",
-                  "samples answered correctly out of k", "questions")
+        scored = dist.get("pass_count", {})
+        released = dist.get("released_pass_count", {})
+        if sum(scored.values()) or sum(released.values()):
+            ks = sorted(int(k) for k, n in dist.get("pass_k", {}).items() if n)
+            seen = [int(x) for x, n in list(scored.items()) + list(released.items()) if n]
+            k = max(ks + seen)
+            xs = list(range(k + 1))
+            series = [("scored", scored, COLORS["in"]), ("released", released, COLORS["out"])]
+            series = [s for s in series if sum(s[1].values())]
+            w = 0.8 / len(series)
+            for i, (what, counts, color) in enumerate(series):
+                bx = [x + (i - (len(series) - 1) / 2) * w for x in xs]
+                vals = [int(counts.get(str(x), 0)) for x in xs]
+                ax.bar(bx, vals, width=w, color=color, label=what)
+                for x, v in zip(bx, vals):
+                    ax.annotate(f"{v:,}", (x, v), ha="center", va="bottom", fontsize=8, xytext=(0, 2),
+                                textcoords="offset points")
+            top = max([int(v) for _, c, _ in series for v in c.values()] + [1])
+            ax.set_ylim(0, top * 1.18)
+            ax.set_xticks(xs)
+            ax.yaxis.get_major_locator().set_params(integer=True)
+            ax.set_title(f"Pass-count histogram (k = {', '.join(map(str, ks)) if ks else k})")
+            ax.set_xlabel("samples answered correctly out of k")
+            ax.set_ylabel("questions")
+            ax.legend(frameon=False, loc="upper right")
         else:
             ax.set_axis_off()
             ax.set_title("Pass-count histogram: no pass-rate filter in this run")

