@@ -256,3 +256,46 @@ def test_scripted_filter_band_policy(curated_dir, tmp_path):
     assert reasons["q-all-right"] == "too_easy" and reasons["q-all-wrong"] == "too_hard"
     assert doc["passrate"]["dropped_by_reason"] == {"too_easy": 1, "too_hard": 1, "out_of_band": 2}
     assert doc["passrate"]["balanced"] and {r["policy"] for r in rows.values()} == {"band"}
+
+
+def test_scripted_answerer_known_correctness_whatever_the_answer_form():
+    import numpy as np
+
+    from pipelines.passrate.answerers import Loaded, ScriptedAnswererHandler, question_seed
+    from trainer.rewards import score
+
+    cfg = FilterConfig(backend="scripted", k=8, scripted_correct={"q-text": 3, "q-open": 5})
+    handler = ScriptedAnswererHandler(cfg)
+    frames = np.zeros((2, 28, 28, 3), np.uint8)
+    opts = ["It moves left", "It moves right", "It stops", "It turns around"]
+    cases = [({"qra_id": "q-text", "problem_type": "multiple_choice", "answer": "It stops", "options": opts}, 3),
+             ({"qra_id": "q-open", "problem_type": "open_ended", "answer": "a red car", "options": None}, 5)]
+    for q, n in cases:
+        ex = {"qra": q, "frames": frames, "seed": question_seed(0, q["qra_id"])}
+        texts = handler.answer(Loaded(), ex)
+        assert len(texts) == 8
+        assert sum(score(t, q["problem_type"], q["answer"], q["options"]).accuracy == 1.0 for t in texts) == n
+        assert handler.answer(Loaded(), ex) == texts  # seeded: the same samples are the right ones
+    with pytest.raises(ValueError):  # the stage must always hand over the video's frames
+        handler.answer(Loaded(), {"qra": cases[0][0], "frames": None, "seed": 1})
+
+
+def test_longreel_filter_command(curated_dir, tmp_path, capsys):
+    import shutil
+
+    from longreel.cli import main
+
+    out = tmp_path / "cli"
+    shutil.copytree(curated_dir, out)
+    rc = main(["filter", "--out", str(out), "--backend", "scripted", "--set", "k=4", "--set", "n_frames=2",
+               "--set", "scripted_default=2"])
+    assert rc == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["pass_count_histogram"] == [0, 0, 7, 0, 0] and summary["kept"] == 7 and summary["balanced"]
+    assert summary["failed_by_reason"] == {"invalid_reference": 1, "not_a_video": 1, "video_missing": 1}
+    assert "k: 4" in (out / "filter_config.yaml").read_text()
+    assert {r["k"] for r in rows_by_id(out, "pass_rate", "qra_id").values()} == {4}
+    assert main(["filter", "--out", str(tmp_path / "empty"), "--backend", "scripted"]) == 2  # no tables there
+    assert main(["filter", "--out", str(out), "--set", "k=0", "--backend", "scripted"]) == 2  # bad config
+    assert main(["filter", "--show-config"]) == 0
+    assert "sft_fraction" in capsys.readouterr().out

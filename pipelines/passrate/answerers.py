@@ -202,8 +202,9 @@ class TransformersAnswererHandler(AnswererHandler):
         return processor(text=[prompt], videos=[frames], video_metadata=[meta], do_sample_frames=False,
                          do_resize=not on_grid, return_tensors="pt")
 
-    def generate(self, model, processor, inputs, seed: int, num_return_sequences: int) -> list[str]:
-        """Sample ``num_return_sequences`` completions in one generate call under ``seed``."""
+    def generate(self, model, processor, inputs, seed: int, num_return_sequences: int, **extra) -> list[str]:
+        """Sample ``num_return_sequences`` completions in one generate call under ``seed`` (``extra``: further
+        generate keywords, e.g. ``min_new_tokens`` for benchmarks that need equal-length samples)."""
         import torch
 
         c = self.cfg
@@ -213,7 +214,7 @@ class TransformersAnswererHandler(AnswererHandler):
             torch.manual_seed(seed)
             out = model.generate(**inputs, do_sample=True, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
                                  repetition_penalty=1.0, max_new_tokens=c.max_new_tokens,
-                                 num_return_sequences=num_return_sequences)
+                                 num_return_sequences=num_return_sequences, **extra)
         n_in = inputs["input_ids"].shape[1]
         return processor.batch_decode(out[:, n_in:], skip_special_tokens=True)
 
@@ -240,9 +241,6 @@ class VLLMAnswererHandler(AnswererHandler):
     def answerer_revision(self) -> str | None:
         return self._revision
 
-    def share_model_across_processes(self) -> bool:
-        return True  # one engine per machine: a GPU holds one copy
-
     def load_model(self):
         try:
             from vllm import LLM
@@ -266,13 +264,10 @@ class VLLMAnswererHandler(AnswererHandler):
         c = self.cfg
         prompts, params = [], []
         for ex in batch:
-            v = ex["video"]
-            meta = {"total_num_frames": int(v["n_frames"]), "fps": float(v["fps"]),
-                    "duration": float(v["duration_s"]), "frames_indices": [int(i) for i in v["frame_indices"]],
-                    "video_backend": "longreel"}
+            # the frames are already sampled and sized on the Qwen grid (multiples of 28 within max_pixels), so the
+            # engine's processor leaves them as they are; Qwen2-VL-family models take the bare (T, H, W, 3) array
             prompts.append({"prompt": render_prompt(processor, ex["messages"]),
-                            "multi_modal_data": {"video": [(ex["frames"], meta)]},
-                            "mm_processor_kwargs": {"do_sample_frames": False}})
+                            "multi_modal_data": {"video": ex["frames"]}})
             params.append(SamplingParams(n=c.k, temperature=c.temperature, top_p=c.top_p,
                                          top_k=c.top_k if c.top_k > 0 else -1, repetition_penalty=1.0,
                                          max_tokens=c.max_new_tokens, seed=ex["seed"]))
@@ -321,13 +316,23 @@ class ScriptedAnswererHandler(AnswererHandler):
         for i in range(k):
             if i in right:
                 out.append(f"{think}<answer>{q['answer']}</answer>")
-            elif q["problem_type"] == "multiple_choice":
-                n_opts = len(q.get("options") or OPTION_LETTERS)
-                wrong = [x for x in OPTION_LETTERS[:n_opts] if x != q["answer"].strip().upper()]
+            elif q["problem_type"] == "multiple_choice" and self._wrong_letters(q, think):
+                wrong = self._wrong_letters(q, think)
                 out.append(f"{think}<answer>{wrong[i % len(wrong)]}</answer>")
             else:
                 out.append(think)  # no answer block: scores 0 whatever the type
         return out
+
+
+    def _wrong_letters(self, q: dict, think: str) -> list[str]:
+        """Option letters that the reward library scores below 1 for this question (the answer may be stored as
+        a letter or as an option's text, so "wrong" is decided by the scorer, not by comparing strings)."""
+        from trainer.rewards import score
+
+        letters = OPTION_LETTERS[:len(q.get("options") or OPTION_LETTERS)]
+        return [x for x in letters
+                if score(f"{think}<answer>{x}</answer>", q["problem_type"], q["answer"], q.get("options"),
+                         **self.cfg.reward_params).accuracy < 1.0]
 
 
 def make_handler(cfg: FilterConfig) -> AnswererHandler:
