@@ -123,8 +123,14 @@ def plan_context(captions: Sequence[dict], prompt_tokens: Callable[[str], int], 
         while end < len(caps) and used + per_line[end] <= budget:
             used += per_line[end]
             end += 1
-        # the per-line estimate may be off where tokens merge across lines: check exactly, shrink if needed
+        # the per-line estimate may be off where tokens merge across lines: check exactly, then grow while the
+        # next clip still fits and shrink while the window does not (windows are maximal and within budget)
         exact = prompt_tokens("\n".join(lines[start:end])) if end > start else budget + 1
+        while end < len(caps) and exact <= budget:
+            bigger = prompt_tokens("\n".join(lines[start:end + 1]))
+            if bigger > budget:
+                break
+            end, exact = end + 1, bigger
         while end > start and exact > budget:
             end -= 1
             exact = prompt_tokens("\n".join(lines[start:end])) if end > start else budget + 1
