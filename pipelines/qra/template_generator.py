@@ -291,7 +291,8 @@ def _motion_trend(caps, facts, rng, mc: bool):
         options, pos = _place(correct, distract, rng)
         yield _mc(question, options, pos, f"{basis}. So the answer is {OPTION_LETTERS[pos]}.", "motion_trend_mc")
     else:
-        yield _open(question, "it increases" if up else "it decreases", basis + ".", "motion_trend_open")
+        yield _open(f"Does the action on screen increase or decrease from the first part ({a}) to the second part "
+                    f"({b}) of the video?", "it increases" if up else "it decreases", basis + ".", "motion_trend_open")
 
 
 def _what_next(caps, facts, rng):
