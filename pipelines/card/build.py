@@ -45,6 +45,14 @@ HF_LICENSES = {"cc-by-3.0": "cc-by-3.0", "cc-by-4.0": "cc-by-4.0", "cc-by-sa-3.0
                "cc-by-nc-4.0": "cc-by-nc-4.0", "cc-by-nc-sa-4.0": "cc-by-nc-sa-4.0", "unknown": "unknown"}
 
 
+def _version(dist: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return "not installed"
+
+
 def template_path() -> str:
     return os.path.join(TEMPLATE_DIR, TEMPLATE_NAME)
 
@@ -231,6 +239,7 @@ def collect(run_dir: str, shards: str | None = None, *, name: str | None = None,
     # ---- identity ----
     c.add("card/schema", CARD_SCHEMA)
     c.add("card/template_sha256", template_sha256())
+    c.add("card/plots", {"files": list(PLOTS), "renderer": f"matplotlib {_version('matplotlib')}"})
     c.add("dataset/name", dataset)
     c.add("dataset/pretty_name", pretty_name or f"{dataset}: long-video reasoning questions")
     c.add("dataset/licenses", sorted({hf_license(x) for x in lic_names}), source="video licences")
@@ -389,7 +398,7 @@ def _context(card: dict) -> dict:
                             and i["id"] != "dist/sections"},
             "splits": [dict(cl[f"split/{sp}"], name=sp) for sp in cl["splits"]],
             "shards": [dict(i["value"], url=i["id"][6:]) for i in card["claims"] if i["id"].startswith("shard/")],
-            "sections": D.SECTIONS, "plots": PLOTS}
+            "sections": D.SECTIONS, "plots": cl["card/plots"]["files"]}
 
 
 def _fmt_num(x) -> str:
