@@ -12,7 +12,8 @@ pytest.importorskip("torchvision")
 pytest.importorskip("transformers")
 
 from pipelines.filter_config import FilterConfig  # noqa: E402
-from pipelines.passrate.answerers import Loaded, TransformersAnswererHandler, question_seed, weights_sha256  # noqa: E402, E501
+from pipelines.passrate.answerers import (Loaded, TransformersAnswererHandler, question_seed,  # noqa: E402
+                                         weights_sha256)
 from test_passrate import qra_row, rows_by_id, video_row, write_table  # noqa: E402
 from trainer.prompting import SYSTEM_PROMPT, build_messages  # noqa: E402
 from trainer.tiny_model import build_tiny_qwen2vl  # noqa: E402

@@ -106,8 +106,8 @@ class AnswererHandler(ModelHandler):
 
     def provenance(self) -> dict:
         c = self.cfg
-        return {"backend": self.backend, "answerer": self.answerer_name(), "answerer_revision": self.answerer_revision(),
-                "k": c.k, "temperature": c.temperature, "top_p": c.top_p, "top_k": c.top_k,
+        return {"backend": self.backend, "answerer": self.answerer_name(),
+                "answerer_revision": self.answerer_revision(), "k": c.k, "temperature": c.temperature, "top_p": c.top_p, "top_k": c.top_k,
                 "max_new_tokens": c.max_new_tokens, "seed": c.seed, "prompt_hash": prompt_hash()}
 
     # -- inference ------------------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ from apache_beam.ml.inference.base import RunInference
 from pipelines.filter_config import FilterConfig
 from pipelines.passrate.answerers import AnswererHandler, make_handler, question_seed
 from pipelines.stages.base import MAIN, REJECTS, Progress, checked, rejected
-from trainer.prompting import messages_for_qra, prompt_hash
+from trainer.prompting import messages_for_qra
 from trainer.rewards import score, validate_reference
 
 log = logging.getLogger("longreel")
