@@ -92,3 +92,15 @@ def test_rendered_with_the_models_chat_template(tmp_path):
         "<|im_start|>assistant\n"
     )
     assert text.count("<|video_pad|>") == 1  # one video item
+
+
+def test_qra_row_without_problem_type():
+    assert messages_for_qra({"question": "Which?", "options": ["a", "b"]}) == build_messages("Which?", ["a", "b"])
+    assert messages_for_qra({"question": "Why?", "options": None}) == build_messages("Why?", None, "open_ended")
+
+
+def test_the_trainer_uses_this_prompt():
+    pytest.importorskip("torch")
+    policy = pytest.importorskip("trainer.policy")
+    item = {"question": "Which way?", "options": ["left", "right"], "problem_type": "multiple_choice"}
+    assert policy.prompt_messages(item) == build_messages("Which way?", ["left", "right"])

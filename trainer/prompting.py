@@ -105,10 +105,12 @@ def build_messages(question: str, options: Sequence[str] | None = None, problem_
 
 
 def messages_for_qra(row: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """:func:`build_messages` for a ``qra`` record (``question``, ``options``, ``problem_type``)."""
+    """:func:`build_messages` for a ``qra`` record (``question``, ``options``, ``problem_type``; a row without a
+    problem type is multiple choice when it has options, else open-ended)."""
     options = row.get("options")
-    return build_messages(row["question"], list(options) if options is not None else None,
-                          row.get("problem_type") or "multiple_choice")
+    options = list(options) if options is not None else None
+    return build_messages(row["question"], options, row.get("problem_type") or
+                          ("multiple_choice" if options else "open_ended"))
 
 
 def render_prompt(processor_or_tokenizer: Any, messages: list[dict[str, Any]]) -> str:
