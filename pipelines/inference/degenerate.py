@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 
 _TOKEN = re.compile(r"\w+|[^\w\s]", re.UNICODE)
-_CHAR_LOOP = re.compile(r"(.{1,12}?)\1{7,}", re.DOTALL)   # a 1..12-character unit repeated 8+ times in a row
 
 
 def tokens(text: str) -> list[str]:
@@ -31,6 +30,24 @@ def longest_repeat(toks: list[str], max_n: int = 8) -> tuple[int, int]:
     return best
 
 
+def periodic_run(text: str, max_period: int = 80) -> tuple[int, int, int]:
+    """``(period, start, length)`` of the longest stretch of ``text`` that repeats itself with a period of at most
+    ``max_period`` characters (at least two full periods; a loop cut off by the token limit ends mid-period)."""
+    best = (0, 0, 0)
+    n = len(text)
+    for period in range(1, min(max_period, n // 2) + 1):
+        run = 0
+        for j in range(period, n):
+            if text[j] == text[j - period]:
+                run += 1
+                length = run + period
+                if length >= 2 * period and length > best[2]:
+                    best = (period, j - length + 1, length)
+            else:
+                run = 0
+    return best
+
+
 def _shingles(toks: list[str], k: int) -> set:
     return {tuple(toks[i:i + k]) for i in range(len(toks) - k + 1)}
 
@@ -42,10 +59,11 @@ def degenerate_reason(text: str | None, prompt: str | None = None, *, min_chars:
     alnum = sum(ch.isalnum() for ch in t)
     if alnum < min_chars:
         return (f"empty_{kind}", f"{alnum} letters/digits (< {min_chars}): {t[:80]!r}")
-    m = _CHAR_LOOP.search(t)
-    if m and len(m.group(0)) >= max(24, max_repeat_share * len(t)):
-        return (f"repetitive_{kind}", f"{m.group(1)!r} repeated {len(m.group(0)) // len(m.group(1))} times: "
-                                      f"{t[:80]!r}")
+    period, start, length = periodic_run(t)
+    if length >= max(24, max_repeat_share * len(t)):
+        unit = t[start:start + period]
+        return (f"repetitive_{kind}", f"{unit!r} repeated {length / period:.1f} times covers {length} of {len(t)} "
+                                      f"characters: {t[:80]!r}")
     toks = tokens(t)
     n, r = longest_repeat(toks)
     if r >= 3 and n * r >= max(6, max_repeat_share * len(toks)):
