@@ -42,6 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     v.add_argument("card_dir", metavar="CARD_DIR")
     v.add_argument("shards", metavar="SHARDS_OR_INDEX")
     v.add_argument("--json", dest="as_json", action="store_true", help="Print the rows as JSON instead of a table.")
+    v.add_argument("--no-loader", action="store_true",
+                   help="Skip the second read of every split through the trainer's shard loader.")
     v.add_argument("--failures-only", action="store_true", help="Print only the rows that do not match.")
 
 
@@ -63,7 +65,7 @@ def main(args, extra: list[str]) -> int:
     if args.card_command == "verify":
         from pipelines.card.verify import verify
         try:
-            rep = verify(args.card_dir, args.shards)
+            rep = verify(args.card_dir, args.shards, loader=not args.no_loader)
         except (FileNotFoundError, ValueError) as e:
             print(f"longreel card verify: {e}", file=sys.stderr)
             return 2

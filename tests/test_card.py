@@ -356,6 +356,9 @@ def test_verify_catches_a_flipped_byte_and_names_shard_and_sample(run, card_dir,
     assert f"index {url}: bytes" not in bad  # same size: only the hash can tell
     sums = next(r for r in rep.rows if r["claim"] == "samples: sums.json matches every member")
     assert sums["recomputed"] == [f"{key}.frames.npy"] and not sums["ok"]
+    # the trainer's loader (second, independent read) skips the sample and says why
+    loader = [r for r in rep.rows if r["claim"].startswith("trainer loader:") and r["claim"].endswith("errors")]
+    assert any(not r["ok"] and key in json.dumps(r["recomputed"]) for r in loader)
 
 
 def test_verify_catches_a_changed_card_number(run, card_dir, tmp_path):

@@ -9,7 +9,9 @@ Nothing the pipeline wrote is trusted except as the thing being checked:
    compared with the index and with the card; every sample's members are hashed and compared with its
    ``sums.json``; ``frames.npy`` headers give the frame counts (the arrays are never loaded, nothing is
    unpickled).
-4. The distributions the card states about the released data (``released_*``, ``shard_*``: samples and
+4. Every split is also read through the trainer's shard loader (``trainer.data.ShardDataset``): the
+   samples and questions training will see are compared with the card (skip with ``--no-loader``).
+5. The distributions the card states about the released data (``released_*``, ``shard_*``: samples and
    questions per split, categories, problem types, MC answer letters, pass counts, frames per video,
    licences and attributions, shard sizes) are recomputed from what was read, with the functions the
    pipeline uses, and compared.
@@ -219,7 +221,28 @@ def check_shards(card: dict, data: dict, rep: Report) -> None:
                 sorted(_nz(recomputed_sections["released_license"]["counts"])))
 
 
-def verify(card_dir: str, shards: str) -> Report:
+def check_loader(card: dict, data: dict, rep: Report) -> None:
+    """Read every split through the trainer's own shard loader (safe members only, each sample checked against
+    its sums.json, frames decoded with ``allow_pickle=False``): what training will see must be what the card
+    states."""
+    from trainer.data import ShardDataset
+
+    cl = claims_by_id(card)
+    for ix in data["indexes"]:
+        split = ix["split"]
+        ds = ShardDataset(ix["path"], unit="video", verify="sample", on_error="skip", rank=0, world_size=1)
+        videos = questions = 0
+        for item in ds:
+            videos += 1
+            questions += len(item["qras"])
+        claimed = cl.get(f"split/{split}") or {}
+        rep.add(f"trainer loader: split/{split}: samples", claimed.get("samples"), videos)
+        rep.add(f"trainer loader: split/{split}: questions", claimed.get("questions"), questions)
+        errors = ds.stats.as_dict()["errors"]
+        rep.add(f"trainer loader: split/{split}: errors", [], errors, not errors)
+
+
+def verify(card_dir: str, shards: str, loader: bool = True) -> Report:
     with open(os.path.join(card_dir, "card.json"), encoding="utf-8") as fh:
         card = json.load(fh)
     rep = Report()
@@ -229,4 +252,6 @@ def verify(card_dir: str, shards: str) -> Report:
     if not data["indexes"]:
         rep.add("shards", "index files", f"no *.index.json under {shards}", False)
     check_shards(card, data, rep)
+    if loader and data["indexes"]:
+        check_loader(card, data, rep)
     return rep
