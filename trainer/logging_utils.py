@@ -87,8 +87,9 @@ class MetricsLogger:
             self._bar.update(n)
 
     def close(self) -> None:
-        if not self.enabled:
+        if not self.enabled or getattr(self, "_closed", False):
             return
+        self._closed = True
         self._fh.close()
         if self._tb is not None:
             self._tb.flush()

@@ -84,6 +84,14 @@ def _pad_id(model, tokenizer) -> int:
     return int(pad)
 
 
+def vision_token_ids(model) -> list[int]:
+    """Placeholder/marker ids that must never be sampled: a response holding a ``<|video_pad|>`` would no longer
+    match the video's feature count when the sequence is fed back to the model."""
+    cfg = model.config
+    names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id", "vision_token_id")
+    return sorted({int(getattr(cfg, n)) for n in names if isinstance(getattr(cfg, n, None), int)})
+
+
 def _trim(rows: Sequence[Sequence[int]], eos: set[int]) -> tuple[list[list[int]], list[bool]]:
     out, finished = [], []
     for row in rows:
@@ -123,6 +131,7 @@ class TransformersEngine(RolloutEngine):
         self.processor = processor
         self.eos = _eos_ids(model)
         self.pad_id = _pad_id(model, processor.tokenizer)
+        self.suppress = vision_token_ids(model)
 
     @torch.no_grad()
     def generate(self, prompts, sampling, seeds, video_embeds=None, items=None):
@@ -139,7 +148,8 @@ class TransformersEngine(RolloutEngine):
                     input_ids=prompt.input_ids, attention_mask=prompt.attention_mask,
                     video_grid_thw=prompt.video_grid_thw, mm_encoder_outputs=emb.as_mm_encoder_outputs(1),
                     max_new_tokens=sampling.max_new_tokens, num_return_sequences=sampling.n,
-                    eos_token_id=self.eos, pad_token_id=self.pad_id, use_cache=True)
+                    eos_token_id=self.eos, pad_token_id=self.pad_id, use_cache=True,
+                    suppress_tokens=self.suppress)
                 if prompt.mm_token_type_ids is not None:
                     kwargs["mm_token_type_ids"] = prompt.mm_token_type_ids
                 kwargs.update(prompt.extra)
@@ -192,6 +202,10 @@ class VLLMEngine(RolloutEngine):
         except TypeError:
             self.llm = LLM(**kwargs)
         self.pad_id = processor.tokenizer.pad_token_id or 0
+        tok = processor.tokenizer
+        ids = [tok.convert_tokens_to_ids(t) for t in ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>",
+                                                      "<|vision_end|>")]
+        self.suppress = {int(i): -100.0 for i in ids if isinstance(i, int) and i != tok.unk_token_id}
 
     def _request(self, item: dict, embeds: VideoEmbeds | None) -> dict:
         from trainer.policy import _frames, _metadata_dict, prompt_messages
@@ -216,7 +230,8 @@ class VLLMEngine(RolloutEngine):
             requests.append(self._request(item, emb))
             params.append(SamplingParams(n=sampling.n, temperature=0.0 if sampling.greedy else sampling.temperature,
                                          top_p=sampling.top_p, max_tokens=sampling.max_new_tokens,
-                                         seed=int(seeds[i]), logprobs=0, skip_special_tokens=True))
+                                         seed=int(seeds[i]), logprobs=0, skip_special_tokens=True,
+                                         logit_bias=self.suppress or None))
         outputs = self.llm.generate(requests, params, use_tqdm=False)
         groups = []
         for prompt, out in zip(prompts, outputs):

@@ -219,3 +219,186 @@ def load_items(cfg: DataConfig, split: str) -> list[dict]:
     except ImportError as e:  # pragma: no cover - the loader ships with the package
         raise RuntimeError("trainer.data (the shard loader) is not available") from e
     return list(shard_data.iter_items(urls))
+
+
+# --------------------------------------------------------------------------------------------------
+# a training session: everything SFT and GRPO set up the same way
+# --------------------------------------------------------------------------------------------------
+
+
+class TrainSession:
+    """Process group, policy, optimizer, schedule, data order, checkpoints and metrics of one stage's run.
+
+    After construction, ``self.step`` is the number of optimizer steps already done (non-zero after a resume).
+    """
+
+    def __init__(self, cfg, stage: str, *, items: list[dict] | None = None, total_steps: int | None = None):
+        from pathlib import Path
+
+        from schemas.config import config_hash
+        from trainer.checkpoint import latest_checkpoint, load_checkpoint
+        from trainer.logging_utils import MetricsLogger
+        from trainer.policy import load_policy, resolve_device, resolve_dtype
+
+        self.cfg = cfg
+        self.stage = stage
+        device = resolve_device(cfg.run.device)
+        self.info = init_distributed(device, cfg.dist.backend)
+        self.device = self.info.device
+        if cfg.run.threads:
+            torch.set_num_threads(cfg.run.threads)
+        if cfg.run.deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        seed_everything(cfg.run.seed)
+        self.dtype = resolve_dtype(cfg.model.dtype, self.device)
+        self.model, self.processor = load_policy(cfg.model.path, dtype=self.dtype, device=self.device,
+                                                 attn_implementation=cfg.model.attn_implementation,
+                                                 trust_remote_code=cfg.model.trust_remote_code)
+        if cfg.model.freeze_vision:
+            visual = getattr(self.model, "visual", None) or getattr(getattr(self.model, "model", None), "visual", None)
+            if visual is None:
+                raise ValueError("model.freeze_vision: this model has no .visual tower")
+            for p in visual.parameters():
+                p.requires_grad_(False)
+        if cfg.model.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        self.model.train()
+        self.out_dir = Path(cfg.run.out_dir)
+        self.ckpt_root = self.out_dir / "checkpoints"
+        self.items = items if items is not None else load_items(cfg.data, "train")
+        if cfg.data.batch_size % self.info.world:
+            raise ValueError(f"data.batch_size {cfg.data.batch_size} must divide by the world size {self.info.world}")
+        self.stream = ItemStream(self.items, seed=cfg.run.seed, shuffle=cfg.data.shuffle)
+        self.total_steps = int(total_steps if total_steps is not None else cfg.run.steps)
+        self.step = 0
+        # resume: weights first (before any sharding), then optimizer/scheduler/RNG/loader
+        resume_from = latest_checkpoint(self.ckpt_root) if cfg.run.resume else None
+        self.fsdp = cfg.dist.strategy == "fsdp" and self.info.enabled
+        if self.fsdp:
+            self._shard_fsdp()
+        self.optimizer = build_optimizer(self.model, cfg.optim)
+        self.scheduler = build_scheduler(self.optimizer, cfg.optim, self.total_steps)
+        self.config_hash = config_hash(cfg)
+        if resume_from is not None:
+            if self.fsdp:
+                raise NotImplementedError("resuming an FSDP run is not supported yet (checkpoints hold full weights "
+                                          "only); start a new run from the saved weights")
+            state = load_checkpoint(resume_from, model=self.model, optimizer=self.optimizer,
+                                    scheduler=self.scheduler, rank=self.info.rank)
+            if state.get("stage") != stage:
+                raise ValueError(f"{resume_from} is a {state.get('stage')!r} checkpoint, not {stage!r}")
+            if state.get("world") != self.info.world:
+                log.warning("resuming a %s-rank checkpoint on %s ranks", state.get("world"), self.info.world)
+            self.stream.load_state_dict(state["loader"])
+            self.step = int(state["step"])
+            log.info("resumed %s from %s at step %d", stage, resume_from, self.step)
+        self.logger = MetricsLogger(self.out_dir, stage=stage, enabled=self.info.is_main,
+                                    tensorboard=cfg.run.tensorboard, progress=cfg.run.progress,
+                                    total_steps=self.total_steps, start_step=self.step)
+
+    # ------------------------------------------------------------------ distributed helpers
+    def _shard_fsdp(self) -> None:
+        from torch.distributed.fsdp import fully_shard
+
+        lm = getattr(getattr(self.model, "model", self.model), "language_model", None)
+        for layer in getattr(lm, "layers", []):
+            fully_shard(layer)
+        fully_shard(self.model)
+
+    @property
+    def loss_scale(self) -> float:
+        """FSDP averages gradients over ranks; our losses are already global sums, so undo the average."""
+        return float(self.info.world) if self.fsdp else 1.0
+
+    def reduce_gradients(self) -> None:
+        if not self.fsdp:
+            sum_gradients(self.model, self.info)
+
+    def barrier(self) -> None:
+        if self.info.enabled:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        if not self.fsdp:
+            return None
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def clip_and_step(self) -> float:
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        max_norm = self.cfg.optim.max_grad_norm if self.cfg.optim.max_grad_norm > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+    def dump_grads(self, path: str) -> None:
+        from safetensors.torch import save_file
+
+        if self.info.is_main:
+            grads = {n: p.grad.detach().float().cpu().contiguous() for n, p in self.model.named_parameters()
+                     if p.grad is not None}
+            save_file(grads, path)
+
+    # ------------------------------------------------------------------ checkpoints
+    def local_batch(self) -> list[tuple[int, int, dict]]:
+        """Draw the next global batch; return this rank's share as ``(global position, item index, item)``."""
+        batch = self.stream.next_batch(self.cfg.data.batch_size)
+        return [(j, i, it) for j, (i, it) in enumerate(batch) if j % self.info.world == self.info.rank]
+
+    def save(self) -> None:
+        from trainer.checkpoint import prune_checkpoints, save_checkpoint
+
+        state = {"stage": self.stage, "loader": self.stream.state_dict(), "config_hash": self.config_hash}
+        save_checkpoint(self.ckpt_root, self.step, model=self.model, optimizer=None if self.fsdp else self.optimizer,
+                        scheduler=self.scheduler, trainer_state=state, rank=self.info.rank, world=self.info.world,
+                        barrier=self.barrier, model_state=self.full_state_dict())
+        if self.info.is_main:
+            prune_checkpoints(self.ckpt_root, self.cfg.run.keep_checkpoints)
+
+    def maybe_save(self) -> bool:
+        """Save on the schedule; return True when the run should stop now (run.stop_after)."""
+        every = self.cfg.run.save_every
+        stop = bool(self.cfg.run.stop_after) and self.step >= self.cfg.run.stop_after
+        if (every and self.step % every == 0) or stop:
+            self.save()
+        return stop
+
+    def finish(self) -> str | None:
+        """Final checkpoint + ``save_pretrained`` of model and processor to ``out_dir/final``."""
+        from trainer.checkpoint import latest_checkpoint
+
+        latest = latest_checkpoint(self.ckpt_root)
+        if latest is None or latest.name != f"step-{self.step:06d}":
+            self.save()
+        final = self.out_dir / "final"
+        state = self.full_state_dict()
+        if self.info.is_main:
+            import shutil
+            import tempfile
+
+            tmp = tempfile.mkdtemp(prefix=".final-", dir=self.out_dir)
+            if state is not None:
+                self.model.save_pretrained(tmp, state_dict=state)
+            else:
+                self.model.save_pretrained(tmp)
+            self.processor.save_pretrained(tmp)
+            if final.exists():
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+            os.chmod(final, 0o755)
+        self.barrier()
+        self.logger.close()
+        return str(final)
+
+    def close(self) -> None:
+        self.logger.close()
+        if self.info.enabled:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()

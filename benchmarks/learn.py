@@ -1,0 +1,174 @@
+"""It learns: CoT-SFT then GRPO on a procedurally generated video task, tiny Qwen2-VL policy, CPU.
+
+For each seed: build the tiny random Qwen2-VL (offline), CoT-SFT on a few items for a few steps (format, little
+skill, so GRPO has room), evaluate greedy accuracy on held-out items, GRPO, evaluate again. Writes
+``benchmarks/results/learn.json`` (accuracy before/after per seed, steps, wall time) and
+``benchmarks/results/learn_reward.png`` (GRPO reward and held-out accuracy curves).
+
+    python benchmarks/learn.py                 # the full run (2 seeds)
+    python benchmarks/learn.py --seeds 0 --grpo-steps 10 --out /tmp/learn.json   # a quick look
+
+Nothing here is tuned to the task beyond what the JSON records: the task, the SFT budget and the GRPO settings are
+fixed before the run and written to the JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+from schemas.config import load_yaml  # noqa: E402
+from trainer.config import TrainConfig  # noqa: E402
+from trainer.eval import evaluate  # noqa: E402
+from trainer.grpo import run_grpo  # noqa: E402
+from trainer.logging_utils import read_metrics  # noqa: E402
+from trainer.policy import load_policy  # noqa: E402
+from trainer.sft import run_sft  # noqa: E402
+from trainer.synthetic_task import make_items  # noqa: E402
+from trainer.tiny_model import build_tiny_qwen2vl  # noqa: E402
+
+
+def _cfg(overrides: list[str]) -> TrainConfig:
+    return load_yaml(TrainConfig, None, overrides)
+
+
+def _eval(path: str, items, max_new_tokens: int) -> dict:
+    model, processor = load_policy(path)
+    model.eval()
+    return evaluate(model, processor, items, max_new_tokens=max_new_tokens)
+
+
+def run_seed(seed: int, args, work: Path) -> dict:
+    t_start = time.perf_counter()
+    base = build_tiny_qwen2vl(work / f"base{seed}", seed=seed)
+    kinds = args.kinds.split(",")
+    train = make_items(args.train_items, seed=100 + seed, kinds=kinds)
+    held_out = make_items(args.eval_items, seed=5000 + seed, kinds=kinds)
+    common = ["data.source=synthetic", f"run.seed={seed}", "run.progress=false", "run.tensorboard=false",
+              f"run.threads={args.threads}", "run.save_every=0"]
+
+    sft_dir = work / f"sft{seed}"
+    sft_cfg = _cfg(common + [f"model.path={base}", f"run.out_dir={sft_dir}", f"run.steps={args.sft_steps}",
+                             f"sft.max_items={args.sft_items}", f"data.batch_size={args.sft_batch}",
+                             f"optim.lr={args.sft_lr}"])
+    t0 = time.perf_counter()
+    run_sft(sft_cfg, items=train[: args.sft_items])
+    t_sft = time.perf_counter() - t0
+    before = _eval(str(sft_dir / "final"), held_out, args.max_new_tokens)
+
+    grpo_dir = work / f"grpo{seed}"
+    grpo_cfg = _cfg(common + [f"model.path={sft_dir / 'final'}", f"run.out_dir={grpo_dir}",
+                              f"run.steps={args.grpo_steps}", f"data.batch_size={args.grpo_batch}",
+                              f"rollout.n={args.group}", f"rollout.max_new_tokens={args.max_new_tokens}",
+                              f"rollout.temperature={args.temperature}", f"optim.lr={args.grpo_lr}",
+                              f"grpo.loss_agg={args.loss_agg}"])
+    t0 = time.perf_counter()
+    run_grpo(grpo_cfg, items=train)
+    t_grpo = time.perf_counter() - t0
+    after = _eval(str(grpo_dir / "final"), held_out, args.max_new_tokens)
+    curve = [{"step": r["step"], "reward_mean": r["reward_mean"], "format_rate": r["format_rate"],
+              "accuracy": r["accuracy"], "response_len_mean": r["response_len_mean"]}
+             for r in read_metrics(grpo_dir / "metrics.jsonl")]
+    return {
+        "seed": seed,
+        "accuracy_sft": before["accuracy"], "format_rate_sft": before["format_rate"],
+        "accuracy_grpo": after["accuracy"], "format_rate_grpo": after["format_rate"],
+        "gain_points": 100.0 * (after["accuracy"] - before["accuracy"]),
+        "per_category_sft": before["per_category"], "per_category_grpo": after["per_category"],
+        "sft_steps": args.sft_steps, "grpo_steps": args.grpo_steps,
+        "wall_s": {"sft": t_sft, "grpo": t_grpo, "total_with_eval": time.perf_counter() - t_start},
+        "grpo_curve": curve,
+    }
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
+    for r in results:
+        steps = [c["step"] for c in r["grpo_curve"]]
+        ax[0].plot(steps, [c["reward_mean"] for c in r["grpo_curve"]], label=f"seed {r['seed']}")
+        ax[1].bar([f"s{r['seed']} SFT", f"s{r['seed']} GRPO"], [r["accuracy_sft"], r["accuracy_grpo"]])
+    ax[0].set_xlabel("GRPO step")
+    ax[0].set_ylabel("mean rollout reward")
+    ax[0].set_title("GRPO reward (training rollouts)")
+    ax[0].legend()
+    ax[1].set_ylim(0, 1)
+    ax[1].set_title("held-out greedy accuracy")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", default="0,1")
+    p.add_argument("--kinds", default="colour", help="synthetic question kinds, comma-separated")
+    p.add_argument("--train-items", type=int, default=512)
+    p.add_argument("--eval-items", type=int, default=100)
+    p.add_argument("--sft-items", type=int, default=8)
+    p.add_argument("--sft-steps", type=int, default=20)
+    p.add_argument("--sft-batch", type=int, default=4)
+    p.add_argument("--sft-lr", type=float, default=1e-3)
+    p.add_argument("--grpo-steps", type=int, default=60)
+    p.add_argument("--grpo-batch", type=int, default=4)
+    p.add_argument("--group", type=int, default=8)
+    p.add_argument("--grpo-lr", type=float, default=5e-4)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--loss-agg", default="token_mean")
+    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--work", default="", help="working directory (default: a temp dir)")
+    p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "learn.json"))
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="longreel-learn-"))
+    t0 = time.perf_counter()
+    results = []
+    for seed in [int(s) for s in args.seeds.split(",")]:
+        r = run_seed(seed, args, work)
+        results.append(r)
+        print(f"seed {seed}: held-out accuracy SFT {r['accuracy_sft']:.3f} -> GRPO {r['accuracy_grpo']:.3f} "
+              f"({r['gain_points']:+.1f} points; format {r['format_rate_sft']:.2f} -> {r['format_rate_grpo']:.2f}); "
+              f"sft {r['wall_s']['sft']:.0f}s grpo {r['wall_s']['grpo']:.0f}s", flush=True)
+    wall = time.perf_counter() - t0
+    png = out.with_name(out.stem + "_reward.png")
+    plot(results, png)
+    summary = {
+        "benchmark": "learn",
+        "task": {"kinds": args.kinds.split(","), "generator": "trainer.synthetic_task", "train_items": args.train_items,
+                 "eval_items": args.eval_items},
+        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "work")},
+        "per_seed": results,
+        "min_gain_points": min(r["gain_points"] for r in results),
+        "target_gain_points": 15.0,
+        "passed": all(r["gain_points"] >= 15.0 for r in results) and wall <= 20 * 60,
+        "wall_s_total": wall,
+        "cpu": {"threads": args.threads, "machine": platform.machine(), "cpus_visible": os.cpu_count(),
+                "torch": torch.__version__},
+        "reward_curve_png": str(png.relative_to(REPO)) if png.is_relative_to(REPO) else str(png),
+    }
+    out.write_text(json.dumps(summary, indent=1) + "\n")
+    print(f"total wall {wall:.0f}s; min gain {summary['min_gain_points']:.1f} points; passed={summary['passed']}; "
+          f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,305 @@
+"""Stage 2: GRPO on the policy (``longreel train grpo``).
+
+One optimizer step, on each rank, for its share of the global batch of ``B`` prompts:
+
+1. **rollout**: every prompt's video is encoded once (``encode_video``) and ``G`` responses are sampled under the
+   prompt's own seed (``runtime.rollout_seed``: a function of the run seed, the step and the prompt's position in the
+   global batch, so 1 rank and N ranks sample the same responses);
+2. **reward**: ``trainer.rewards.score`` on each response (the same code as the pass-rate filter); with
+   ``grpo.mix_policy`` an item's CoT target replaces the last rollout of its group (``substitute_offline``);
+   group-normalised advantages (``group_advantages``); a tied group has zero advantage;
+3. **log-prob**: old (= behaviour, for the transformers engine) log-probs and, when ``beta > 0``, the reference
+   model's, reusing the step's video embeddings;
+4. **update**: ``grpo.ppo_epochs`` passes of the clipped surrogate (``policy_loss``, asymmetric clip), plus
+   ``beta * KL``; the loss of every group is divided by the *global* token (or sequence) count, so gradients summed
+   over groups, micro-batches and ranks equal the full-batch gradient; clip, AdamW, schedule.
+
+The video embeddings of step 1 are reused by rollout and old/ref log-probs (no grad); the update re-encodes the
+video with grad so the vision tower trains (unless ``model.freeze_vision``). Pass ``video_embeds`` to
+``sequence_logprobs`` / the engine to plug in embeddings computed elsewhere (MR-SP).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from trainer import algorithms as A
+from trainer.config import TrainConfig
+from trainer.policy import (PromptInputs, VideoEmbeds, VideoTokenMismatch, encode_prompt, encode_video,
+                            sequence_logprobs, video_token_id)
+from trainer.rewards import score
+from trainer.rollout import RolloutGroup, SamplingConfig, make_engine, pad_responses
+from trainer.runtime import TrainSession, all_gather_objects, all_reduce_sum, rollout_seed
+
+__all__ = ["run_grpo", "GroupBatch", "grpo_group_loss"]
+
+log = logging.getLogger("longreel.trainer")
+
+
+@dataclass
+class GroupBatch:
+    """Everything the update needs about one prompt's group (tensors ``[G, T]`` / ``[G]``)."""
+
+    item_index: int
+    prompt: PromptInputs
+    response_ids: Tensor
+    response_mask: Tensor
+    advantages: Tensor
+    rewards: Tensor
+    old_logp: Tensor | None = None
+    ref_logp: Tensor | None = None
+    behav_weight: Tensor | None = None
+    embeds: VideoEmbeds | None = None
+
+
+def _denominator(groups: list[GroupBatch], agg: str, info) -> float:
+    """Global count the aggregated loss divides by: valid tokens (token_mean) or non-empty sequences."""
+    if agg == "token_mean":
+        local = sum(float(g.response_mask.sum()) for g in groups)
+    else:
+        local = sum(float((g.response_mask.sum(-1) > 0).sum()) for g in groups)
+    return all_reduce_sum(local, info)
+
+
+def _pad_time(x: Tensor, t: int, value=0) -> Tensor:
+    if x.shape[-1] >= t:
+        return x
+    return torch.cat([x, x.new_full((*x.shape[:-1], t - x.shape[-1]), value)], dim=-1)
+
+
+def grpo_group_loss(logp: Tensor, g: GroupBatch, rows: slice, cfg: TrainConfig, denominator: float,
+                    norm_len: int) -> tuple[Tensor, dict[str, Tensor]]:
+    """Loss of the responses ``rows`` of group ``g`` as their share of the global-batch loss."""
+    mask = g.response_mask[rows]
+    old = g.old_logp[rows] if g.old_logp is not None else logp.detach()
+    bw = g.behav_weight[rows] if g.behav_weight is not None else None
+    agg = cfg.grpo.loss_agg
+    if agg == "seq_mean_token_sum_norm":  # Dr. GRPO divides by a constant length: pad to it
+        logp, old, mask = _pad_time(logp, norm_len), _pad_time(old, norm_len), _pad_time(mask, norm_len)
+        bw = _pad_time(bw, norm_len) if bw is not None else None
+    loss, metrics = A.policy_loss(logp, old, g.advantages[rows], mask, clip_low=cfg.grpo.clip_low,
+                                  clip_high=cfg.grpo.clip_high, agg=agg, behav_weight=bw, denominator=denominator)
+    if cfg.grpo.beta > 0 and g.ref_logp is not None:
+        ref = g.ref_logp[rows]
+        if agg == "seq_mean_token_sum_norm":
+            ref = _pad_time(ref, norm_len)
+        kl = A.kl_penalty(logp, ref, kind=cfg.grpo.kl_estimator)
+        kl_loss = A.agg_loss(kl, mask, agg, denominator)
+        loss = loss + cfg.grpo.beta * kl_loss
+        metrics["kl_loss"] = kl_loss.detach()
+    return loss, metrics
+
+
+class GRPOTrainer:
+    def __init__(self, cfg: TrainConfig, items: list[dict] | None = None):
+        self.cfg = cfg
+        self.sess = TrainSession(cfg, "grpo", items=items)
+        s = self.sess
+        self.video_token_id = video_token_id(s.model)
+        self.engine = make_engine(cfg.rollout.engine, s.model, s.processor, model_path=cfg.model.path,
+                                  rollout_cfg=cfg.rollout, seed=cfg.run.seed,
+                                  dtype="bfloat16" if s.dtype == torch.bfloat16 else "float32")
+        if self.engine.name != "transformers" and s.step > 0:
+            self.engine.sync_weights(s.model, s.full_state_dict())
+        self.ref = None
+        if cfg.grpo.beta > 0:  # the reference is loaded only when the KL term is on
+            from trainer.policy import load_policy
+
+            self.ref, _ = load_policy(cfg.model.path, dtype=s.dtype, device=s.device,
+                                      attn_implementation=cfg.model.attn_implementation,
+                                      trust_remote_code=cfg.model.trust_remote_code)
+            self.ref.eval().requires_grad_(False)
+        self.sampling = SamplingConfig(n=cfg.rollout.n, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                                       max_new_tokens=cfg.rollout.max_new_tokens)
+        self.rejected = 0
+
+    # ------------------------------------------------------------------ one step
+    def _prompts(self, local):
+        out = []
+        for j, i, item in local:
+            try:
+                out.append((j, i, item, encode_prompt(self.sess.processor, item, video_token_id=self.video_token_id
+                                                      ).to(self.sess.device)))
+            except (VideoTokenMismatch, ValueError, KeyError) as e:
+                self.rejected += 1
+                log.warning("skipping item %s: %s", item.get("key"), e)
+        return out
+
+    def _score(self, texts: list[str], item: dict) -> tuple[list[float], list[float], list[float]]:
+        w = self.cfg.grpo.reward_format_weight
+        res = [score(t, item["problem_type"], item["answer"], item.get("options"), format_weight=w) for t in texts]
+        return [r.reward for r in res], [r.format for r in res], [r.accuracy for r in res]
+
+    def _offline(self, item: dict, g: RolloutGroup, pad_id: int, eos_id: int):
+        tok = self.sess.processor.tokenizer
+        ids = tok(item["target"], add_special_tokens=False)["input_ids"] + [eos_id]
+        r, f, a = self._score([item["target"]], item)
+        rollouts = A.GroupRollouts(g.response_ids[None], g.response_mask[None],
+                                   behav_logp=g.behav_logp[None] if g.behav_logp is not None else None,
+                                   rewards=None)
+        off_ids, off_mask = pad_responses([ids], pad_id)
+        off = A.OfflineTrajectories(off_ids.to(g.response_ids.device), off_mask.to(g.response_ids.device),
+                                    present=torch.tensor([True]))
+        mixed = A.substitute_offline(rollouts, off, slot=-1, pad_id=pad_id)
+        return mixed, r[0], f[0], a[0]
+
+    def step(self) -> dict[str, Any]:
+        s, cfg = self.sess, self.cfg
+        step = s.step + 1
+        t0 = time.perf_counter()
+        local = self._prompts(s.local_batch())
+        model = s.model
+
+        # 1. rollout (video encoded once per prompt, reused below)
+        model.eval()
+        with torch.no_grad():
+            embeds = [encode_video(model, p) for _, _, _, p in local]
+        seeds = [rollout_seed(cfg.run.seed, step, j) for j, _, _, _ in local]
+        groups = self.engine.generate([p for *_, p in local], self.sampling, seeds, video_embeds=embeds,
+                                      items=[it for _, _, it, _ in local])
+        t_rollout = time.perf_counter()
+
+        # 2. rewards and advantages
+        pad_id = getattr(self.engine, "pad_id", 0)
+        eos_id = s.processor.tokenizer.eos_token_id
+        batches: list[GroupBatch] = []
+        stats = {"reward": [], "format": [], "accuracy": [], "length": [], "truncated": 0, "offline": 0}
+        for (j, i, item, prompt), g, emb in zip(local, groups, embeds):
+            try:
+                rewards, fmts, accs = self._score(g.texts, item)
+            except (ValueError, KeyError) as e:  # bad reference answer: a data error, the group is skipped
+                self.rejected += 1
+                log.warning("skipping item %s (cannot score): %s", item.get("key"), e)
+                continue
+            ids, mask, behav = g.response_ids, g.response_mask, g.behav_logp
+            if cfg.grpo.mix_policy and item.get("target"):
+                mixed, r_off, f_off, a_off = self._offline(item, g, pad_id, eos_id)
+                ids, mask = mixed.response_ids[0], mixed.response_mask[0]
+                behav = mixed.behav_logp[0] if mixed.behav_logp is not None else None
+                rewards[-1], fmts[-1], accs[-1] = r_off, f_off, a_off
+                stats["offline"] += 1
+            r = torch.tensor(rewards, dtype=torch.float32)
+            adv_fn = A.get_adv_estimator(cfg.grpo.adv_estimator)
+            adv = adv_fn(r[None])[0].to(s.device)
+            stats["reward"] += rewards
+            stats["format"] += fmts
+            stats["accuracy"] += accs
+            stats["length"] += mask.sum(-1).tolist()
+            stats["truncated"] += int((~g.finished).sum())
+            batches.append(GroupBatch(i, prompt, ids, mask, adv, r, embeds=emb, old_logp=behav))
+        t_reward = time.perf_counter()
+
+        # 3. old / reference log-probs (no grad, reusing the step's video embeddings)
+        with torch.no_grad():
+            for b in batches:
+                behav = b.old_logp
+                prox = sequence_logprobs(model, b.prompt, b.response_ids, b.response_mask,
+                                         temperature=cfg.rollout.temperature, video_embeds=b.embeds)
+                b.old_logp = prox
+                if behav is not None and cfg.grpo.behaviour_correction:
+                    b.behav_weight = A.behaviour_weight(prox, behav, cap=cfg.grpo.behaviour_cap, mask=b.response_mask)
+                if self.ref is not None:
+                    ref_emb = encode_video(self.ref, b.prompt)
+                    b.ref_logp = sequence_logprobs(self.ref, b.prompt, b.response_ids, b.response_mask,
+                                                   temperature=cfg.rollout.temperature, video_embeds=ref_emb)
+        t_logprob = time.perf_counter()
+
+        # 4. update
+        model.train()
+        denominator = _denominator(batches, cfg.grpo.loss_agg, s.info)
+        norm_len = max([cfg.rollout.max_new_tokens] + [int(b.response_ids.shape[1]) for b in batches])
+        chunks = max(1, cfg.optim.grad_accum)
+        loss_total, sums = 0.0, {"clip_frac": 0.0, "clip_frac_low": 0.0, "clip_frac_high": 0.0, "approx_kl": 0.0,
+                                 "kl_loss": 0.0, "tokens": 0.0}
+        grad_norm = 0.0
+        for epoch in range(cfg.grpo.ppo_epochs):
+            epoch_loss = 0.0
+            for b in batches:
+                n = b.response_ids.shape[0]
+                size = math.ceil(n / chunks)
+                for start in range(0, n, size):
+                    rows = slice(start, min(n, start + size))
+                    logp = sequence_logprobs(model, b.prompt, b.response_ids[rows], b.response_mask[rows],
+                                             temperature=cfg.rollout.temperature)
+                    loss, m = grpo_group_loss(logp, b, rows, cfg, denominator, norm_len)
+                    (loss * s.loss_scale).backward()
+                    epoch_loss += float(loss.detach())
+                    if epoch == cfg.grpo.ppo_epochs - 1:
+                        ntok = float(b.response_mask[rows].sum())
+                        sums["tokens"] += ntok
+                        for k in ("clip_frac", "clip_frac_low", "clip_frac_high", "approx_kl"):
+                            sums[k] += float(m[k]) * ntok
+                        sums["kl_loss"] += float(m.get("kl_loss", 0.0))
+            s.reduce_gradients()
+            if cfg.run.dump_grads and step == 1 and epoch == 0:
+                s.dump_grads(cfg.run.dump_grads)
+            grad_norm = s.clip_and_step()
+            loss_total = all_reduce_sum(epoch_loss, s.info)
+        if self.engine.name != "transformers":
+            self.engine.sync_weights(model, s.full_state_dict())
+        t_update = time.perf_counter()
+        s.step = step
+
+        # metrics (global over ranks)
+        gathered = all_gather_objects({"stats": stats, "sums": sums, "rejected": self.rejected}, s.info)
+        allv = lambda k: [v for gth in gathered for v in gth["stats"][k]]  # noqa: E731
+        total = lambda k: sum(gth["sums"][k] for gth in gathered)  # noqa: E731
+        rewards = torch.tensor(allv("reward") or [0.0])
+        lengths = allv("length")
+        tokens = max(total("tokens"), 1.0)
+        step_time = t_update - t0
+        metrics = {
+            "loss": loss_total,
+            "reward_mean": float(rewards.mean()),
+            "reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
+            "format_rate": sum(allv("format")) / max(len(allv("format")), 1),
+            "accuracy": sum(allv("accuracy")) / max(len(allv("accuracy")), 1),
+            "response_len_mean": sum(lengths) / max(len(lengths), 1),
+            "response_len_max": max(lengths) if lengths else 0,
+            "truncated_frac": sum(gth["stats"]["truncated"] for gth in gathered) / max(len(lengths), 1),
+            "clip_frac": total("clip_frac") / tokens,
+            "clip_frac_low": total("clip_frac_low") / tokens,
+            "clip_frac_high": total("clip_frac_high") / tokens,
+            "approx_kl": total("approx_kl") / tokens,
+            "kl": total("kl_loss"),
+            "grad_norm": grad_norm,
+            "lr": s.scheduler.get_last_lr()[0],
+            "tokens_per_s": total("tokens") / max(step_time, 1e-9),
+            "time_rollout": t_rollout - t0,
+            "time_reward": t_reward - t_rollout,
+            "time_logprob": t_logprob - t_reward,
+            "time_update": t_update - t_logprob,
+            "time_step": step_time,
+            "rejected_items": sum(gth["rejected"] for gth in gathered),
+            "offline_groups": sum(gth["stats"]["offline"] for gth in gathered),
+        }
+        return metrics
+
+    def train(self) -> dict[str, Any]:
+        s = self.sess
+        last: dict[str, Any] = {}
+        try:
+            while s.step < s.total_steps:
+                metrics = self.step()
+                last = metrics
+                if s.step % self.cfg.run.log_every == 0 or s.step == s.total_steps:
+                    s.logger.log(s.step, metrics)
+                s.logger.advance()
+                if s.maybe_save():
+                    return {"step": s.step, "stopped": True, **last}
+            final = s.finish() if self.cfg.run.save_final else None
+            return {"step": s.step, "final": final, **last}
+        finally:
+            self.engine.close()
+            s.close()
+
+
+def run_grpo(cfg: TrainConfig, items: list[dict] | None = None) -> dict[str, Any]:
+    """Train ``cfg.run.steps`` GRPO steps (resuming when a checkpoint exists); return the last step's metrics."""
+    return GRPOTrainer(cfg, items=items).train()
