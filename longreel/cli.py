@@ -24,6 +24,8 @@ COMMANDS = {
     "qra": ("pipelines.cli_qra", "Question-reasoning-answer generation from the captions of an output directory."),
     "pack": ("pipelines.cli_pack", "Frame cache + WebDataset shards + wids index from an output directory."),
     "filter": ("pipelines.cli_filter", "Pass-rate filter: answer each question k times, keep the medium ones."),
+    "train": ("trainer.cli_train", "Train the policy: CoT-SFT (sft), GRPO (grpo), or plot a run's curves (plot)."),
+    "eval": ("trainer.cli_eval", "Greedy accuracy of a model on held-out shards, per category and problem type."),
 }
 
 DESCRIPTION = """\

@@ -1,0 +1,89 @@
+"""``longreel train sft|grpo|plot``: the trainer's command line."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from schemas.config import ConfigError, describe, dump_yaml, load_yaml
+
+log = logging.getLogger("longreel")
+
+DESCRIPTION = """\
+Train a video-language policy.
+
+  longreel train sft  --config train.yaml [--set key=value ...]   stage 1: CoT-SFT on <think>/<answer> targets
+  longreel train grpo --config train.yaml [--set key=value ...]   stage 2: GRPO with verifiable rewards
+  longreel train plot RUN_DIR [RUN_DIR ...] --out curves.png       metric curves of runs to a PNG
+
+Every config key can be set from the command line, e.g. --set rollout.n=8 --set optim.lr=1e-6; list them all with
+--show-config. Runs resume from RUN/checkpoints when a checkpoint exists (run.resume). Multi-process data parallel:
+  torchrun --nproc_per_node 2 -m longreel train grpo --config train.yaml
+(gloo on CPU, NCCL on GPU; dist.strategy=fsdp shards the model on GPU).
+Outputs in run.out_dir: metrics.jsonl, tensorboard/, checkpoints/step-N/, final/ (save_pretrained).
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("stage", choices=("sft", "grpo", "plot"), help="What to run.")
+    p.add_argument("runs", nargs="*", metavar="RUN_DIR", help="plot: run directories or metrics.jsonl files.")
+    p.add_argument("--config", help="YAML config file (see --show-config for every key).")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="Override one config key, e.g. --set rollout.n=8 (repeatable).")
+    p.add_argument("--show-config", action="store_true", help="Print every config key with default and help; exit.")
+    p.add_argument("--print-config", action="store_true", help="Print the resolved config as YAML; exit.")
+    p.add_argument("--out", help="plot: output PNG path (default RUN_DIR/curves.png).")
+    p.add_argument("--keys", help="plot: comma-separated metric names (default: by stage).")
+    p.add_argument("--smooth", type=int, default=1, help="plot: moving-average window.")
+
+
+def main(args, extra: list[str]) -> int:
+    if extra:
+        print(f"longreel train: unexpected arguments {extra}", file=sys.stderr)
+        return 2
+    from trainer.config import TrainConfig
+
+    if args.show_config:
+        for key, default, help_text in describe(TrainConfig):
+            print(f"{key} = {default}\n    {help_text}")
+        return 0
+    if args.stage == "plot":
+        if not args.runs:
+            print("longreel train plot: give at least one RUN_DIR", file=sys.stderr)
+            return 2
+        from trainer.plot import plot_metrics
+
+        out = args.out or f"{args.runs[0].rstrip('/')}/curves.png"
+        keys = args.keys.split(",") if args.keys else None
+        try:
+            drawn = plot_metrics(args.runs, out, keys=keys, smooth=args.smooth)
+        except (OSError, ValueError) as e:
+            print(f"longreel train plot: {e}", file=sys.stderr)
+            return 2
+        print(f"wrote {out} ({', '.join(drawn)})")
+        return 0
+    if args.runs:
+        print(f"longreel train {args.stage}: unexpected positional arguments {args.runs}", file=sys.stderr)
+        return 2
+    try:
+        cfg = load_yaml(TrainConfig, args.config, args.overrides)
+    except (ConfigError, OSError) as e:
+        print(f"longreel train: bad config: {e}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        print(dump_yaml(cfg), end="")
+        return 0
+    if not cfg.model.path:
+        print("longreel train: model.path is required (a local model directory)", file=sys.stderr)
+        return 2
+    if args.stage == "sft":
+        from trainer.sft import run_sft as run
+    else:
+        from trainer.grpo import run_grpo as run
+    result = run(cfg)
+    import os
+
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(json.dumps({k: v for k, v in result.items() if isinstance(v, (int, float, str, bool))}, sort_keys=True))
+    return 0

@@ -1,0 +1,70 @@
+"""Draw a run's metric curves (``metrics.jsonl``) to a PNG (``longreel train plot``)."""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Sequence
+
+from trainer.logging_utils import read_metrics
+
+__all__ = ["plot_metrics", "DEFAULT_KEYS"]
+
+DEFAULT_KEYS = {
+    "grpo": ("reward_mean", "accuracy", "format_rate", "response_len_mean", "loss", "clip_frac", "kl", "grad_norm",
+             "tokens_per_s", "time_step"),
+    "sft": ("loss", "grad_norm", "lr", "tokens_per_s"),
+}
+
+
+def plot_metrics(runs: Sequence[str | os.PathLike], out_png: str | os.PathLike, keys: Sequence[str] | None = None,
+                 smooth: int = 1) -> list[str]:
+    """Plot ``keys`` (default: by the stage of the first run) of each run dir / metrics.jsonl; return the keys drawn.
+
+    ``smooth``: moving-average window (steps) drawn over the raw curve.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = []
+    for run in runs:
+        path = Path(run)
+        if path.is_dir():
+            path = path / "metrics.jsonl"
+        rows = read_metrics(path)
+        if not rows:
+            raise ValueError(f"{path} has no metrics")
+        series.append((str(run), rows))
+    stage = series[0][1][0].get("stage", "grpo")
+    wanted = list(keys) if keys else list(DEFAULT_KEYS.get(stage, DEFAULT_KEYS["grpo"]))
+    present = [k for k in wanted if any(isinstance(r.get(k), (int, float)) for _, rows in series for r in rows)]
+    if not present:
+        raise ValueError(f"none of {wanted} are in the metrics")
+    cols = min(3, len(present))
+    nrows = math.ceil(len(present) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.0 * nrows), squeeze=False)
+    for ax, key in zip(axes.flat, present):
+        for name, rows in series:
+            pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+            xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+            label = Path(name).name or name
+            if smooth > 1 and len(ys) >= smooth:
+                ax.plot(xs, ys, alpha=0.3)
+                avg = [sum(ys[max(0, i - smooth + 1):i + 1]) / len(ys[max(0, i - smooth + 1):i + 1])
+                       for i in range(len(ys))]
+                ax.plot(xs, avg, label=label)
+            else:
+                ax.plot(xs, ys, label=label)
+        ax.set_title(key)
+        ax.set_xlabel("step")
+    for ax in list(axes.flat)[len(present):]:
+        ax.axis("off")
+    if len(series) > 1:
+        axes.flat[0].legend(fontsize=7)
+    fig.tight_layout()
+    Path(out_png).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=100)
+    plt.close(fig)
+    return present
