@@ -99,3 +99,26 @@ def load_tokenizer(name: str):
     except OSError:
         pass  # another process saved it first, or the cache is read-only: the loaded tokenizer is fine
     return tok
+
+
+def dequantize_to_dir(name: str, out_dir: str) -> str:
+    """Write a GGUF model (``name`` as :func:`resolve_model` takes it) as a float32 Hugging Face directory.
+
+    For servers that cannot load a GGUF file of this architecture (vLLM on CPU). transformers
+    dequantizes GGUF tensors on load; the model only keeps a marker of its GGUF origin, which blocks
+    ``save_pretrained``, so the marker is dropped before saving: the saved weights are the dequantized
+    float32 tensors, exactly what transformers itself runs. Returns ``out_dir``.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    m = resolve_model(name)
+    if not m.gguf_file:
+        raise ValueError(f"{name!r} is not a GGUF model")
+    model = AutoModelForCausalLM.from_pretrained(m.directory, dtype=torch.float32, **m.load_kwargs())
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(out_dir)
+    AutoTokenizer.from_pretrained(m.directory, **m.load_kwargs()).save_pretrained(out_dir)
+    return out_dir

