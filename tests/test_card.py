@@ -429,3 +429,22 @@ def test_card_without_shards_describes_the_run(run, tmp_path):
     assert not any(c["id"].startswith("shard/") for c in card["claims"])
     text = render_readme(card)
     assert "**No shards.**" in text
+
+
+def test_datasets_library_loads_the_published_layout_with_the_cards_features(run, card_dir, tmp_path, monkeypatch):
+    """README.md + data/ shards, as published: `datasets.load_dataset` reads every split with the declared features."""
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    repo = tmp_path / "repo"
+    shutil.copytree(card_dir, repo)
+    shutil.copytree(os.path.join(run[0], "shards"), repo / "data", ignore=shutil.ignore_patterns("*.json"))
+    with open(os.path.join(card_dir, "card.json")) as fh:
+        cl = claims_by_id(json.load(fh))
+    ds = datasets.load_dataset(str(repo), cache_dir=str(tmp_path / "cache"))
+    assert sorted(ds) == sorted(cl["splits"])
+    for split in cl["splits"]:
+        assert ds[split].num_rows == cl[f"split/{split}"]["samples"]
+        assert sum(len(q) for q in ds[split]["qras.json"]) == cl[f"split/{split}"]["questions"]
+    ex = ds[cl["splits"][0]][0]
+    assert np.asarray(ex["frames.npy"], dtype=np.uint8).ndim == 4 and "license" in ex["meta.json"]

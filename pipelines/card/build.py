@@ -347,12 +347,19 @@ def collect(run_dir: str, shards: str | None = None, *, name: str | None = None,
                         "features": shard_features(indexes) if features else None,
                         "splits": [{"name": sp, "num_bytes": claims_split(c, sp)["bytes"],
                                     "num_examples": claims_split(c, sp)["samples"]} for sp in splits]})
-    for t, kind in TABLES.items():
-        if t in tables:
-            configs.append({"config_name": t, "data_files": [{"split": "train",
-                                                              "path": f"{tables_prefix}{t}-*.parquet"}],
-                            "features": _features_yaml_for_kind(kind) if features else None,
-                            "splits": [{"name": "train", "num_examples": len(tables[t])}]})
+    # The `datasets` library picks one builder for all the configs of a repository, so the parquet stage tables
+    # are configs only when there are no shards; with shards they are listed as files.
+    table_list = [{"table": t, "kind": kind, "rows": len(tables[t]), "path": f"{tables_prefix}{t}-*.parquet"}
+                  for t, kind in TABLES.items() if t in tables]
+    c.add("tables", table_list, source="run directory")
+    c.add("hf/data_prefix", data_prefix)
+    if not indexes:
+        from schemas import to_table
+        for t in table_list:
+            configs.append({"config_name": t["table"], "data_files": [{"split": "train", "path": t["path"]}],
+                            "features": _features_yaml_for_kind(t["kind"]) if features else None,
+                            "splits": [{"name": "train", "num_bytes": to_table(t["kind"], tables[t["table"]]).nbytes,
+                                        "num_examples": t["rows"]}]})
     c.add("hf/configs", configs)
     return {"card_schema": CARD_SCHEMA, "claims": c.items}
 
