@@ -15,8 +15,8 @@ Data cards.
       stats.json, config.yaml, the stage tables and the shards' wids index files (RUN_DIR/shards
       unless --shards is given).
 
-  longreel card verify CARD_DIR SHARDS_OR_INDEX
-      Re-reads the shards (a directory of *.index.json, or one index file; local paths or URLs),
+  longreel card verify CARD_DIR SHARDS_OR_INDEX [INDEX ...]
+      Re-reads the shards (a directory of *.index.json, or index files; local paths or URLs),
       recomputes every count and distribution the card states that the shards determine, checks
       shard sizes and sha256 against the index and each sample's members against its sums.json,
       re-renders README.md from card.json, and prints claim / card / recomputed / ok. Exits 1 on any
@@ -40,7 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Path of the stage tables relative to the card when published.")
     v = sub.add_parser("verify", help="Recompute the card's claims from the shards; exit 1 on any mismatch.")
     v.add_argument("card_dir", metavar="CARD_DIR")
-    v.add_argument("shards", metavar="SHARDS_OR_INDEX")
+    v.add_argument("shards", metavar="SHARDS_OR_INDEX", nargs="+",
+                   help="A shards directory, or index files (paths or URLs; one per split).")
     v.add_argument("--json", dest="as_json", action="store_true", help="Print the rows as JSON instead of a table.")
     v.add_argument("--no-loader", action="store_true",
                    help="Skip the second read of every split through the trainer's shard loader.")

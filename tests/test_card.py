@@ -448,3 +448,29 @@ def test_datasets_library_loads_the_published_layout_with_the_cards_features(run
         assert sum(len(q) for q in ds[split]["qras.json"]) == cl[f"split/{split}"]["questions"]
     ex = ds[cl["splits"][0]][0]
     assert np.asarray(ex["frames.npy"], dtype=np.uint8).ndim == 4 and "license" in ex["meta.json"]
+
+
+def test_verify_reads_shards_over_http(run, card_dir):
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+    shards = os.path.join(run[0], "shards")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=shards))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        urls = [f"{base}/{name}" for name in sorted(os.listdir(shards)) if name.endswith(".index.json")]
+        rep = verify(card_dir, urls)
+        assert rep.ok, rep.table()
+        assert len(urls) == 2 and any(r["claim"].startswith("trainer loader: split/rl") for r in rep.rows)
+        with pytest.raises(ValueError, match="index file"):
+            verify(card_dir, base + "/")
+    finally:
+        server.shutdown()
+        server.server_close()

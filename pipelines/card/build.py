@@ -124,7 +124,7 @@ def _provenance(rows: list[dict], fields: tuple[str, ...]) -> list[dict]:
 
 
 CAPTION_PROVENANCE = ("backend", "model", "model_revision", "prompt_name", "prompt_hash", "sampling")
-QRA_PROVENANCE = ("generator", "model", "model_revision", "prompt_hash", "sampling", "refined")
+QRA_PROVENANCE = ("generator", "model", "model_revision", "prompt_hash", "sampling", "refined", "refine_prompt_hash")
 PASS_RATE_PROVENANCE = ("backend", "answerer", "answerer_revision", "k", "temperature", "top_p", "top_k",
                         "max_new_tokens", "prompt_hash", "pass_threshold", "policy")
 

@@ -109,10 +109,13 @@ def check_funnel(card: dict, rep: Report) -> None:
         rep.add("funnel/totals: videos_in = ok + rejected", t["videos_in"], t["videos_ok"] + t["videos_rejected"])
 
 
-def read_all(shards: str) -> dict:
-    """Every index under ``shards`` and every shard it lists, read back."""
+def read_all(shards: str | list[str]) -> dict:
+    """Every index under ``shards`` (a directory or index file, or a list of them) and every shard it lists,
+    read back."""
     out = {"indexes": [], "shards": []}
-    for path in list_indexes(shards):
+    sources = [shards] if isinstance(shards, str) else list(shards)
+    paths = list(dict.fromkeys(p for src in sources for p in list_indexes(src)))
+    for path in paths:
         doc = read_index(path)
         split = doc.get("longreel", {}).get("split") or doc["name"].rsplit("-", 1)[-1]
         out["indexes"].append({"path": path, "doc": doc, "split": split})
@@ -242,7 +245,7 @@ def check_loader(card: dict, data: dict, rep: Report) -> None:
         rep.add(f"trainer loader: split/{split}: errors", [], errors, not errors)
 
 
-def verify(card_dir: str, shards: str, loader: bool = True) -> Report:
+def verify(card_dir: str, shards: str | list[str], loader: bool = True) -> Report:
     with open(os.path.join(card_dir, "card.json"), encoding="utf-8") as fh:
         card = json.load(fh)
     rep = Report()
