@@ -43,6 +43,20 @@ def _video(i: int) -> dict:
         "attribution": attr, "probe_version": "test"})
 
 
+def _clip(v: dict, j: int) -> dict:
+    return validate_row("clip", {
+        "clip_id": f"{v['video_id']}-{j:05d}", "video_id": v["video_id"], "index": j, "start_s": 10.0 * j,
+        "end_s": 10.0 * j + 10.0, "start_frame": 250 * j, "end_frame": 250 * j + 250, "mode": "virtual", "cut": "none",
+        "clip_uri": None, "actual_start_s": None, "actual_end_s": None, "segment_params": "{}"})
+
+
+def _caption(c: dict, words: int) -> dict:
+    return validate_row("caption", {
+        "clip_id": c["clip_id"], "video_id": c["video_id"], "start_s": c["start_s"], "end_s": c["end_s"],
+        "text": " ".join(["word"] * words), "backend": "facts", "model": "facts", "model_revision": "v1",
+        "prompt_hash": "p" * 16, "sampling": "{}", "frame_timestamps": [c["start_s"] + 1.0]})
+
+
 def _dumps(obj) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
@@ -93,6 +107,8 @@ def make_run(run_dir: str, n_videos: int = 6, per_video: int = 5) -> dict:
 
     os.makedirs(run_dir, exist_ok=True)
     videos = [_video(i) for i in range(n_videos)]
+    clips = [_clip(v, j) for i, v in enumerate(videos) for j in range(1 + i % 3)]
+    captions = [_caption(c, 5 + 9 * j) for j, c in enumerate(clips)]
     qras = fixtures.qra_rows(videos, per_video=per_video)
     prs = fixtures.pass_rate_rows(qras[:-2], k=4)  # the last two questions have no pass-rate record
     frames_dir = os.path.join(run_dir, "frame_cache")
@@ -118,6 +134,8 @@ def make_run(run_dir: str, n_videos: int = 6, per_video: int = 5) -> dict:
     p = make_pipeline([])
     v_pc = p | "Videos" >> beam.Create(videos)
     q_pc = p | "Qras" >> beam.Create(qras)
+    c_pc = p | "Clips" >> beam.Create(clips)
+    cap_pc = p | "Captions" >> beam.Create(captions)
     pr_pc = p | "PassRates" >> beam.Create(prs)
     joined = ({"qra": q_pc | "KeyQ" >> beam.Map(lambda q: (q["qra_id"], q)),
                "pr": pr_pc | "KeyPr" >> beam.Map(lambda r: (r["qra_id"], r))} | "Join" >> beam.CoGroupByKey())
@@ -126,8 +144,8 @@ def make_run(run_dir: str, n_videos: int = 6, per_video: int = 5) -> dict:
                | "Samples" >> beam.FlatMap(to_samples))
     written = samples | "Shards" >> WriteWebDatasetShards(os.path.join(run_dir, "shards"), DATASET, 20000)
     counts = stage_counts("Select", "select", q_pc, sel.main, sel.rejects)
-    dist = D.add_distributions({"videos": v_pc, "qras": q_pc, "pass_rate": pr_pc, "pack_samples": samples,
-                                "shards": written["shards"]})
+    dist = D.add_distributions({"videos": v_pc, "clips": c_pc, "captions": cap_pc, "qras": q_pc, "pass_rate": pr_pc,
+                                "pack_samples": samples, "shards": written["shards"]})
     meta = {"config_hash": "c" * 64, "code_version": "0.1.0+gtest", "command": "longreel test-run"}
     ((counts, dist) | "AllPairs" >> beam.Flatten()
      | "Stats" >> WriteStats(os.path.join(run_dir, "stats.json"), ["select"], {"select": "qra"}, meta))
@@ -136,11 +154,12 @@ def make_run(run_dir: str, n_videos: int = 6, per_video: int = 5) -> dict:
     rejects = [reject("select", q["qra_id"], "pass_rate_drop" if any(r["qra_id"] == q["qra_id"] for r in prs)
                       else "no_pass_rate", "x", video_id=q["video_id"])
                for q in qras if not any(r["qra_id"] == q["qra_id"] and r["split"] != "drop" for r in prs)]
-    fixtures.write_tables(run_dir, {"videos": ("video", videos), "qras": ("qra", qras),
+    fixtures.write_tables(run_dir, {"videos": ("video", videos), "clips": ("clip", clips),
+                                    "captions": ("caption", captions), "qras": ("qra", qras),
                                     "pass_rate": ("pass_rate", prs), "rejects": ("reject", rejects)})
     with open(os.path.join(run_dir, "config.yaml"), "w") as fh:
         yaml.safe_dump({"select": {"policy": "medium", "k": 4}, "pack": {"dataset": DATASET}}, fh, sort_keys=False)
-    return {"videos": videos, "qras": qras, "pass_rates": prs}
+    return {"videos": videos, "clips": clips, "captions": captions, "qras": qras, "pass_rates": prs}
 
 
 @pytest.fixture(scope="module")
@@ -177,13 +196,20 @@ def test_distributions_from_beam_equal_the_plain_computation(run):
         stats = json.load(fh)
     secs = stats["distributions"]["sections"]
     assert stats["distributions"]["schema_version"] == D.DISTRIBUTIONS_VERSION
-    plain = D.distributions_from_rows({"videos": data["videos"], "qras": data["qras"],
-                                       "pass_rate": data["pass_rates"]})["sections"]
+    plain = D.distributions_from_rows({"videos": data["videos"], "clips": data["clips"], "captions": data["captions"],
+                                       "qras": data["qras"], "pass_rate": data["pass_rates"]})["sections"]
     for name, sec in plain.items():
         assert secs[name]["counts"] == sec["counts"], name
     assert sum(secs["qra_category"]["counts"].values()) == len(data["qras"])
     assert secs["video_totals"]["counts"]["videos"] == len(data["videos"])
     assert secs["video_duration_s"]["counts"]["600-1200"] == 1
+    assert secs["clips_per_video"]["counts"] == {"1": 2, "2": 2, "3": 2}
+    assert secs["clip_totals"]["counts"] == {"clips": len(data["clips"]), "duration_ms": 10_000 * len(data["clips"])}
+    words = [len(c["text"].split()) for c in data["captions"]]
+    assert secs["caption_totals"]["counts"]["words"] == sum(words)
+    assert secs["caption_words"]["counts"]["0-10"] == sum(1 for w in words if w < 10)
+    mc = [q for q in data["qras"] if q["problem_type"] == "multiple_choice"]
+    assert sum(secs["qra_mc_answer"]["counts"].values()) == len(mc)
     # the funnel is still there, and the released questions are exactly what the select stage let through
     (select,) = stats["stages"]
     assert select["in"] == select["out"] + select["rejected_total"] == len(data["qras"])
@@ -238,6 +264,8 @@ def test_card_renders_with_front_matter_sections_and_plots(card_dir, run):
         assert section in text, section
     assert "Big Buck Bunny (c) copyright 2008, Blender Foundation" in text and "CC-BY-3.0" in text
     assert "longreel test-run" in text  # the exact command
+    assert "| facts | facts | v1 | null | pppppppppppppppp | {} | 12 |" in text  # caption model provenance
+    assert "| template | none | null | 0000000000000000 |" in text  # question generator provenance
     assert "`select.policy` | `\"medium\"`" in text  # stage parameters from config.yaml
     for png in ("funnel.png", "category_balance.png", "pass_count.png", "duration.png"):
         with open(os.path.join(card_dir, png), "rb") as fh:

@@ -118,9 +118,9 @@ def _provenance(rows: list[dict], fields: tuple[str, ...]) -> list[dict]:
     """Distinct combinations of provenance ``fields`` with how many rows carry each (sorted)."""
     acc: dict[str, int] = {}
     for r in rows:
-        key = json.dumps({f: r.get(f) for f in fields}, sort_keys=True)
+        key = json.dumps([r.get(f) for f in fields])
         acc[key] = acc.get(key, 0) + 1
-    return [{**json.loads(k), "rows": n} for k, n in sorted(acc.items())]
+    return [{**dict(zip(fields, json.loads(k))), "rows": n} for k, n in sorted(acc.items())]
 
 
 CAPTION_PROVENANCE = ("backend", "model", "model_revision", "prompt_name", "prompt_hash", "sampling")
