@@ -30,7 +30,8 @@ def test_vllm_cpu_generates_schema_valid_qras(tmp_path):
     from schemas import validate_row
 
     model_dir = dequantize_to_dir("smollm2", str(tmp_path / "smollm2-f32"))
-    backend = VLLMTextBackend(model_dir, dtype="float32", max_model_len=4096, gpu_memory_utilization=None)
+    backend = VLLMTextBackend(model_dir, dtype="float32", max_model_len=4096, gpu_memory_utilization=None,
+                              enforce_eager=True)  # no torch.compile warm-up: minutes on a busy CPU
     outputs = []
     generate = backend.generate
 
