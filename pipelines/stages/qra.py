@@ -39,14 +39,16 @@ def build_backend(cfg: QRAConfig):
         return None
     if cfg.backend == "transformers":
         from pipelines.inference.text_transformers import TransformersTextBackend
-        return TransformersTextBackend(cfg.model, cfg.model_revision, trust_remote_code=cfg.trust_remote_code)
+        return TransformersTextBackend(cfg.model, cfg.model_revision, trust_remote_code=cfg.trust_remote_code,
+                                       dtype="float32" if cfg.dtype == "auto" else cfg.dtype)
     if cfg.backend == "openai":
         from pipelines.inference.text_openai import OpenAITextBackend
         return OpenAITextBackend(cfg.base_url, cfg.model, revision=cfg.model_revision, api_key_env=cfg.api_key_env,
                                  timeout_s=cfg.request_timeout_s, guided_mode=cfg.guided_mode)
     if cfg.backend == "vllm":
         from pipelines.inference.text_vllm import VLLMTextBackend
-        return VLLMTextBackend(cfg.model, cfg.model_revision, trust_remote_code=cfg.trust_remote_code)
+        return VLLMTextBackend(cfg.model, cfg.model_revision, trust_remote_code=cfg.trust_remote_code, dtype=cfg.dtype,
+                               max_model_len=cfg.max_model_len)
     raise ValueError(f"unknown qra backend {cfg.backend!r}")
 
 
