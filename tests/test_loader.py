@@ -99,6 +99,16 @@ def test_items_carry_frames_metadata_and_question(shards):
         assert it["video_metadata"]["frames_indices"] == entry.meta["frames_indices"]
 
 
+def test_mmap_and_streamed_reads_agree(shards):
+    a = list(ShardDataset(shards["index"], verify="sample"))
+    b = list(ShardDataset(shards["index"], verify="sample", mmap=False))
+    assert [x["qra_id"] for x in a] == [x["qra_id"] for x in b]
+    for x, y in zip(a, b):
+        assert torch.equal(x["frames"], y["frames"]) and x["meta"] == y["meta"]
+    a[0]["frames"][0, 0, 0, 0] += 1  # frames are private copies-on-write: the shard file is untouched
+    assert [x["qra_id"] for x in ShardDataset(shards["index"], verify="sample")] == [x["qra_id"] for x in a]
+
+
 def test_brace_pattern_and_list_equal_index(shards):
     d = shards["dir"]
     a = _ids(ShardDataset(shards["index"]))
@@ -179,16 +189,18 @@ def test_corrupt_byte_in_frames_names_shard_and_key_or_is_skipped(shards, tmp_pa
     bad = str(tmp_path / "toy-train-000000.tar")
     _flip(src, offs[victim][1] + 5000, bad)
     with pytest.raises(ShardError) as e:
-        list(ShardDataset(bad))
+        list(ShardDataset(bad, verify="sample"))
     assert e.value.shard == bad and e.value.key == key
-    assert bad in str(e.value) and key in str(e.value)
-    ds = ShardDataset(bad, on_error="skip")
+    assert bad in str(e.value) and key in str(e.value) and "frames.npy" in str(e.value)
+    with pytest.raises(ShardError, match=key):  # the streaming (non-mmap) path says the same
+        list(ShardDataset(bad, verify="sample", mmap=False))
+    ds = ShardDataset(bad, verify="sample", on_error="skip")
     got = _ids(ds)
     assert ds.stats.skipped_samples == 1 and ds.stats.samples == 2
     good = _ids(ShardDataset(src))
     assert len(got) < len(good) and set(got) < set(good)
-    # without verification the flipped pixel would go unnoticed: the check is what catches it
-    assert len(_ids(ShardDataset(bad, verify="none"))) == len(good)
+    # without the sha256 check (the default) a flipped pixel goes unnoticed: the check is what catches it
+    assert len(_ids(ShardDataset(bad))) == len(good)
 
 
 def test_corrupt_tar_header_names_shard(shards, tmp_path):
@@ -198,10 +210,11 @@ def test_corrupt_tar_header_names_shard(shards, tmp_path):
     victim = names[5]  # a header in the middle of the shard
     bad = str(tmp_path / "toy-train-000001.tar")
     _flip(src, offs[victim][0] + 10, bad)  # inside the member's name field -> header checksum fails
-    with pytest.raises(ShardError) as e:
-        list(ShardDataset(bad))
-    assert bad in str(e.value) and "corrupt tar stream" in str(e.value)
-    assert e.value.key == names[4].split(".")[0]
+    for mmap in (True, False):
+        with pytest.raises(ShardError) as e:
+            list(ShardDataset(bad, mmap=mmap))
+        assert bad in str(e.value) and "corrupt tar stream" in str(e.value)
+        assert e.value.key == names[4].split(".")[0]
     ds = ShardDataset([bad, shards["tars"][0]], on_error="skip")
     got = _ids(ds)
     assert ds.stats.skipped_shards == 1 and len(got) >= sum(QUESTIONS[:3])
@@ -305,8 +318,9 @@ def test_truncated_shard_is_an_error_even_at_a_member_boundary(shards, tmp_path)
     cut_at = sorted(o for o, _ in offs.values())[4]  # the header of the second sample: a clean block boundary
     bad = tmp_path / "toy-train-000000.tar"
     bad.write_bytes(open(src, "rb").read()[:cut_at])
-    with pytest.raises(ShardError, match="truncated tar stream"):
-        list(ShardDataset(str(bad)))
+    for mmap in (True, False):
+        with pytest.raises(ShardError, match="truncated tar stream"):
+            list(ShardDataset(str(bad), mmap=mmap))
     mid = tmp_path / "mid.tar"
     mid.write_bytes(open(src, "rb").read()[:cut_at - 700])  # inside a member's data
     with pytest.raises(ShardError, match="truncated|corrupt"):
