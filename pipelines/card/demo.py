@@ -26,13 +26,22 @@ DEMO_PRETTY_NAME = "longreel demo: the embedded sample corpus"
 DEMO_COMMAND = "longreel curate --demo --out demo_out"
 
 
-def run_demo(run_dir: str) -> str:
-    """Run the README's main command on the embedded sample corpus into ``run_dir``."""
-    from pipelines.config import CurateConfig
-    from pipelines.curate import run_curate
-    from pipelines.sample_corpus import demo_items
+def demo_argv(run_dir: str) -> list[str]:
+    """:data:`DEMO_COMMAND` as arguments of ``longreel``, writing into ``run_dir``."""
+    import shlex
+    argv = shlex.split(DEMO_COMMAND)
+    if argv[0] != "longreel" or "--out" not in argv:
+        raise ValueError(f"DEMO_COMMAND must be a longreel command with --out: {DEMO_COMMAND!r}")
+    argv[argv.index("--out") + 1] = run_dir
+    return argv[1:]
 
-    run_curate(demo_items(), run_dir, CurateConfig())
+
+def run_demo(run_dir: str) -> str:
+    """Run the README's main command (:data:`DEMO_COMMAND`, through the real CLI) into ``run_dir``."""
+    from longreel.cli import main
+    rc = main(["-q", *demo_argv(run_dir)])
+    if rc != 0:
+        raise RuntimeError(f"{DEMO_COMMAND} exited {rc}")
     return run_dir
 
 
