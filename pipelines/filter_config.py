@@ -46,10 +46,20 @@ class FilterConfig:
     trust_remote_code: bool = cfg(False, "Allow the model directory's own Python code (opt-in).")
     vllm_max_model_len: int = cfg(0, "vllm: max_model_len (0 = the model's).")
     vllm_gpu_memory_utilization: float = cfg(0.9, "vllm: share of GPU memory the engine may take.")
-    n_frames: int = cfg(8, "Frames sampled uniformly over the whole video (bin centres), once per video and "
-                           "shared by all its questions.")
-    max_pixels: int = cfg(64 * 28 * 28, "Pixels per frame at most; frames are decoded already resized to a multiple "
-                                        "of 28 within [min_pixels, max_pixels] (aspect kept).")
+    frame_source: str = cfg("uniform", "uniform: n_frames at the centres of equal bins over the whole video, "
+                                       "decoded for this stage; cache: the pack stage's frame cache (the processor's "
+                                       "fps sampling and resize, cache_* keys), so the answerer sees exactly the "
+                                       "frames the trainer will, decoded once for both stages when the parameters "
+                                       "match the pack's.", choices=("uniform", "cache"))
+    cache_dir: str | None = cfg(None, "frame_source cache: the frame cache directory (the pack stage's cache_dir).")
+    cache_fps: float = cfg(2.0, "frame_source cache: frames per second sampled (the pack's fps).")
+    cache_max_frames: int = cfg(64, "frame_source cache: at most this many frames (the pack's max_frames).")
+    cache_min_frames: int = cfg(4, "frame_source cache: at least this many frames (the pack's min_frames).")
+    n_frames: int = cfg(8, "frame_source uniform: frames sampled uniformly over the whole video (bin centres), "
+                           "once per video and shared by all its questions.")
+    max_pixels: int = cfg(64 * 28 * 28, "Pixels per frame at most; frames are resized to sides that are multiples "
+                                        "of 28 within [min_pixels, max_pixels] (aspect kept; the Qwen processor's "
+                                        "rule). With frame_source cache, set it to the pack's max_pixels.")
     min_pixels: int = cfg(4 * 28 * 28, "Pixels per frame at least.")
     decode_timeout_s: float = cfg(300.0, "Seconds decoding one video's frames may take before the worker is killed "
                                          "and its questions rejected with reason 'timeout'.")
@@ -86,6 +96,10 @@ class FilterConfig:
             raise ConfigError("max_new_tokens, n_frames, batch_size and parquet_shards must be >= 1")
         if not 0 < self.min_pixels <= self.max_pixels:
             raise ConfigError("need 0 < min_pixels <= max_pixels")
+        if self.frame_source == "cache" and not self.cache_dir:
+            raise ConfigError("frame_source cache needs cache_dir")
+        if self.cache_fps <= 0 or not 1 <= self.cache_min_frames <= self.cache_max_frames:
+            raise ConfigError("need cache_fps > 0 and 1 <= cache_min_frames <= cache_max_frames")
         if self.decode_timeout_s <= 0:
             raise ConfigError("decode_timeout_s must be > 0")
         if self.pass_threshold is not None and not 0 < self.pass_threshold <= 1:

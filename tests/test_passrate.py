@@ -299,3 +299,31 @@ def test_longreel_filter_command(curated_dir, tmp_path, capsys):
     assert main(["filter", "--out", str(out), "--set", "k=0", "--backend", "scripted"]) == 2  # bad config
     assert main(["filter", "--show-config"]) == 0
     assert "sft_fraction" in capsys.readouterr().out
+
+
+def test_frames_from_the_pack_frame_cache(curated_dir, tmp_path):
+    """frame_source cache: the answerer gets the pack stage's cached frames (built once, reused on a re-run)."""
+    import shutil
+
+    from pipelines.pack.frame_cache import FrameCache, FrameParams, load_video_processor
+
+    out = tmp_path / "cache-run"
+    shutil.copytree(curated_dir, out)
+    cache_dir = tmp_path / "frames"
+    cfg = scripted_cfg(frame_source="cache", cache_dir=str(cache_dir), cache_fps=1.0, cache_max_frames=8)
+    doc = run(out, cfg)
+    rows = rows_by_id(out, "pass_rate", "qra_id")
+    assert {q: r["pass_count"] for q, r in rows.items()} == SCRIPT and doc["passrate"]["balanced"]
+    entries = sorted(cache_dir.rglob("*.json"))
+    assert len(entries) == 3  # bikes, cup, tree; the broken file is a reject, not an entry
+    # the rows' frame times are the cache entries' (the pack stage reads the same entries)
+    cache = FrameCache(str(cache_dir), FrameParams(1.0, 8, 4),
+                       load_video_processor(None, min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels))
+    videos = rows_by_id(out, "videos", "video_id")
+    for r in rows.values():
+        entry, state = cache.lookup(videos[r["video_id"]]["sha256"])
+        assert state == "hit" and r["frame_timestamps"] == entry.meta["timestamps"]
+        assert len(r["frame_timestamps"]) <= 8
+    stamps = {p: p.stat().st_mtime_ns for p in cache_dir.rglob("*")}
+    run(out, cfg)  # a re-run hits the cache: nothing rebuilt
+    assert {p: p.stat().st_mtime_ns for p in cache_dir.rglob("*")} == stamps

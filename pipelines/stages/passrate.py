@@ -11,6 +11,9 @@ k times (default 8) by the answering VLM and scored with exactly the trainer's r
    (all its questions share them) in a killable :class:`~pipelines.media.worker.IsolatedWorker`, already resized to
    the Qwen processor's grid (sides multiples of 28, pixels within [min_pixels, max_pixels], aspect kept). A video
    that fails to decode rejects its questions with the decoder's reason (``decode_failed``, ``timeout``, ...).
+   With ``frame_source: cache`` the frames come from the pack stage's frame cache instead
+   (:mod:`pipelines.pack.frame_cache`: the processor's own fps sampling and resize, built on a miss): with the pack's
+   parameters the answerer sees exactly the frames the trainer will, and each video is decoded once for both stages.
 3. **Answer**: Beam ``RunInference`` with an answerer handler (:mod:`pipelines.passrate.answerers`): k samples per
    question in one call, with the trainer's prompt format, under a per-question seed derived from ``seed`` and the
    ``qra_id`` (same seed, same samples, whatever the batching). A failure on a question is ``answerer_failed``.
@@ -34,6 +37,7 @@ labels and the split sizes as data; :func:`finish_filter_stats` folds them into 
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -135,8 +139,16 @@ class PrepareQuestions(beam.DoFn):
     def setup(self):
         from pipelines.media.worker import IsolatedWorker
 
-        self.worker = IsolatedWorker(default_timeout=self.cfg.decode_timeout_s)
+        cfg = self.cfg
+        self.worker = IsolatedWorker(default_timeout=cfg.decode_timeout_s)
         self.progress = Progress(STAGE, "videos decoded")
+        self.cache = None
+        if cfg.frame_source == "cache":
+            from pipelines.pack.frame_cache import FrameCache, FrameParams, load_video_processor
+
+            vp = load_video_processor(cfg.model or None, min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels)
+            self.cache = FrameCache(cfg.cache_dir, FrameParams(cfg.cache_fps, cfg.cache_max_frames,
+                                                               cfg.cache_min_frames), vp)
 
     def teardown(self):
         worker = getattr(self, "worker", None)
@@ -183,30 +195,56 @@ class PrepareQuestions(beam.DoFn):
         self.progress.tick(f"{vid}: {len(ready)} questions")
 
     def _frames(self, video: dict):
-        from pipelines.media.decode import decode_in_worker
-
+        """(uint8 frames [T, H, W, 3] on the processor's grid, video metadata) for one video."""
+        if self.cache is not None:
+            return self._cached_frames(video)
         cfg = self.cfg
         ts = uniform_timestamps(float(video["duration_s"]), cfg.n_frames)
         # the decoder returns frames as coded (rotation is not applied), so the coded size is the one to fit
         w, h = frame_size(int(video["width"]), int(video["height"]), cfg)
-        uri = video["uri"]
-        tmp = None
-        try:
-            path = uri
-            if "://" in uri and not uri.startswith("file://"):
-                tmp = tempfile.mkdtemp(prefix="longreel-passrate-")
-                path = os.path.join(tmp, "source" + os.path.splitext(uri)[1][:8])
-                with FileSystems.open(uri, compression_type="uncompressed") as fi, open(path, "wb") as fo:
-                    shutil.copyfileobj(fi, fo, 1 << 20)
-            elif uri.startswith("file://"):
-                path = uri[len("file://"):]
-            d = decode_in_worker(self.worker, path, ts, width=w, height=h, timeout=cfg.decode_timeout_s)
-        finally:
-            if tmp:
-                shutil.rmtree(tmp, ignore_errors=True)
+        with _local_copy(video["uri"]) as path:
+            d = self._decode(path, ts, width=w, height=h)
         meta = {"fps": d.fps, "n_frames": int(video["n_frames"]), "duration_s": float(video["duration_s"]),
                 "frame_indices": list(d.indices), "timestamps": list(d.timestamps)}
         return d.frames, meta
+
+    def _decode(self, path: str, timestamps: list[float], **size):
+        from pipelines.media.decode import decode_in_worker
+
+        return decode_in_worker(self.worker, path, timestamps, timeout=self.cfg.decode_timeout_s, **size)
+
+    def _cached_frames(self, video: dict):
+        import numpy as np
+
+        entry, _state = self.cache.lookup(video["sha256"])
+        if entry is None:  # missing or corrupt: (re)build it, as the pack stage would
+            with _local_copy(video["uri"]) as path:
+                entry = self.cache.build(video, path, self._decode)
+        m = entry.meta
+        frames = np.ascontiguousarray(entry.load(mmap=False))
+        meta = {"fps": float(m["fps"]), "n_frames": int(m["total_num_frames"]), "duration_s": float(m["duration"]),
+                "frame_indices": [int(i) for i in m["frames_indices"]],
+                "timestamps": [float(t) for t in m["timestamps"]]}
+        return frames, meta
+
+
+@contextlib.contextmanager
+def _local_copy(uri: str):
+    """A local path for ``uri`` (remote files are copied to a temp dir, removed afterwards)."""
+    if uri.startswith("file://"):
+        yield uri[len("file://"):]
+        return
+    if "://" not in uri:
+        yield uri
+        return
+    tmp = tempfile.mkdtemp(prefix="longreel-passrate-")
+    try:
+        path = os.path.join(tmp, "source" + os.path.splitext(uri)[1][:8])
+        with FileSystems.open(uri, compression_type="uncompressed") as fi, open(path, "wb") as fo:
+            shutil.copyfileobj(fi, fo, 1 << 20)
+        yield path
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 class ScoreQuestion(beam.DoFn):
