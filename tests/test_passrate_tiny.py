@@ -53,6 +53,7 @@ def _run(curated, tmp_path, name, cfg):
     return doc, rows_by_id(out, "pass_rate", "qra_id")
 
 
+@pytest.mark.slow
 def test_tiny_vlm_filter_is_reproducible_with_a_seed(curated, tiny_dir, tmp_path):
     doc_a, a = _run(curated, tmp_path, "a", tiny_cfg(tiny_dir, seed=0))
     doc_b, b = _run(curated, tmp_path, "b", tiny_cfg(tiny_dir, seed=0))
