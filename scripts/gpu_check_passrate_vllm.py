@@ -96,7 +96,7 @@ def main() -> int:
         out = os.path.join(work, name)
         shutil.copytree(base, out)
         cfg = FilterConfig(backend=backend, model=model, k=a.k, max_new_tokens=a.max_new_tokens, seed=seed,
-                           dtype="bfloat16" if backend == "vllm" and a.model else "auto")
+                           dtype="bfloat16" if backend == "vllm" else "auto")
         doc = run_filter(out, cfg)
         rows = {r["qra_id"]: r for r in read_table(out, "pass_rate").to_pylist()}
         return doc, rows
