@@ -502,3 +502,13 @@ def test_verify_reads_shards_over_http(run, card_dir):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_verify_reports_a_shard_file_no_index_lists(run, card_dir, tmp_path):
+    shards = _copy(os.path.join(run[0], "shards"), str(tmp_path / "shards"))
+    url, _ = _shard_with_most_samples(shards)
+    extra = url.rsplit("-", 1)[0] + "-000099.tar"
+    shutil.copyfile(os.path.join(shards, url), os.path.join(shards, extra))
+    rep = verify(card_dir, shards, loader=False)
+    row = next(r for r in rep.rows if r["claim"].startswith("shard files in "))
+    assert row["recomputed"] == [extra] and not row["ok"]

@@ -179,6 +179,11 @@ def check_shards(card: dict, data: dict, rep: Report) -> None:
         sp["samples"] += recomputed["nsamples"]
         sp["questions"] += nq
         sp["bytes"] += got["bytes"] or 0
+    for d in sorted({os.path.dirname(ix["path"]) for ix in data["indexes"] if "://" not in ix["path"]}):
+        prefixes = tuple(f"{ix['doc']['name']}-" for ix in data["indexes"])
+        unlisted = sorted(n for n in os.listdir(d) if n.endswith(".tar") and n.startswith(prefixes) and n not in seen)
+        if unlisted:
+            rep.add(f"shard files in {d} listed by an index", [], unlisted, False)
     for name in sorted(set(card_shards) - seen):
         rep.add(f"shard/{name}", card_shards[name], "not in the shards' index", False)
 
