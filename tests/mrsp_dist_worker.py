@@ -1,0 +1,162 @@
+"""torchrun worker for tests/test_mrsp_dist.py (not collected by pytest: no test_ prefix).
+
+Usage: torchrun --nproc_per_node N tests/mrsp_dist_worker.py MODEL_DIR INPUTS.safetensors OUT.json
+
+Every rank computes the single-process reference itself (same weights, same inputs), then the distributed
+version, and writes the max abs differences (rank 0 writes OUT.json; every rank's figures are gathered).
+"""
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from trainer.mrsp.dist_ops import allreduce_grads_, world  # noqa: E402
+from trainer.mrsp.embed_cache import StepEmbedCache, VisionCallCounter, encode_video_features  # noqa: E402
+from trainer.mrsp.positions import prompt_positions  # noqa: E402
+from trainer.mrsp.reuse import token_logprobs  # noqa: E402
+from trainer.mrsp.sp_prefill import prefill_logprobs, sp_response_logprobs  # noqa: E402
+from trainer.mrsp.vision_shard import make_sharded_encoder, plan_temporal_shards, sharded_video_features  # noqa: E402
+
+
+def grads(model) -> dict:
+    return {n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
+            for n, p in model.named_parameters()}
+
+
+def maxdiff(a: dict, b: dict, prefix: str = "") -> float:
+    return max((float((a[k] - b[k]).abs().max()) for k in a if k.startswith(prefix)), default=0.0)
+
+
+def scale(g: dict) -> float:
+    return max(float(v.abs().max()) for v in g.values())
+
+
+def sp_checks(model, prompt, pv, grid, mmt, resp, rmask, weights) -> dict:
+    res: dict = {}
+    n, t = resp.shape
+    lp_len = prompt.shape[1]
+    rank, size = world()
+    length = lp_len + t
+    chunk = -(-length // size)
+    res["response_rows_per_rank"] = [max(0, min((r + 1) * chunk, length - 1) - max(r * chunk, lp_len - 1))
+                                     for r in range(size)]
+    # ---- 2. SP prefill vs the plain single-process pixel path (no reuse): log-probs + all grads
+    ids = torch.cat([prompt.expand(n, -1), resp], dim=1)
+    attn = torch.cat([torch.ones_like(prompt).expand(n, -1), rmask], dim=1)
+    mmt_full = torch.cat([mmt.expand(n, -1), torch.zeros_like(resp)], dim=1)
+    model.zero_grad(set_to_none=True)
+    out = model(input_ids=ids, attention_mask=attn, pixel_values_videos=pv.repeat(n, 1),
+                video_grid_thw=grid.repeat(n, 1), mm_token_type_ids=mmt_full, use_cache=False)
+    lp_plain = token_logprobs(out.logits[:, lp_len - 1:-1], resp)
+    ((lp_plain * weights * rmask).sum()).backward()
+    g_plain = grads(model)
+    res["grad_scale"] = scale(g_plain)
+
+    pos = prompt_positions(model, prompt, grid, mmt)
+    for label, shard_vision in (("sp", False), ("sp_shardvision", True)):
+        model.zero_grad(set_to_none=True)
+        with VisionCallCounter(model) as counter:
+            if shard_vision:
+                feats = sharded_video_features(model, pv, grid, grad="sum")
+            else:
+                feats = encode_video_features(model, pv, grid)
+            lp = sp_response_logprobs(model, ids, pos.with_responses(n, t), lp_len, features=feats,
+                                      attention_mask=attn)
+        res[f"{label}_vision_calls"] = counter.calls
+        res[f"{label}_logp_diff"] = float(((lp - lp_plain) * rmask).abs().max())
+        ((lp * weights * rmask).sum()).backward()
+        allreduce_grads_(model.parameters())
+        g = grads(model)
+        res[f"{label}_grad_diff"] = maxdiff(g, g_plain)
+        res[f"{label}_grad_diff_visual"] = maxdiff(g, g_plain, "model.visual.")
+
+    # ---- 3. the trainer-facing path: StepEmbedCache(deferred, sharded encoder) + prefill_logprobs(SP)
+    model.zero_grad(set_to_none=True)
+    cache = StepEmbedCache(model, vision="deferred", encoder=make_sharded_encoder(model, grad="sum"))
+    cache.begin_step()
+    with VisionCallCounter(model) as counter:
+        with torch.no_grad():  # old-policy log-probs (and, in a real step, rollouts and reference)
+            f = cache.features("video", pv, grid)
+            p = cache.positions("prompt", prompt, grid, mmt)
+            old = prefill_logprobs(model, prompt, resp, rmask, features=f, positions=p, sp_min_tokens=1)
+        lp = prefill_logprobs(model, prompt, resp, rmask, features=cache.update_features("video"), positions=p,
+                              sp_min_tokens=1)
+        ((lp * weights * rmask).sum()).backward()
+        pushed = cache.backward_vision()
+    allreduce_grads_(model.parameters())
+    g = grads(model)
+    res["step_vision_calls"] = counter.calls
+    res["step_pushed"] = pushed
+    res["step_old_diff"] = float(((old - lp_plain) * rmask).abs().max())
+    res["step_logp_diff"] = float(((lp.detach() - lp_plain) * rmask).abs().max())
+    res["step_grad_diff"] = maxdiff(g, g_plain)
+
+    return res
+
+
+def main() -> None:
+    model_dir, inputs_path, out_path = sys.argv[1:4]
+    # a collective mismatch would hang both ranks: dump the stacks and exit instead
+    faulthandler.dump_traceback_later(float(os.environ.get("MRSP_WORKER_TIMEOUT", "420")), exit=True)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, size = world()
+    from safetensors.torch import load_file
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32)
+    model.train()  # dropout is 0 in these configs; train mode exercises the grad paths
+    x = load_file(inputs_path)
+    prompt, pv, grid, mmt = x["input_ids"], x["pixel_values_videos"], x["video_grid_thw"], x["mm_token_type_ids"]
+    res: dict = {"rank": rank, "world": size}
+
+    # ---- 1. sharded vision encoding vs single process (forward + vision grads), both grad modes
+    plan = plan_temporal_shards(grid, size, 2)
+    res["plan_patches"] = list(plan.patches)
+    w_feat = torch.randn(int(grid.prod()) // 4, model.config.text_config.hidden_size,
+                         generator=torch.Generator().manual_seed(1))
+    model.zero_grad(set_to_none=True)
+    ref = encode_video_features(model, pv, grid)
+    (ref * w_feat).sum().backward()
+    g_ref = grads(model)
+    for mode in ("own", "sum"):
+        model.zero_grad(set_to_none=True)
+        with VisionCallCounter(model) as counter:
+            feats = sharded_video_features(model, pv, grid, grad=mode)
+        res[f"shard_{mode}_calls"] = counter.calls
+        res[f"shard_{mode}_patches"] = counter.patches
+        res[f"shard_{mode}_fwd_diff"] = float((feats.detach() - ref.detach()).abs().max())
+        if mode == "own":  # every rank computes the same full loss
+            loss = (feats * w_feat).sum()
+        else:  # ranks consume disjoint halves of the rows: sum over ranks == the full loss
+            rows = torch.arange(feats.shape[0]) % size == rank
+            loss = (feats[rows] * w_feat[rows]).sum()
+        loss.backward()
+        allreduce_grads_(model.parameters())
+        g = grads(model)
+        res[f"shard_{mode}_grad_diff"] = maxdiff(g, g_ref)
+        res[f"shard_{mode}_grad_scale"] = scale(g_ref)
+
+    for tag in sorted({k.split('.')[0] for k in x if k.endswith('.response_ids')}):
+        resp, rmask, weights = x[f'{tag}.response_ids'], x[f'{tag}.response_mask'], x[f'{tag}.weights']
+        n, t = resp.shape
+        res[tag] = sp_checks(model, prompt, pv, grid, mmt, resp, rmask, weights)
+
+    gathered = [None] * size
+    dist.all_gather_object(gathered, res)
+    if rank == 0:
+        with open(out_path, "w", encoding="utf-8") as fh:
+            json.dump(gathered, fh, indent=1, sort_keys=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""Forward passes that take cached video features and cached M-RoPE positions instead of pixels.
+
+* :func:`build_inputs_embeds` - token embeddings with the video features scattered into the placeholder rows
+  (the same ``masked_scatter`` the model does), for ``N`` sequences that share one prompt's video.
+* :func:`response_logprobs` - per-token log-probs ``[N, T]`` of ``N`` responses to one prompt (old-policy,
+  reference, and the policy forward in the update), from cached features + positions: no vision tower, no
+  ``get_rope_index``.
+* :func:`generate_with_features` - rollouts with transformers ``generate`` fed the cached features through
+  ``mm_encoder_outputs`` (the vision tower does not run; G rollouts share the one encode).
+
+All three equal the plain pixel path numerically (tests/test_mrsp_reuse.py, fp32, within 1e-5).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from trainer.mrsp.positions import PromptPositions
+
+__all__ = ["build_inputs_embeds", "response_logprobs", "generate_with_features", "token_logprobs",
+           "mm_encoder_outputs"]
+
+
+def _video_token_id(model) -> int:
+    return int(model.config.video_token_id)
+
+
+def build_inputs_embeds(model, input_ids: Tensor, features: Tensor) -> Tensor:
+    """``[N, L, H]`` input embeddings: ``embed_tokens(input_ids)`` with ``features`` (``[n_tokens, H]``, one
+    prompt's video) scattered into the video placeholders of every row. Differentiable w.r.t. ``features``.
+
+    Raises ``ValueError`` when a row's placeholder count differs from ``n_tokens`` (never truncates or pads).
+    """
+    embeds = model.get_input_embeddings()(input_ids)
+    mask = input_ids == _video_token_id(model)
+    per_row = mask.sum(-1)
+    if bool((per_row != features.shape[0]).any()):
+        raise ValueError(f"video placeholders per row {per_row.tolist()} != {features.shape[0]} video features")
+    feats = features.to(embeds.dtype).repeat(input_ids.shape[0], 1)
+    return embeds.masked_scatter(mask.unsqueeze(-1).expand_as(embeds), feats)
+
+
+def token_logprobs(logits: Tensor, labels: Tensor, temperature: float = 1.0) -> Tensor:
+    """``log softmax(logits / temperature)`` gathered at ``labels``; fp32."""
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    return torch.log_softmax(logits, dim=-1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+
+
+def response_logprobs(model, prompt_ids: Tensor, response_ids: Tensor, response_mask: Tensor, *,
+                      features: Tensor, positions: PromptPositions, temperature: float = 1.0) -> Tensor:
+    """Per-token log-probs ``[N, T]`` of ``N`` right-padded responses to one prompt, from cached features.
+
+    Args:
+        prompt_ids: ``[1, Lp]``; response_ids / response_mask: ``[N, T]`` (mask 1 on real tokens).
+        features: the prompt's video features ``[n_tokens, H]`` (detached for old/ref log-probs; with grad, or a
+            ``StepEmbedCache.update_features`` leaf, in the update).
+        positions: the prompt's cached M-RoPE positions.
+    Entries at padding positions are meaningless (mask them). Grad follows the caller's grad mode.
+    """
+    n, t = response_ids.shape
+    ids = torch.cat([prompt_ids.expand(n, -1), response_ids], dim=1)
+    attn = torch.cat([torch.ones_like(prompt_ids).expand(n, -1), response_mask.to(prompt_ids.dtype)], dim=1)
+    embeds = build_inputs_embeds(model, ids, features)
+    out = model(inputs_embeds=embeds, attention_mask=attn, position_ids=positions.with_responses(n, t),
+                logits_to_keep=t + 1, use_cache=False)
+    return token_logprobs(out.logits[:, :-1, :], response_ids, temperature)
+
+
+def mm_encoder_outputs(features: Tensor, copies: int = 1) -> dict:
+    """``{"video": BaseModelOutputWithPooling(pooler_output=(features,) * copies)}`` for ``model(...)`` /
+    ``generate(...)`` (transformers 5's precomputed-encoder hook)."""
+    from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+    return {"video": BaseModelOutputWithPooling(pooler_output=tuple([features] * copies))}
+
+
+def generate_with_features(model, prompt_ids: Tensor, *, features: Tensor, video_grid_thw: Tensor,
+                           mm_token_type_ids: Tensor | None = None, num_return_sequences: int = 1,
+                           **generate_kwargs: Any) -> Tensor:
+    """``model.generate`` for one prompt with cached video features (the vision tower does not run).
+
+    transformers expands ``mm_encoder_outputs`` for ``num_return_sequences`` itself and recomputes the
+    (pixel-free) rope index from ``video_grid_thw``. Returns the generated ids ``[G, Lp + new]``.
+    """
+    from trainer.mrsp.positions import mm_token_types
+
+    if mm_token_type_ids is None:
+        mm_token_type_ids = mm_token_types(model, prompt_ids)
+    with torch.no_grad():
+        return model.generate(input_ids=prompt_ids, attention_mask=torch.ones_like(prompt_ids),
+                              mm_token_type_ids=mm_token_type_ids, video_grid_thw=video_grid_thw,
+                              mm_encoder_outputs=mm_encoder_outputs(features.detach()),
+                              num_return_sequences=num_return_sequences, **generate_kwargs)

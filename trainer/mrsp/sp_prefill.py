@@ -1,0 +1,179 @@
+"""Sequence-parallel prefill (MR-SP stage 2): one long sequence's log-probs computed by ``N`` ranks.
+
+The (gathered) input sequence is padded to a multiple of ``N``; rank ``r`` owns the contiguous slice
+``[r*C, (r+1)*C)`` (``C = L_pad / N``) and runs the text decoder on it only. Everything in a Qwen2 decoder layer
+except attention is per token (RMSNorm, q/k/v/o projections, M-RoPE rotation from the slice's own position
+ids, the MLP), so the rank computes it on its rows with the HF modules' own weights and functions. Attention
+is made exact by an **all-gather of K and V** along the sequence (after the rotary, before GQA expansion):
+each local query row attends over the full key range ``j <= global_row`` with the same scaled-dot-product
+kernel as the model's ``sdpa`` path. The all-gather's backward sums every rank's gradient for each K/V slice
+and hands it to the rank that produced it (:func:`trainer.mrsp.dist_ops.gather_seq`, ``grad="sum"``).
+
+Why K/V all-gather and not Ulysses all-to-all or a hook in transformers' ``ALL_ATTENTION_FUNCTIONS``:
+all-gather is exact for any head count (Ulysses needs heads and KV heads divisible by ``N``; the tiny model's
+2 KV heads with N=4 would not be), keeps GQA's small K/V as the only thing communicated (KV heads x head_dim
+per token, half the query width here), and running the layers ourselves avoids mutating the shared model's
+``config._attn_implementation`` or smuggling an offset mask through transformers' mask creation. The cost is
+that each rank holds the full K/V of a layer while computing it (``2 * kv_width`` floats per token), which
+is small next to the per-token activations that SP divides by ``N``.
+
+Each rank computes the LM head only on its own rows that predict response tokens; the per-rank log-probs
+are all-gathered to ``[B, T]`` (identical on every rank) with ``grad="own"``: every rank must then compute the
+*same* loss from them, and parameter gradients are summed across the group afterwards
+(:func:`trainer.mrsp.dist_ops.allreduce_grads_`).
+
+Right padding only (the trainer's layout): with every row's real tokens first, causal masking alone excludes
+the padding keys from every real query, so no per-row key mask is needed.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from trainer.mrsp.dist_ops import gather_seq, world
+from trainer.mrsp.positions import PromptPositions, base_model
+from trainer.mrsp.reuse import response_logprobs, token_logprobs
+
+__all__ = ["SPConfig", "sp_enabled", "sp_response_logprobs", "prefill_logprobs", "local_inputs_embeds"]
+
+
+@dataclass
+class SPConfig:
+    """``min_tokens``: sequence parallelism switches on for sequences of at least this many tokens (prompt +
+    response); below it each rank runs the plain stage-1 path. Measured crossover on this CPU with the
+    benchmark model: see benchmarks/results/mrsp.json."""
+
+    min_tokens: int = 4096
+
+
+def sp_enabled(seq_len: int, group=None, min_tokens: int = 4096) -> bool:
+    return world(group)[1] > 1 and seq_len >= min_tokens
+
+
+def _check_supported(lm) -> None:
+    cfg = lm.config
+    if getattr(cfg, "use_sliding_window", False):
+        raise NotImplementedError("sequence-parallel prefill supports full attention only (use_sliding_window)")
+    if any(t != "full_attention" for t in getattr(cfg, "layer_types", ["full_attention"])):
+        raise NotImplementedError(f"sequence-parallel prefill supports full attention only: {cfg.layer_types}")
+
+
+def _right_padded(attention_mask: Tensor) -> bool:
+    m = attention_mask.to(torch.long)
+    return bool((m[:, 1:] <= m[:, :-1]).all()) and bool((m[:, 0] == 1).all())
+
+
+def local_inputs_embeds(model, input_ids: Tensor, features: Tensor, lo: int, hi: int) -> Tensor:
+    """``[B, hi-lo, H]``: rows ``lo:hi`` of the input embeddings (token embeddings with one prompt's video
+    ``features`` in every row's placeholders) without building the full ``[B, L, H]`` tensor."""
+    vid = input_ids == int(model.config.video_token_id)
+    count = vid.sum(-1)
+    if bool((count != features.shape[0]).any()):
+        raise ValueError(f"video placeholders per row {count.tolist()} != {features.shape[0]} video features")
+    idx = (vid.cumsum(-1) - 1)[:, lo:hi]
+    local_ids, local_vid = input_ids[:, lo:hi], vid[:, lo:hi]
+    emb = model.get_input_embeddings()(local_ids)
+    feats = features.to(emb.dtype)[idx.clamp(min=0)]
+    return torch.where(local_vid.unsqueeze(-1), feats, emb)
+
+
+def sp_response_logprobs(model, input_ids: Tensor, position_ids: Tensor, response_start: int, *,
+                         features: Tensor | None = None, inputs_embeds: Tensor | None = None,
+                         attention_mask: Tensor | None = None, temperature: float = 1.0, group=None) -> Tensor:
+    """Log-probs ``[B, T]`` (``T = L - response_start``) of tokens ``input_ids[:, response_start:]``,
+    computed sequence-parallel over ``group``; identical on every rank and differentiable.
+
+    Args:
+        input_ids: ``[B, L]`` prompt + responses (every rank passes the same).
+        position_ids: ``[3, B, L]`` M-RoPE positions (``PromptPositions.with_responses``).
+        features: one prompt's video features ``[n, H]`` (shared by every row), or ``inputs_embeds`` ``[B, L, H]``.
+        attention_mask: ``[B, L]``, right-padded; ``None`` = no padding.
+    Gradient convention: compute the same loss on every rank from the result, ``backward``, then sum parameter
+    gradients across ``group`` (``dist_ops.allreduce_grads_``). With one rank it is the plain computation.
+    """
+    if (features is None) == (inputs_embeds is None):
+        raise ValueError("pass exactly one of features / inputs_embeds")
+    if attention_mask is not None and not _right_padded(attention_mask):
+        raise ValueError("sp_response_logprobs needs right-padded sequences (real tokens first in every row)")
+    rank, size = world(group)
+    b, length = input_ids.shape
+    if not 0 < response_start < length:
+        raise ValueError(f"response_start {response_start} outside (0, {length})")
+    lm = base_model(model).language_model
+    _check_supported(lm)
+    attn0 = lm.layers[0].self_attn
+    rotary_fn = sys.modules[type(attn0).__module__].apply_rotary_pos_emb
+
+    chunk = -(-length // size)
+    lo, hi = rank * chunk, (rank + 1) * chunk
+    real_hi = min(hi, length)
+    if inputs_embeds is not None:
+        h = inputs_embeds[:, lo:real_hi]
+    else:
+        h = local_inputs_embeds(model, input_ids, features, lo, real_hi)
+    pos = position_ids[:, :, lo:real_hi]
+    if real_hi < hi:  # padding rows at the end of the last slice(s)
+        pad = hi - max(lo, real_hi)
+        h = torch.cat([h, h.new_zeros(b, pad, h.shape[-1])], dim=1)
+        pos = torch.cat([pos, pos.new_zeros(3, b, pad)], dim=2)
+    cos, sin = lm.rotary_emb(h, pos)
+    rows = torch.arange(lo, hi, device=h.device).view(-1, 1)
+    mask = (torch.arange(chunk * size, device=h.device).view(1, -1) <= rows).view(1, 1, chunk, chunk * size)
+    sizes = [chunk] * size
+
+    for layer in lm.layers:
+        attn = layer.self_attn
+        residual = h
+        x = layer.input_layernorm(h)
+        q = attn.q_proj(x).view(b, chunk, -1, attn.head_dim).transpose(1, 2)
+        k = attn.k_proj(x).view(b, chunk, -1, attn.head_dim).transpose(1, 2)
+        v = attn.v_proj(x).view(b, chunk, -1, attn.head_dim).transpose(1, 2)
+        q, k = rotary_fn(q, k, cos, sin)
+        # one collective per layer for K and V together (a fixed collective order in the backward, too)
+        k, v = gather_seq(torch.stack([k, v]), dim=3, grad="sum", group=group, sizes=sizes).unbind(0)
+        if attn.num_key_value_groups > 1:
+            k = k.repeat_interleave(attn.num_key_value_groups, dim=1)
+            v = v.repeat_interleave(attn.num_key_value_groups, dim=1)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling)
+        o = attn.o_proj(o.transpose(1, 2).reshape(b, chunk, -1))
+        h = residual + o
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    h = lm.norm(h)
+
+    # rows predicting a response token: global positions [response_start - 1, length - 1)
+    a, z = max(lo, response_start - 1), min(hi, length - 1)
+    counts = [max(0, min((r + 1) * chunk, length - 1) - max(r * chunk, response_start - 1)) for r in range(size)]
+    if z > a:
+        logits = model.lm_head(h[:, a - lo:z - lo])
+        lp = token_logprobs(logits, input_ids[:, a + 1:z + 1], temperature)
+    else:
+        # no response rows here; under grad keep this rank's graph connected so its K/V collectives run
+        # in the backward like everyone else's
+        lp = h.new_zeros(b, 0, dtype=torch.float32)
+        if h.requires_grad:
+            lp = lp + 0.0 * h.sum()
+    return gather_seq(lp, dim=1, grad="own", group=group, sizes=counts)
+
+
+def prefill_logprobs(model, prompt_ids: Tensor, response_ids: Tensor, response_mask: Tensor, *, features: Tensor,
+                     positions: PromptPositions, temperature: float = 1.0, group=None,
+                     sp_min_tokens: int = 4096) -> Tensor:
+    """Per-token log-probs ``[N, T]`` of ``N`` responses to one prompt from cached features and positions:
+    sequence-parallel over ``group`` when ``Lp + T >= sp_min_tokens`` and the group has more than one rank,
+    else the plain stage-1 forward (:func:`trainer.mrsp.reuse.response_logprobs`) on this rank alone.
+
+    Under SP every rank of ``group`` must call this with the same arguments, and compute the same loss.
+    """
+    n, t = response_ids.shape
+    total = prompt_ids.shape[1] + t
+    if not sp_enabled(total, group, sp_min_tokens):
+        return response_logprobs(model, prompt_ids, response_ids, response_mask, features=features,
+                                 positions=positions, temperature=temperature)
+    ids = torch.cat([prompt_ids.expand(n, -1), response_ids], dim=1)
+    attn = torch.cat([torch.ones_like(prompt_ids).expand(n, -1), response_mask.to(prompt_ids.dtype)], dim=1)
+    return sp_response_logprobs(model, ids, positions.with_responses(n, t), prompt_ids.shape[1], features=features,
+                                attention_mask=attn, temperature=temperature, group=group)
