@@ -289,9 +289,11 @@ def test_http_yields_exactly_what_the_local_path_yields(shards):
         kw = dict(shuffle=True, seed=5, verify="shard")
         remote = list(ShardDataset(url, **kw))
         local = list(ShardDataset(shards["index"], **kw))
+        streamed = list(ShardDataset(url))  # no staging: the HTTP body is parsed as it arrives
     finally:
         server.shutdown()
         server.server_close()
+    assert [r["qra_id"] for r in streamed] == _ids(ShardDataset(shards["index"]))
     assert [r["qra_id"] for r in remote] == [x["qra_id"] for x in local]
     for r, x in zip(remote, local):
         assert torch.equal(r["frames"], x["frames"])
@@ -325,3 +327,26 @@ def test_truncated_shard_is_an_error_even_at_a_member_boundary(shards, tmp_path)
     mid.write_bytes(open(src, "rb").read()[:cut_at - 700])  # inside a member's data
     with pytest.raises(ShardError, match="truncated|corrupt"):
         list(ShardDataset(str(mid)))
+
+
+def test_s3_gs_and_pipe_urls_go_through_argument_list_subprocesses(shards, tmp_path, monkeypatch):
+    """Stand-ins for the aws / gsutil CLIs (the real ones need credentials and network) prove that
+    s3:// and gs:// URLs are handed to them as argument lists and streamed from their stdout."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    root = str(shards["dir"])
+    (bindir / "aws").write_text(f'#!/bin/sh\n[ "$1 $2 $4" = "s3 cp -" ] || exit 3\n'
+                                f'exec cat "{root}/${{3#s3://bucket/ds/}}"\n')
+    (bindir / "gsutil").write_text(f'#!/bin/sh\n[ "$1" = "cat" ] || exit 3\nexec cat "{root}/${{2#gs://bucket/ds/}}"\n')
+    for f in ("aws", "gsutil"):
+        os.chmod(bindir / f, 0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    names = [os.path.basename(t) for t in shards["tars"]]
+    want = _ids(ShardDataset(shards["tars"]))
+    assert _ids(ShardDataset([f"s3://bucket/ds/{n}" for n in names])) == want
+    assert _ids(ShardDataset([f"gs://bucket/ds/{n}" for n in names])) == want
+    assert _ids(ShardDataset([f"pipe:cat {t}" for t in shards["tars"]])) == want
+    with pytest.raises(ShardError, match="missing-000000.tar"):  # the CLI fails: a clear error naming the shard
+        list(ShardDataset(["s3://bucket/ds/missing-000000.tar"]))
+    ds = ShardDataset(["s3://bucket/ds/missing-000000.tar", f"s3://bucket/ds/{names[0]}"], on_error="skip")
+    assert len(_ids(ds)) == sum(QUESTIONS[:3]) and ds.stats.skipped_shards == 1

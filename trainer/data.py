@@ -38,6 +38,7 @@ cursor, items taken from that shard)``; :meth:`ShardDataset.state_dict` returns 
 from __future__ import annotations
 
 import hashlib
+import http.client
 import io
 import json
 import logging
@@ -803,29 +804,46 @@ class ShardDataset(_Base):
         verify = self.verify != "none"
         counter = stream if isinstance(stream, _MmapStream) else _CountingReader(stream)
         index = -1
+        broken: ShardError | None = None  # the tar stream itself failed: the rest of the shard is lost
         try:
-            with stream:
-                try:
-                    for raw in iter_tar_samples(counter, spec.url, self._pool):
-                        index += 1
-                        if self.split_by == "sample" and index % n != cid:
-                            continue
-                        if isinstance(raw, ShardError):
-                            self._fail(raw, shard=False)
-                            continue
-                        try:
-                            sample = decode_sample(raw, spec.url, verify)
-                        except ShardError as e:
-                            self._fail(e, shard=False)
-                            continue
-                        self.stats.samples += 1
-                        yield sample
-                except ShardError as e:
-                    self._fail(e, shard=True)
-                    return
+            try:
+                for raw in iter_tar_samples(counter, spec.url, self._pool):
+                    index += 1
+                    if self.split_by == "sample" and index % n != cid:
+                        continue
+                    if isinstance(raw, ShardError):
+                        self._fail(raw, shard=False)
+                        continue
+                    try:
+                        sample = decode_sample(raw, spec.url, verify)
+                    except ShardError as e:
+                        self._fail(e, shard=False)
+                        continue
+                    self.stats.samples += 1
+                    yield sample
+            except ShardError as e:
+                broken = e
+            except (OSError, http.client.HTTPException) as e:  # the transport failed mid-stream
+                broken = ShardError(spec.url, None, f"reading failed: {type(e).__name__}: {e}")
+            try:
+                stream.close()  # a pipe reports its command's exit status here
+            except (OSError, http.client.HTTPException) as e:
+                # the source failing is the cause of whatever the parser saw
+                broken = ShardError(spec.url, broken.key if broken else None,
+                                    f"reading failed: {type(e).__name__}: {e}"
+                                    + (f" (parser: {broken.detail})" if broken else ""))
+            if broken is not None:
+                self._fail(broken, shard=True)
+                return
             self.stats.shards += 1
         finally:
             self.stats.bytes += counter.pos if isinstance(counter, _MmapStream) else counter.n
+            if broken is None:
+                try:
+                    stream.close()
+                except Exception:  # noqa: BLE001 - closing early (consumer stopped): nothing to report
+                    pass
+
 
     def _shard_items(self, spec: ShardSpec, epoch: int, cid: int, n: int) -> Iterator[dict]:
         rng = random.Random(f"{self.seed}:{epoch}:{spec.url.rsplit('/', 1)[-1]}:{cid}")
