@@ -290,7 +290,9 @@ def collect(run_dir: str, shards: str | None = None, *, name: str | None = None,
                 d["message"] = r["message"]
     c.add("rejects", [{"stage": s, "reason": reason, "table": d["table"], "rows": d["rows"],
                        "examples": sorted(d["keys"])[:REJECT_EXAMPLES], "message": d["message"]}
-                      for (s, reason), d in sorted(summary.items())], source="rejects tables")
+                      for (s, reason), d in sorted(summary.items(), key=lambda kv: (
+                          stage_names.index(kv[0][0]) if kv[0][0] in stage_names else len(stage_names), kv[0]))],
+          source="rejects tables")
 
     # ---- sources ----
     total_ms = sum(D._ms(v["duration_s"]) for v in videos)

@@ -17,6 +17,15 @@ RC = {"font.family": "DejaVu Sans", "font.size": 9, "axes.titlesize": 10, "svg.h
 COLORS = {"in": "#4C72B0", "out": "#55A868", "rejected": "#C44E52", "bar": "#4C72B0", "alt": "#DD8452"}
 
 
+def compact(v: int) -> str:
+    """A short bar label: 950, 4.7k, 16k, 1.2M (the card's tables carry the exact numbers)."""
+    for div, unit in ((1_000_000, "M"), (1_000, "k")):
+        if abs(v) >= div:
+            x = v / div
+            return (f"{x:.1f}".rstrip("0").rstrip(".") if x < 10 else f"{x:.0f}") + unit
+    return str(v)
+
+
 def _save(fig, path: str) -> str:
     tmp = path + ".tmp"
     fig.savefig(tmp, format="png", metadata={"Software": None})
@@ -30,7 +39,7 @@ def _bars(ax, labels, values, color, title, xlabel, ylabel, rotate=False):
     ax.set_xticks(xs)
     ax.set_xticklabels(labels, rotation=30 if rotate else 0, ha="right" if rotate else "center")
     for x, v in zip(xs, values):
-        ax.annotate(f"{v:,}", (x, v), ha="center", va="bottom", fontsize=8, xytext=(0, 2), textcoords="offset points")
+        ax.annotate(compact(v), (x, v), ha="center", va="bottom", fontsize=8, xytext=(0, 2), textcoords="offset points")
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
@@ -50,9 +59,9 @@ def write_plots(card: dict, out_dir: str) -> list[str]:
     dist = {s: cl[f"dist/{s}"] for s in cl["dist/sections"]}
     paths = []
     with matplotlib.rc_context(RC):
-        # funnel
-        fig, ax = plt.subplots(figsize=FIGSIZE)
+        # funnel (stages count different units: a log scale when they differ by orders of magnitude)
         stages = [cl[f"funnel/{s}"] | {"stage": s} for s in cl["funnel/stages"]]
+        fig, ax = plt.subplots(figsize=(max(FIGSIZE[0], 1.15 * len(stages)), FIGSIZE[1]))
         xs = list(range(len(stages)))
         w = 0.27
         for i, (what, vals) in enumerate((("in", [s["in"] for s in stages]), ("out", [s["out"] for s in stages]),
@@ -60,16 +69,22 @@ def write_plots(card: dict, out_dir: str) -> list[str]:
             bx = [x + (i - 1) * w for x in xs]
             ax.bar(bx, vals, width=w, color=COLORS[what], label=what)
             for x, v in zip(bx, vals):
-                ax.annotate(f"{v:,}", (x, v), ha="center", va="bottom", fontsize=7, xytext=(0, 2),
+                ax.annotate(compact(v), (x, v), ha="center", va="bottom", fontsize=7, xytext=(0, 2),
                             textcoords="offset points")
         ax.set_xticks(xs)
         ax.set_xticklabels([f"{s['stage']}\n({s['unit']})" for s in stages])
         top = max([s["in"] for s in stages] + [1])
-        ax.set_ylim(0, top * 1.18)
-        ax.yaxis.get_major_locator().set_params(integer=True)
-        ax.set_title("Filter funnel: in / out / rejected per stage")
+        low = min([s["in"] for s in stages if s["in"]] + [top])
+        if top / low > 50:
+            ax.set_yscale("symlog", linthresh=1)
+            ax.set_ylim(0, top * 6)
+            ax.set_title("Filter funnel: in / out / rejected per stage (log scale)")
+        else:
+            ax.set_ylim(0, top * 1.18)
+            ax.yaxis.get_major_locator().set_params(integer=True)
+            ax.set_title("Filter funnel: in / out / rejected per stage")
         ax.set_ylabel("count (in the stage's unit)")
-        ax.legend(frameon=False, ncols=3, loc="upper right")
+        ax.legend(frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
         fig.tight_layout()
         paths.append(_save(fig, os.path.join(out_dir, "funnel.png")))
         plt.close(fig)
@@ -106,7 +121,7 @@ def write_plots(card: dict, out_dir: str) -> list[str]:
                 vals = [int(counts.get(str(x), 0)) for x in xs]
                 ax.bar(bx, vals, width=w, color=color, label=what)
                 for x, v in zip(bx, vals):
-                    ax.annotate(f"{v:,}", (x, v), ha="center", va="bottom", fontsize=8, xytext=(0, 2),
+                    ax.annotate(compact(v), (x, v), ha="center", va="bottom", fontsize=8, xytext=(0, 2),
                                 textcoords="offset points")
             top = max([int(v) for _, c, _ in series for v in c.values()] + [1])
             ax.set_ylim(0, top * 1.18)
