@@ -53,8 +53,9 @@ def run_seed(seed: int, args, work: Path) -> dict:
     t_start = time.perf_counter()
     base = build_tiny_qwen2vl(work / f"base{seed}", seed=seed)
     kinds = args.kinds.split(",")
-    train = make_items(args.train_items, seed=100 + seed, kinds=kinds)
-    held_out = make_items(args.eval_items, seed=5000 + seed, kinds=kinds)
+    shape = {"n_frames": args.frames, "size": args.size, "radius": args.radius}
+    train = make_items(args.train_items, seed=100 + seed, kinds=kinds, **shape)
+    held_out = make_items(args.eval_items, seed=5000 + seed, kinds=kinds, **shape)
     common = ["data.source=synthetic", f"run.seed={seed}", "run.progress=false", "run.tensorboard=false",
               f"run.threads={args.threads}", "run.save_every=0"]
 
@@ -118,6 +119,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", default="0,1")
     p.add_argument("--kinds", default="colour", help="synthetic question kinds, comma-separated")
+    p.add_argument("--frames", type=int, default=4, help="frames per video")
+    p.add_argument("--size", type=int, default=56, help="frame side in pixels (a multiple of 28)")
+    p.add_argument("--radius", type=float, default=0.25, help="ball radius as a fraction of the frame side")
     p.add_argument("--train-items", type=int, default=512)
     p.add_argument("--eval-items", type=int, default=100)
     p.add_argument("--sft-items", type=int, default=8)
@@ -153,7 +157,7 @@ def main(argv=None) -> int:
     summary = {
         "benchmark": "learn",
         "task": {"kinds": args.kinds.split(","), "generator": "trainer.synthetic_task", "train_items": args.train_items,
-                 "eval_items": args.eval_items},
+                 "eval_items": args.eval_items, "frames": args.frames, "size": args.size, "radius": args.radius},
         "settings": {k: v for k, v in vars(args).items() if k not in ("out", "work")},
         "per_seed": results,
         "min_gain_points": min(r["gain_points"] for r in results),

@@ -26,7 +26,7 @@ Outputs in run.out_dir: metrics.jsonl, tensorboard/, checkpoints/step-N/, final/
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("stage", choices=("sft", "grpo", "plot"), help="What to run.")
+    p.add_argument("stage", nargs="?", choices=("sft", "grpo", "plot"), help="What to run.")
     p.add_argument("runs", nargs="*", metavar="RUN_DIR", help="plot: run directories or metrics.jsonl files.")
     p.add_argument("--config", help="YAML config file (see --show-config for every key).")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -48,6 +48,9 @@ def main(args, extra: list[str]) -> int:
         for key, default, help_text in describe(TrainConfig):
             print(f"{key} = {default}\n    {help_text}")
         return 0
+    if args.stage is None:
+        print("longreel train: give a stage: sft, grpo or plot", file=sys.stderr)
+        return 2
     if args.stage == "plot":
         if not args.runs:
             print("longreel train plot: give at least one RUN_DIR", file=sys.stderr)

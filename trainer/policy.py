@@ -176,8 +176,13 @@ def encode_prompt(processor, item: Mapping[str, Any], *, video_token_id: int, me
     key = str(item.get("key", "?"))
     msgs = messages if messages is not None else prompt_messages(item)
     text = processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-    enc = processor(text=[text], videos=[_frames(item)], video_metadata=[_metadata_dict(item.get("metadata"))],
-                    do_sample_frames=False, return_tensors="pt")
+    try:
+        enc = processor(text=[text], videos=[_frames(item)], video_metadata=[_metadata_dict(item.get("metadata"))],
+                        do_sample_frames=False, return_tensors="pt")
+    except ValueError as e:  # e.g. a question containing placeholder text: the processor's count check
+        if "video" in str(e).lower() or "token" in str(e).lower():
+            raise VideoTokenMismatch(f"sample {key!r}: {e}") from e
+        raise ValueError(f"sample {key!r}: {e}") from e
     grid = enc["video_grid_thw"]
     merge = merge_size or int(getattr(processor.video_processor, "merge_size", 2))
     n_placeholders = int((enc["input_ids"] == video_token_id).sum())

@@ -45,10 +45,13 @@ def _disc(frame: np.ndarray, cx: float, cy: float, r: float, rgb) -> None:
     frame[inside] = rgb
 
 
-def render(kind: str, rng: np.random.Generator, n_frames: int = 4, size: int = 56) -> tuple[np.ndarray, dict]:
-    """Render one video of ``kind``; return ``(frames [T, H, W, 3] uint8, facts)`` (facts: what the answer needs)."""
+def render(kind: str, rng: np.random.Generator, n_frames: int = 4, size: int = 56,
+           radius: float = 0.25) -> tuple[np.ndarray, dict]:
+    """Render one video of ``kind``; return ``(frames [T, H, W, 3] uint8, facts)`` (facts: what the answer needs).
+
+    ``radius``: the ball's radius as a fraction of the frame size."""
     frames = _canvas(rng, n_frames, size)
-    r = size / 7
+    r = size * radius
     if kind == "colour":
         name = list(COLOURS)[int(rng.integers(len(COLOURS)))]
         y = rng.uniform(r, size - r)
@@ -75,7 +78,7 @@ def render(kind: str, rng: np.random.Generator, n_frames: int = 4, size: int = 5
 
 
 def make_item(index: int, seed: int = 0, kinds: Iterable[str] = ("colour",), n_frames: int = 4,
-              size: int = 56) -> dict:
+              size: int = 56, radius: float = 0.25) -> dict:
     """Item ``index`` of the stream ``seed`` (kinds taken in turn)."""
     import torch
 
@@ -84,7 +87,7 @@ def make_item(index: int, seed: int = 0, kinds: Iterable[str] = ("colour",), n_f
         raise ValueError("kinds must not be empty")
     kind = kinds[index % len(kinds)]
     rng = np.random.default_rng([seed, index])
-    frames, facts = render(kind, rng, n_frames=n_frames, size=size)
+    frames, facts = render(kind, rng, n_frames=n_frames, size=size, radius=radius)
     if kind == "colour":
         options = list(COLOURS)
         answer = LETTERS[options.index(facts["colour"])]

@@ -1,0 +1,177 @@
+"""Trainer plumbing on the tiny offline Qwen2-VL: prompts, the placeholder check, embedding reuse, rollouts, SFT loss,
+eval, config and plots."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torchvision")
+pytest.importorskip("transformers")
+
+from schemas.config import ConfigError, describe, load_yaml  # noqa: E402
+from trainer.config import TrainConfig  # noqa: E402
+from trainer.policy import (VideoEmbeds, VideoTokenMismatch, encode_prompt, encode_video, load_policy,  # noqa: E402
+                            sequence_logprobs, sft_inputs, video_token_id)
+from trainer.rollout import SamplingConfig, TransformersEngine, vision_token_ids  # noqa: E402
+from trainer.synthetic_task import KINDS, make_item, make_items  # noqa: E402
+from trainer.tiny_model import build_tiny_qwen2vl  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory):
+    d = build_tiny_qwen2vl(tmp_path_factory.mktemp("tiny") / "m", seed=0)
+    model, processor = load_policy(d)
+    model.eval()
+    return model, processor
+
+
+def _prompt(policy, item):
+    model, processor = policy
+    return encode_prompt(processor, item, video_token_id=video_token_id(model))
+
+
+def test_synthetic_items_are_deterministic_and_verifiable():
+    from trainer.rewards import score
+
+    a, b = make_item(3, seed=5, kinds=KINDS), make_item(3, seed=5, kinds=KINDS)
+    assert torch.equal(a["frames"], b["frames"]) and a["question"] == b["question"]
+    assert not torch.equal(make_item(4, seed=5)["frames"], a["frames"])
+    for item in make_items(9, seed=1, kinds=KINDS):
+        assert item["frames"].dtype == torch.uint8 and item["frames"].shape == (4, 56, 56, 3)
+        assert score(item["target"], item["problem_type"], item["answer"], item["options"]).reward == 1.0
+    # the colour kind's answer is readable from the pixels: the ball's mean colour is closest to the answer's
+    from trainer.synthetic_task import COLOURS
+
+    for item in make_items(8, seed=2, kinds=("colour",)):
+        f = item["frames"].float()
+        bright = f.sum(-1) > 200
+        mean_rgb = f[bright].mean(0)
+        nearest = min(COLOURS, key=lambda c: float(((mean_rgb - torch.tensor(COLOURS[c]).float()) ** 2).sum()))
+        assert "ABCD"[list(COLOURS).index(nearest)] == item["answer"]
+
+
+def test_placeholder_check_names_the_sample(policy):
+    model, processor = policy
+    item = make_item(0)
+    prompt = _prompt(policy, item)
+    n = int((prompt.input_ids == video_token_id(model)).sum())
+    assert n == int(prompt.video_grid_thw.prod()) // 4 > 0
+    # a question that smuggles a placeholder token in: never silently truncated or padded
+    bad = dict(item, key="clip42_q7", question="What is <|video_pad|> here?")
+    with pytest.raises(VideoTokenMismatch, match="clip42_q7"):
+        _prompt(policy, bad)
+    # precomputed embeddings of the wrong size: a clear error naming the sample
+    emb = encode_video(model, prompt)
+    short = VideoEmbeds(emb.features[:-1], emb.grid_thw)
+    resp = torch.tensor([[5, 6, 7]])
+    with pytest.raises(VideoTokenMismatch, match=item["key"]):
+        sequence_logprobs(model, prompt, resp, torch.ones_like(resp), video_embeds=short)
+
+
+def test_logprobs_with_reused_embeddings_equal_the_plain_forward(policy):
+    model, processor = policy
+    prompt = _prompt(policy, make_item(1))
+    g = torch.Generator().manual_seed(0)
+    resp = torch.randint(0, 200, (3, 6), generator=g)
+    mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2, [1] * 2 + [0] * 4])
+    with torch.no_grad():
+        emb = encode_video(model, prompt)
+        reused = sequence_logprobs(model, prompt, resp, mask, video_embeds=emb, temperature=0.7)
+        fresh = sequence_logprobs(model, prompt, resp, mask, temperature=0.7)
+        # the plain path: every row carries its own pixels through the whole model, one sequence at a time
+        for r in range(3):
+            n = int(mask[r].sum())
+            ids = torch.cat([prompt.input_ids, resp[r:r + 1, :n]], dim=1)
+            mm = torch.cat([prompt.mm_token_type_ids, torch.zeros(1, n, dtype=prompt.mm_token_type_ids.dtype)], 1)
+            out = model(input_ids=ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=mm,
+                        pixel_values_videos=prompt.pixel_values_videos, video_grid_thw=prompt.video_grid_thw)
+            logits = out.logits[0, prompt.length - 1:-1].float() / 0.7
+            ref = torch.log_softmax(logits, -1).gather(-1, resp[r, :n, None]).squeeze(-1)
+            torch.testing.assert_close(reused[r, :n], ref, atol=1e-5, rtol=0)
+            torch.testing.assert_close(fresh[r, :n], ref, atol=1e-5, rtol=0)
+
+
+def test_rollouts_are_seeded_per_prompt_and_never_emit_placeholders(policy):
+    model, processor = policy
+    engine = TransformersEngine(model, processor)
+    prompts = [_prompt(policy, make_item(i)) for i in range(2)]
+    sampling = SamplingConfig(n=4, temperature=1.0, max_new_tokens=12)
+    a = engine.generate(prompts, sampling, seeds=[11, 12])
+    b = engine.generate(prompts[1:], sampling, seeds=[12])  # alone, in another batch: same samples
+    torch.testing.assert_close(a[1].response_ids, b[0].response_ids)
+    c = engine.generate(prompts[:1], sampling, seeds=[99])
+    assert not torch.equal(a[0].response_ids, c[0].response_ids)
+    banned = set(vision_token_ids(model))
+    assert video_token_id(model) in banned
+    for g in a:
+        assert g.response_ids.shape[0] == 4 and len(g.texts) == 4
+        assert not banned & set(g.response_ids[g.response_mask.bool()].tolist())
+        ends = g.response_mask.sum(-1) - 1
+        for row, end, fin in zip(g.response_ids, ends, g.finished):
+            # a finished response ends with its EOS, and nothing after it is a real token
+            assert bool(fin) == (int(row[end]) in engine.eos)
+
+
+def test_sft_loss_is_on_response_tokens_only(policy):
+    model, processor = policy
+    item = make_item(2)
+    prompt = _prompt(policy, item)
+    ids, mask = sft_inputs(processor, prompt, item["target"], processor.tokenizer.eos_token_id)
+    assert processor.tokenizer.decode(ids[0, :-1]) == item["target"]
+    logp = sequence_logprobs(model, prompt, ids, mask)
+    ours = -(logp * mask).sum() / mask.sum()
+    # transformers' own loss with every prompt/video label masked out gives the same number
+    full = torch.cat([prompt.input_ids, ids], 1)
+    labels = full.clone()
+    labels[:, :prompt.length] = -100
+    mm = torch.cat([prompt.mm_token_type_ids, torch.zeros_like(ids, dtype=prompt.mm_token_type_ids.dtype)], 1)
+    out = model(input_ids=full, attention_mask=torch.ones_like(full), mm_token_type_ids=mm, labels=labels,
+                pixel_values_videos=prompt.pixel_values_videos, video_grid_thw=prompt.video_grid_thw)
+    torch.testing.assert_close(ours, out.loss, atol=1e-5, rtol=0)
+
+
+def test_evaluate_reports_per_category_and_skips_bad_items(policy):
+    from trainer.eval import evaluate
+    from trainer.rewards import score
+
+    model, processor = policy
+    items = make_items(4, seed=3, kinds=("colour", "count"))
+    items.append(dict(make_item(9), key="broken", question="Look <|video_pad|>"))
+    res = evaluate(model, processor, items, max_new_tokens=8, keep_outputs=True)
+    assert res["n"] == 4 and res["skipped"] == 1 and res["skipped_items"][0]["key"] == "broken"
+    assert set(res["per_category"]) == {"colour", "count"}
+    assert res["per_problem_type"]["multiple_choice"]["n"] == 4
+    again = [score(o["output"], "multiple_choice", o["answer"], it["options"]).accuracy
+             for o, it in zip(res["outputs"], items)]
+    assert res["accuracy"] == pytest.approx(sum(again) / 4)
+
+
+def test_config_help_validation_and_overrides(tmp_path):
+    keys = describe(TrainConfig)
+    assert all(h.strip() for _, _, h in keys), [k for k, _, h in keys if not h.strip()]
+    assert ("rollout.n", "8", ) == tuple(next((k, d) for k, d, _ in keys if k == "rollout.n"))
+    y = tmp_path / "c.yaml"
+    y.write_text("rollout:\n  n: 4\ngrpo:\n  clip_high: 0.3\n")
+    cfg = load_yaml(TrainConfig, str(y), ["rollout.n=6", "data.train_urls=[a.tar, b.tar]"])
+    assert cfg.rollout.n == 6 and cfg.grpo.clip_high == 0.3 and cfg.data.train_urls == ["a.tar", "b.tar"]
+    assert (cfg.grpo.clip_low, cfg.grpo.beta) == (0.2, 0.0)
+    for bad in (["rollout.n=0"], ["grpo.loss_agg=mean"], ["rollout.temprature=1"], ["grpo.clip_low=1.5"]):
+        with pytest.raises(ConfigError):
+            load_yaml(TrainConfig, None, bad)
+
+
+def test_plot_draws_png(tmp_path):
+    from trainer.plot import plot_metrics
+
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"step": i, "stage": "grpo", "reward_mean": i / 10, "loss": 1.0 / i} for i in range(1, 6)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "c.png"
+    drawn = plot_metrics([run], out)
+    assert drawn == ["reward_mean", "loss"]
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError):
+        plot_metrics([run], out, keys=["nope"])
