@@ -17,12 +17,15 @@ BACKENDS = ("facts", "transformers", "openai", "vllm")
 @dataclass
 class FramesConfig:
     n: int = cfg(8, "Frames sampled per clip, at the centres of n equal bins of the clip's time range.")
-    decode: str = cfg("per_video", "per_video: one worker call decodes the frames of many clips of a video (up to "
-                                   "max_frames_per_call) in one forward pass, then slices them per clip; per_clip: "
-                                   "one call (open + seek + decode) per clip. per_video measured faster on Big Buck "
-                                   "Bunny (benchmarks/caption.py).", choices=("per_video", "per_clip"))
-    max_frames_per_call: int = cfg(512, "per_video: at most this many frames per worker call (consecutive clips are "
-                                        "grouped; bounds memory on long videos and spreads a long video over workers).")
+    decode: str = cfg("per_video", "per_video: one worker call decodes the frames of many consecutive clips of a "
+                                   "video (up to max_frames_per_call) in one forward pass and slices them per clip; "
+                                   "per_clip: one call (open + seek + decode) per clip. per_video used 1.2-1.3x less "
+                                   "CPU per clip on Big Buck Bunny (benchmarks/caption.py).",
+                      choices=("per_video", "per_clip"))
+    max_frames_per_call: int = cfg(256, "per_video: at most this many frames per worker call (bounds memory: 256 "
+                                        "frames of 588x336 are 150 MB; also spreads a long video over workers). "
+                                        "On Big Buck Bunny 128 frames per call and one call for the whole film "
+                                        "measured the same within noise.")
     max_pixels: int | None = cfg(None, "Pixel budget per frame (width*height, aspect kept). null: the backend's "
                                        "own (facts: 16384; transformers: the processor's max_pixels; openai and "
                                        "vllm: 200704 = 448*448).")

@@ -176,6 +176,11 @@ class DecodeClipFrames(beam.DoFn):
         self.decode_s = 0.0
 
     def teardown(self):
+        if self.progress.n:
+            from pipelines.stages.base import log
+            elapsed = time.monotonic() - self.progress.t0
+            log.info("%s: %d clips, %.1f s in decode calls of %.1f s since the first clip", STAGE_FACTS,
+                     self.progress.n, self.decode_s, elapsed)
         self.worker.close()
         shutil.rmtree(self.tmpdir, ignore_errors=True)
 
