@@ -512,3 +512,22 @@ def test_verify_reports_a_shard_file_no_index_lists(run, card_dir, tmp_path):
     rep = verify(card_dir, shards, loader=False)
     row = next(r for r in rep.rows if r["claim"].startswith("shard files in "))
     assert row["recomputed"] == [extra] and not row["ok"]
+
+
+def test_verify_with_the_run_checks_recorded_claims_too(run, card_dir, tmp_path):
+    shards = os.path.join(run[0], "shards")
+    rep = verify(card_dir, shards, loader=False, run_dir=run[0])
+    assert rep.ok, rep.table()
+    # a recorded claim the shards cannot determine: the attribution of a source video
+    card = _copy(card_dir, str(tmp_path / "card"))
+    with open(os.path.join(card, "card.json")) as fh:
+        doc = json.load(fh)
+    sources = next(c for c in doc["claims"] if c["id"] == "sources/list")
+    sources["value"][0]["attribution"] = "someone else"
+    with open(os.path.join(card, "card.json"), "w") as fh:
+        json.dump(doc, fh)
+    with open(os.path.join(card, "README.md"), "w") as fh:
+        fh.write(render_readme(doc))
+    assert verify(card, shards, loader=False).ok  # the shards alone cannot tell
+    bad = _failures(verify(card, shards, loader=False, run_dir=run[0]))
+    assert "run: sources/list" in bad

@@ -355,6 +355,7 @@ def collect(run_dir: str, shards: str | None = None, *, name: str | None = None,
                   for t, kind in TABLES.items() if t in tables]
     c.add("tables", table_list, source="run directory")
     c.add("hf/data_prefix", data_prefix)
+    c.add("hf/tables_prefix", tables_prefix)
     if not indexes:
         from schemas import to_table
         for t in table_list:
