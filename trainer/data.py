@@ -50,7 +50,7 @@ import tempfile
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Iterator
 
 import numpy as np
 

@@ -15,7 +15,6 @@ from schemas import to_table, validate_row
 
 
 def video_rows(paths: list[str], license: str | None = None, attribution: str | None = None) -> list[dict]:
-    from pipelines.media.probe import PROBE_VERSION  # noqa: F401 - recorded by probe_file itself
     from pipelines.media.worker import IsolatedWorker
     from pipelines.stages.ingest import hash_and_localize
 
