@@ -531,3 +531,15 @@ def test_verify_with_the_run_checks_recorded_claims_too(run, card_dir, tmp_path)
     assert verify(card, shards, loader=False).ok  # the shards alone cannot tell
     bad = _failures(verify(card, shards, loader=False, run_dir=run[0]))
     assert "run: sources/list" in bad
+
+
+def test_histogram_bins_and_answer_letters():
+    assert [D.bin_label(x, D.DURATION_EDGES_S) for x in (0, 4.999, 5, 59.9, 3599.99, 3600, 10 ** 6)] == \
+        ["0-5", "0-5", "5-10", "30-60", "1800-3600", "3600+", "3600+"]
+    assert D.bin_labels((5, 10)) == ["0-5", "5-10", "10+"]
+    q = {"category": "temporal", "problem_type": "multiple_choice", "answer": " c "}
+    assert D._p("qra_mc_answer", "C") in D.qra_pairs(q)
+    assert D._p("qra_mc_answer", "other") in D.qra_pairs({**q, "answer": "E"})
+    ordered = D.order_counts("pass_count", {"3": 1, "1": 2})
+    assert list(ordered.items()) == [("0", 0), ("1", 2), ("2", 0), ("3", 1)]
+    assert list(D.order_counts("released_frames_per_video", {"64": 1, "8": 2})) == ["8", "64"]
