@@ -202,3 +202,37 @@ def test_cli_pack_show_config_and_missing_tables(tmp_path, capsys):
     assert "target_shard_bytes" in capsys.readouterr().out
     assert main(["pack", str(tmp_path)]) == 2
     assert "no videos table" in capsys.readouterr().err
+
+
+def test_without_pass_rate_everything_goes_to_the_default_split_embedded(run_a, tmp_path, tables, tiny_dir):
+    """add_pack_stage(standalone=False) as longreel curate wires it: no pass-rate table, a shared cache
+    (every video a hit), nothing written to stats.json / rejects; the counts come back as data."""
+    import apache_beam as beam
+
+    from pipelines.pack.stage import STAGE_ORDER, add_pack_stage
+    from pipelines.runner import make_pipeline
+    from pipelines.stats import build_stats
+
+    out = str(tmp_path / "embedded")
+    os.makedirs(out)
+    cfg = _cfg(tiny_dir, cache_dir=os.path.join(run_a[0], "frame_cache"), default_split="all_qa")
+    p = make_pipeline()
+    v = p | "V" >> beam.Create(tables["videos"][1])
+    q = p | "Q" >> beam.Create(tables["qras"][1])
+    res = add_pack_stage(p, v, q, None, out, cfg, standalone=False)
+    counts_path = os.path.join(out, "counts.json")
+    (res["counts"] | beam.CombinePerKey(sum) | beam.combiners.ToList()
+     | beam.Map(lambda kv: open(counts_path, "w").write(json.dumps(sorted([list(k), n] for k, n in kv)))))
+    p.run().wait_until_finish()
+    pairs = [((s, m), n) for (s, m), n in json.loads(open(counts_path).read())]
+    doc = build_stats(pairs, STAGE_ORDER, {}, {})
+    by = {s["stage"]: s for s in doc["stages"]}
+    assert all(by[s]["balanced"] for s in STAGE_ORDER)
+    n_q = len(tables["qras"][1])
+    assert by["pack_select"]["in"] == n_q and by["pack_select"]["rejected"] == {"unknown_video": 1}
+    assert by["frame_cache"]["extra"]["hit"] == 3 and "built" not in by["frame_cache"]["extra"]
+    assert not os.path.exists(os.path.join(out, "stats.json"))
+    assert not glob.glob(os.path.join(out, "rejects-*"))
+    index = json.loads(open(os.path.join(out, "shards", "t-all_qa.index.json")).read())
+    assert sum(s["nquestions"] for s in index["shardlist"]) == by["pack_write"]["out"] > 0
+    assert sorted(os.listdir(os.path.join(out, "shards")))[0].startswith("t-all_qa-000000")
