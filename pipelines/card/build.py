@@ -147,10 +147,14 @@ def _features_yaml_for_kind(kind: str) -> list:
     return datasets.Features.from_arrow_schema(KINDS[kind].schema)._to_yaml_list()
 
 
-def shard_features(indexes: list[tuple[str, dict]]) -> list | None:
-    """The features the ``datasets`` WebDataset builder infers, from every sample's JSON members (promoted
-    across samples, so optional fields that are null in one sample and set in another type correctly) and
-    the ``.npy`` headers (an array of the same dtype and rank stands in for the frames)."""
+FEATURE_SAMPLES = 256
+
+
+def shard_features(indexes: list[tuple[str, dict]], max_samples: int = FEATURE_SAMPLES) -> list | None:
+    """The features the ``datasets`` WebDataset builder infers, from the JSON members of up to ``max_samples``
+    samples (whole shards, every split in turn; promoted across samples, so optional fields that are null in one
+    sample and set in another type correctly) and the ``.npy`` headers (an array of the same dtype and rank
+    stands in for the frames)."""
     import datasets
     import numpy as np
     import pyarrow as pa
@@ -158,22 +162,25 @@ def shard_features(indexes: list[tuple[str, dict]]) -> list | None:
 
     from pipelines.card.shardread import join, read_shard
     tables = []
-    for path, doc in indexes:
-        for sh in doc["shardlist"]:
-            url = join(path, sh["url"])
-            for s in read_shard(url)["samples"]:
-                ex = {}
-                for name in sorted(s["members"]):
-                    if name in s["json"]:
-                        ex[name] = s["json"][name]
-                    elif name in s["npy"]:
-                        h = s["npy"][name]
-                        ex[name] = np.zeros((1,) * len(h["shape"]), dtype=np.dtype(h["dtype"]))
-                    else:
-                        ex[name] = b""
-                ex["__key__"] = s["key"]
-                ex["__url__"] = sh["url"]
-                tables.append(pa.Table.from_pylist(cast_to_python_objects([ex], only_1d_for_numpy=True)))
+    order = [(path, sh) for i in range(max((len(d["shardlist"]) for _, d in indexes), default=0))
+             for path, d in indexes if i < len(d["shardlist"]) for sh in [d["shardlist"][i]]]
+    for path, sh in order:
+        if len(tables) >= max_samples:
+            break
+        url = join(path, sh["url"])
+        for s in read_shard(url)["samples"]:
+            ex = {}
+            for name in sorted(s["members"]):
+                if name in s["json"]:
+                    ex[name] = s["json"][name]
+                elif name in s["npy"]:
+                    h = s["npy"][name]
+                    ex[name] = np.zeros((1,) * len(h["shape"]), dtype=np.dtype(h["dtype"]))
+                else:
+                    ex[name] = b""
+            ex["__key__"] = s["key"]
+            ex["__url__"] = sh["url"]
+            tables.append(pa.Table.from_pylist(cast_to_python_objects([ex], only_1d_for_numpy=True)))
     if not tables:
         return None
     schema = pa.concat_tables(tables, promote_options="default").schema
