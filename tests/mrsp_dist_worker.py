@@ -42,6 +42,7 @@ def sp_checks(model, prompt, pv, grid, mmt, resp, rmask, weights) -> dict:
     res: dict = {}
     n, t = resp.shape
     lp_len = prompt.shape[1]
+    weights = weights / rmask.sum()  # a token-mean loss, as GRPO's: gradients at their real scale
     rank, size = world()
     length = lp_len + t
     chunk = -(-length // size)

@@ -5,9 +5,15 @@ The (gathered) input sequence is padded to a multiple of ``N``; rank ``r`` owns 
 except attention is per token (RMSNorm, q/k/v/o projections, M-RoPE rotation from the slice's own position
 ids, the MLP), so the rank computes it on its rows with the HF modules' own weights and functions. Attention
 is made exact by an **all-gather of K and V** along the sequence (after the rotary, before GQA expansion):
-each local query row attends over the full key range ``j <= global_row`` with the same scaled-dot-product
-kernel as the model's ``sdpa`` path. The all-gather's backward sums every rank's gradient for each K/V slice
+each local query row attends over the key range ``j <= global_row``. The all-gather's backward sums every rank's gradient for each K/V slice
 and hands it to the rank that produced it (:func:`trainer.mrsp.dist_ops.gather_seq`, ``grad="sum"``).
+
+Attention without an ``L x L`` mask: rank ``r``'s queries see the keys of earlier ranks in full and their own
+keys causally. On CPU the two parts are two calls of PyTorch's fused flash-attention kernel (the same kernel
+the model's ``sdpa`` path runs), merged exactly with their log-sum-exps; the backward calls the kernel's
+backward for each part with the *merged* output and log-sum-exp, which is exactly the gradient of the joint
+softmax (the ring-attention identity). Nothing quadratic in the sequence length is stored, so the per-rank
+memory really falls with ``N``. Elsewhere (CUDA) a boolean lower-right causal mask over ``[C, L]`` is used.
 
 Why K/V all-gather and not Ulysses all-to-all or a hook in transformers' ``ALL_ATTENTION_FUNCTIONS``:
 all-gather is exact for any head count (Ulysses needs heads and KV heads divisible by ``N``; the tiny model's
@@ -38,7 +44,51 @@ from trainer.mrsp.dist_ops import gather_seq, world
 from trainer.mrsp.positions import PromptPositions, base_model
 from trainer.mrsp.reuse import response_logprobs, token_logprobs
 
-__all__ = ["SPConfig", "sp_enabled", "sp_response_logprobs", "prefill_logprobs", "local_inputs_embeds"]
+_FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_FLASH_CPU_BWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+
+
+class _PrefixCausalAttention(torch.autograd.Function):
+    """softmax attention of queries over ``[prefix keys (all visible); own keys (causal, aligned square)]``."""
+
+    @staticmethod
+    def forward(ctx, q, kp, vp, kd, vd, scale):
+        o, lse = _FLASH_CPU(q, kd, vd, 0.0, True, scale=scale)
+        if kp.shape[2]:
+            o1, l1 = _FLASH_CPU(q, kp, vp, 0.0, False, scale=scale)
+            merged = torch.logaddexp(l1, lse)
+            o = torch.exp(l1 - merged).unsqueeze(-1) * o1 + torch.exp(lse - merged).unsqueeze(-1) * o
+            lse = merged
+        ctx.save_for_backward(q, kp, vp, kd, vd, o, lse)
+        ctx.scale = scale
+        return o
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, kp, vp, kd, vd, o, lse = ctx.saved_tensors
+        grad = grad.contiguous()
+        dq, dkd, dvd = _FLASH_CPU_BWD(grad, q, kd, vd, o, lse, 0.0, True, scale=ctx.scale)
+        if kp.shape[2]:
+            dq1, dkp, dvp = _FLASH_CPU_BWD(grad, q, kp, vp, o, lse, 0.0, False, scale=ctx.scale)
+            dq = dq + dq1
+        else:
+            dkp, dvp = torch.zeros_like(kp), torch.zeros_like(vp)
+        return dq, dkp, dvp, dkd, dvd, None
+
+
+def prefix_causal_attention(q: Tensor, k: Tensor, v: Tensor, lo: int, scale: float) -> Tensor:
+    """Attention of the local queries ``q`` ``[B, H, C, D]`` (global rows ``lo .. lo+C-1``) over the gathered
+    keys/values ``k``/``v`` ``[B, H, L, D]`` with causal masking: row ``lo+i`` sees keys ``0 .. lo+i``."""
+    c = q.shape[2]
+    kp, vp, kd, vd = k[:, :, :lo], v[:, :, :lo], k[:, :, lo:lo + c], v[:, :, lo:lo + c]
+    if q.device.type == "cpu" and _FLASH_CPU is not None and _FLASH_CPU_BWD is not None:
+        return _PrefixCausalAttention.apply(q, kp, vp, kd, vd, float(scale))
+    keys = lo + c
+    mask = torch.arange(keys, device=q.device).view(1, -1) <= torch.arange(lo, keys, device=q.device).view(-1, 1)
+    return F.scaled_dot_product_attention(q, k[:, :, :keys], v[:, :, :keys], attn_mask=mask, scale=scale)
+
+__all__ = ["SPConfig", "sp_enabled", "sp_response_logprobs", "prefill_logprobs", "local_inputs_embeds",
+           "prefix_causal_attention"]
 
 
 @dataclass
@@ -121,8 +171,6 @@ def sp_response_logprobs(model, input_ids: Tensor, position_ids: Tensor, respons
         h = torch.cat([h, h.new_zeros(b, pad, h.shape[-1])], dim=1)
         pos = torch.cat([pos, pos.new_zeros(3, b, pad)], dim=2)
     cos, sin = lm.rotary_emb(h, pos)
-    rows = torch.arange(lo, hi, device=h.device).view(-1, 1)
-    mask = (torch.arange(chunk * size, device=h.device).view(1, -1) <= rows).view(1, 1, chunk, chunk * size)
     sizes = [chunk] * size
 
     for layer in lm.layers:
@@ -138,7 +186,7 @@ def sp_response_logprobs(model, input_ids: Tensor, position_ids: Tensor, respons
         if attn.num_key_value_groups > 1:
             k = k.repeat_interleave(attn.num_key_value_groups, dim=1)
             v = v.repeat_interleave(attn.num_key_value_groups, dim=1)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling)
+        o = prefix_causal_attention(q, k, v, lo, attn.scaling)
         o = attn.o_proj(o.transpose(1, 2).reshape(b, chunk, -1))
         h = residual + o
         h = h + layer.mlp(layer.post_attention_layernorm(h))
