@@ -462,5 +462,6 @@ def write_card(card: dict, out_dir: str, plots: bool = True) -> list[str]:
 
 def build_card(run_dir: str, out_dir: str, shards: str | None = None, **kw) -> dict:
     card = collect(run_dir, shards, **kw)
-    write_card(card, out_dir)
+    paths = write_card(card, out_dir)
+    log.info("card: %d claims from %s -> %s", len(card["claims"]), run_dir, ", ".join(map(os.path.basename, paths)))
     return card
