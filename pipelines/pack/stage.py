@@ -105,12 +105,13 @@ class _CacheAndBuild(beam.DoFn):
         self.cache = FrameCache(self.cache_dir, FrameParams(self.cfg.fps, self.cfg.max_frames, self.cfg.min_frames),
                                 self.vp)
         self.worker = IsolatedWorker(default_timeout=self.cfg.decode_timeout_s)
-        self.tmpdir = tempfile.mkdtemp(prefix="longreel-pack-")
+        self.tmpdir = None  # made on first use: only remote videos are copied locally
         self.progress = Progress("frame_cache", "videos")
 
     def teardown(self):
         self.worker.close()
-        shutil.rmtree(self.tmpdir, ignore_errors=True)
+        if self.tmpdir:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
 
     def _entry(self, video: dict):
         entry, state = self.cache.lookup(video["sha256"], verify=self.cfg.cache_verify)
@@ -120,6 +121,8 @@ class _CacheAndBuild(beam.DoFn):
         from pipelines.media.worker import WorkerError
         from pipelines.stages.ingest import hash_and_localize
 
+        if self.tmpdir is None and "://" in video["uri"]:
+            self.tmpdir = tempfile.mkdtemp(prefix="longreel-pack-")
         try:
             local, sha, _size, is_temp = hash_and_localize(video["uri"], self.tmpdir)
         except OSError as e:
