@@ -36,6 +36,7 @@ TABLES = {"videos": "video", "clips": "clip", "clip_facts": "clip_facts", "capti
           "pass_rate": "pass_rate", "rejects": "reject", "pack_rejects": "reject"}
 REJECT_TABLES = ("rejects", "pack_rejects")
 REJECT_EXAMPLES = 3
+CARD_LIBRARIES = ("datasets", "matplotlib")
 PLOTS = ("funnel.png", "category_balance.png", "pass_count.png", "duration.png")
 
 # SPDX-ish ids recorded by the inputs -> Hugging Face licence ids.
@@ -246,7 +247,9 @@ def collect(run_dir: str, shards: str | None = None, *, name: str | None = None,
     # ---- identity ----
     c.add("card/schema", CARD_SCHEMA)
     c.add("card/template_sha256", template_sha256())
-    c.add("card/plots", {"files": list(PLOTS), "renderer": f"matplotlib {_version('matplotlib')}"})
+    c.add("card/plots", {"files": list(PLOTS)})
+    # The libraries whose versions shape the card's bytes (plots; features in the front matter).
+    c.add("card/libraries", {lib: _version(lib) for lib in CARD_LIBRARIES})
     c.add("dataset/name", dataset)
     c.add("dataset/pretty_name", pretty_name or f"{dataset}: long-video reasoning questions")
     c.add("dataset/licenses", sorted({hf_license(x) for x in lic_names}), source="video licences")
