@@ -543,3 +543,10 @@ def test_histogram_bins_and_answer_letters():
     ordered = D.order_counts("pass_count", {"3": 1, "1": 2})
     assert list(ordered.items()) == [("0", 0), ("1", 2), ("2", 0), ("3", 1)]
     assert list(D.order_counts("released_frames_per_video", {"64": 1, "8": 2})) == ["8", "64"]
+
+
+def test_source_file_names_keep_no_paths_or_url_tokens():
+    from pipelines.card.build import _basename
+    assert _basename("/data/videos/v1.mp4") == "v1.mp4"
+    assert _basename("https://host/bucket/v2.mp4?X-Amz-Signature=secret#t=3") == "v2.mp4"
+    assert _basename("gs://b/raw/v3.mkv") == "v3.mkv"

@@ -92,7 +92,10 @@ def size_category(n: int) -> str:
 
 
 def _basename(uri: str) -> str:
-    return uri.rstrip("/").rsplit("/", 1)[-1]
+    """The file name of a path or URL, without query or fragment (a signed URL's token stays out of the card)."""
+    import urllib.parse
+    path = urllib.parse.urlsplit(uri).path if "://" in uri else uri
+    return path.rstrip("/").rsplit("/", 1)[-1]
 
 
 def _read_tables(run_dir: str) -> dict[str, list[dict]]:
