@@ -546,7 +546,10 @@ def test_histogram_bins_and_answer_letters():
 
 
 def test_source_file_names_keep_no_paths_or_url_tokens():
-    from pipelines.card.build import _basename
+    from pipelines.card.build import _basename, redact_urls
+    msg = "cannot read 'https://h/b/v.mp4?X-Amz-Signature=secret&e=1': 403; also s3://b/k.mp4?versionId=7"
+    assert redact_urls(msg) == "cannot read 'https://h/b/v.mp4?…': 403; also s3://b/k.mp4?…"
+    assert redact_urls("/local/path.mp4") == "/local/path.mp4"
     assert _basename("/data/videos/v1.mp4") == "v1.mp4"
     assert _basename("https://host/bucket/v2.mp4?X-Amz-Signature=secret#t=3") == "v2.mp4"
     assert _basename("gs://b/raw/v3.mkv") == "v3.mkv"

@@ -20,6 +20,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 
 import yaml
 
@@ -89,6 +90,14 @@ def size_category(n: int) -> str:
         if n < hi:
             return label
     return "n>1T" if n > 10 ** 12 else "1B<n<10B"
+
+
+_URL_QUERY = re.compile(r"""(\b[a-z][a-z0-9+.-]*://[^\s'"?#]+)[?#][^\s'"]*""", re.IGNORECASE)
+
+
+def redact_urls(text: str | None) -> str | None:
+    """URLs keep scheme, host and path; their query and fragment (signed-URL tokens) become ``?…``."""
+    return None if text is None else _URL_QUERY.sub(r"\1?…", text)
 
 
 def _basename(uri: str) -> str:
@@ -302,7 +311,8 @@ def collect(run_dir: str, shards: str | None = None, *, name: str | None = None,
             if d["message"] is None:
                 d["message"] = r["message"]
     c.add("rejects", [{"stage": s, "reason": reason, "table": d["table"], "rows": d["rows"],
-                       "examples": sorted(d["keys"])[:REJECT_EXAMPLES], "message": d["message"]}
+                       "examples": [redact_urls(k) for k in sorted(d["keys"])[:REJECT_EXAMPLES]],
+                       "message": redact_urls(d["message"])}
                       for (s, reason), d in sorted(summary.items(), key=lambda kv: (
                           stage_names.index(kv[0][0]) if kv[0][0] in stage_names else len(stage_names), kv[0]))],
           source="rejects tables")
