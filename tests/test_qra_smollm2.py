@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3000)]  # minutes of CPU decoding on a shared machine
 
 VIDEO = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pipelines", "sample_data",
                      "example-movie.mp4")

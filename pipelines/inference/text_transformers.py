@@ -1,6 +1,7 @@
 """``transformers`` text backend: a local causal LM with JSON-schema-constrained decoding.
 
-The decoding loop is our own (KV cache, one token at a time) so that the schema mask comes first,
+The decoding loop is our own (a left-padded batch of requests sharing one KV cache, one token per row and
+step; ``batch_size`` requests at a time) so that each row's schema mask comes first,
 before the repetition penalty, temperature and top-p: a sampling warper can then never remove every
 allowed token. Greedy when ``temperature == 0`` (deterministic); otherwise sampled with a
 ``torch.Generator`` seeded from the request's seed. See :mod:`pipelines.qra.constrained` for the mask.
@@ -21,13 +22,14 @@ class TransformersTextBackend(TextBackend):
     supports_guided = True
 
     def __init__(self, model: str = "smollm2", revision: str = "", *, trust_remote_code: bool = False,
-                 dtype: str = "float32", threads: int | None = None):
+                 dtype: str = "float32", threads: int | None = None, batch_size: int = 8):
         m = resolve_model(model)
         super().__init__(model, revision or weights_hash(m.directory, m.gguf_file))
         self.local = m
         self.trust_remote_code = trust_remote_code
         self.dtype = dtype
         self.threads = threads
+        self.batch_size = max(1, int(batch_size))
         self._model = None
         self._tok = None
         self._masker = None
@@ -83,69 +85,108 @@ class TransformersTextBackend(TextBackend):
 
     def generate(self, requests: list[TextRequest]) -> list[TextResult]:
         self.setup()
-        out = []
-        for req in requests:
+        out: list[TextResult] = []
+        for start in range(0, len(requests), self.batch_size):
+            chunk = requests[start:start + self.batch_size]
             t0 = time.monotonic()
             try:
-                res = self._generate_one(req)
+                results = self._generate_batch(chunk)
             except Exception as e:  # a model failure is a result, not a crash of the run
                 log.exception("transformers: generation failed")
-                res = TextResult(text="", finish="error", error=f"{type(e).__name__}: {e}")
-            res.latency_s = round(time.monotonic() - t0, 3)
-            out.append(res)
+                results = [TextResult(text="", finish="error", error=f"{type(e).__name__}: {e}") for _ in chunk]
+            dt = time.monotonic() - t0
+            n_new = sum(r.new_tokens for r in results)
+            log.info("transformers: %d requests, %d new tokens in %.1f s (%.1f tokens/s)", len(chunk), n_new, dt,
+                     n_new / max(dt, 1e-9))
+            for r in results:
+                r.latency_s = round(dt / len(chunk), 3)
+            out.extend(results)
         return out
 
-    def _generate_one(self, req: TextRequest) -> TextResult:
+    def _generate_batch(self, reqs: list[TextRequest]) -> list[TextResult]:
+        """Decode a batch together (left padded, one KV cache), each row with its own schema mask, seed and
+        sampling parameters. A row stops at end of sequence or at its own max_new_tokens."""
         import torch
 
         from pipelines.qra.constrained import Matcher
 
         tok, model = self.tokenizer, self._model
-        ids = self.prompt_ids(req.messages)
-        matcher = Matcher.start(req.schema, req.max_string_chars) if req.schema is not None else None
-        masker = self.masker() if matcher is not None else None
+        prompts = [self.prompt_ids(r.messages) for r in reqs]
+        b, width = len(reqs), max(len(p) for p in prompts)
+        pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+        input_ids = torch.full((b, width), pad, dtype=torch.long)
+        attn = torch.zeros((b, width), dtype=torch.long)
+        for i, ids in enumerate(prompts):
+            input_ids[i, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
+            attn[i, width - len(ids):] = 1
+        positions = (attn.cumsum(-1) - 1).clamp(min=0)
+        masker = self.masker() if any(r.schema is not None for r in reqs) else None
         eos_ids = set(masker.eos_ids) if masker else {tok.eos_token_id}
-        gen = torch.Generator().manual_seed(int(req.seed))
-        input_ids = torch.tensor([ids], dtype=torch.long)
+        matchers = [Matcher.start(r.schema, r.max_string_chars) if r.schema is not None else None for r in reqs]
+        gens = [torch.Generator().manual_seed(int(r.seed)) for r in reqs]
+        produced: list[list[int]] = [[] for _ in reqs]
+        finish = ["length"] * b
+        done = [False] * b
         past = None
-        produced: list[int] = []
-        finish = "length"
+        limit = max(r.max_new_tokens for r in reqs)
         with torch.inference_mode():
-            for _ in range(req.max_new_tokens):
-                outputs = model(input_ids=input_ids, past_key_values=past, use_cache=True)
+            for step in range(limit):
+                outputs = model(input_ids=input_ids, attention_mask=attn, position_ids=positions,
+                                past_key_values=past, use_cache=True)
                 past = outputs.past_key_values
-                logits = outputs.logits[0, -1, :].float()
-                n_vocab = logits.shape[0]
-                if masker is not None:
-                    allowed = masker.allowed(matcher)
-                    if allowed.shape[0] < n_vocab:  # the model's head may be padded beyond the tokenizer
-                        allowed = torch.cat([allowed, torch.zeros(n_vocab - allowed.shape[0], dtype=torch.bool)])
-                    allowed = allowed[:n_vocab]
-                    if not bool(allowed.any()):
-                        finish = "dead_end"
-                        break
-                    logits = logits.masked_fill(~allowed, float("-inf"))
-                if req.repetition_penalty and req.repetition_penalty != 1.0 and produced:
-                    seen = torch.tensor(sorted(set(produced)), dtype=torch.long)
-                    vals = logits[seen]
-                    logits[seen] = torch.where(vals > 0, vals / req.repetition_penalty, vals * req.repetition_penalty)
-                if req.temperature <= 0:
-                    nxt = int(torch.argmax(logits))
-                else:
-                    probs = torch.softmax(logits / req.temperature, dim=-1)
-                    if req.top_p < 1.0:
-                        sp, si = torch.sort(probs, descending=True)
-                        keep = torch.cumsum(sp, 0) - sp < req.top_p
-                        keep[0] = True
-                        probs = torch.zeros_like(probs).scatter(0, si[keep], sp[keep])
-                    nxt = int(torch.multinomial(probs, 1, generator=gen))
-                if nxt in eos_ids:
-                    finish = "stop"
+                logits_all = outputs.logits[:, -1, :].float()
+                nxt_ids = []
+                for i, req in enumerate(reqs):
+                    if done[i]:
+                        nxt_ids.append(pad)
+                        continue
+                    nxt = self._pick(logits_all[i], req, matchers[i], masker, produced[i], gens[i])
+                    if nxt is None:
+                        finish[i], done[i] = "dead_end", True
+                        nxt_ids.append(pad)
+                        continue
+                    if nxt in eos_ids:
+                        finish[i], done[i] = "stop", True
+                        nxt_ids.append(pad)
+                        continue
+                    produced[i].append(nxt)
+                    if matchers[i] is not None:
+                        matchers[i] = matchers[i].advance(masker.texts[nxt])
+                    if len(produced[i]) >= req.max_new_tokens:
+                        done[i] = True
+                    nxt_ids.append(nxt)
+                if all(done):
                     break
-                produced.append(nxt)
-                if matcher is not None:
-                    matcher = matcher.advance(masker.texts[nxt])
-                input_ids = torch.tensor([[nxt]], dtype=torch.long)
-        text = tok.decode(produced, skip_special_tokens=True)
-        return TextResult(text=text, finish=finish, prompt_tokens=len(ids), new_tokens=len(produced),
-                          guided=matcher is not None)
+                input_ids = torch.tensor(nxt_ids, dtype=torch.long)[:, None]
+                attn = torch.cat([attn, torch.ones((b, 1), dtype=torch.long)], dim=1)  # finished rows: ignored
+                positions = positions[:, -1:] + 1
+        return [TextResult(text=tok.decode(p, skip_special_tokens=True), finish=f, prompt_tokens=len(ids),
+                           new_tokens=len(p), guided=m is not None or r.schema is not None)
+                for p, f, ids, m, r in zip(produced, finish, prompts, matchers, reqs)]
+
+    def _pick(self, logits, req: TextRequest, matcher, masker, produced: list[int], gen) -> int | None:
+        """The next token of one row: schema mask first, then repetition penalty, temperature, top-p."""
+        import torch
+
+        n_vocab = logits.shape[0]
+        if matcher is not None:
+            allowed = masker.allowed(matcher)
+            if allowed.shape[0] < n_vocab:  # the model's head may be padded beyond the tokenizer
+                allowed = torch.cat([allowed, torch.zeros(n_vocab - allowed.shape[0], dtype=torch.bool)])
+            allowed = allowed[:n_vocab]
+            if not bool(allowed.any()):
+                return None
+            logits = logits.masked_fill(~allowed, float("-inf"))
+        if req.repetition_penalty and req.repetition_penalty != 1.0 and produced:
+            seen = torch.tensor(sorted(set(produced)), dtype=torch.long)
+            vals = logits[seen]
+            logits[seen] = torch.where(vals > 0, vals / req.repetition_penalty, vals * req.repetition_penalty)
+        if req.temperature <= 0:
+            return int(torch.argmax(logits))
+        probs = torch.softmax(logits / req.temperature, dim=-1)
+        if req.top_p < 1.0:
+            sp, si = torch.sort(probs, descending=True)
+            keep = torch.cumsum(sp, 0) - sp < req.top_p
+            keep[0] = True
+            probs = torch.zeros_like(probs).scatter(0, si[keep], sp[keep])
+        return int(torch.multinomial(probs, 1, generator=gen))
