@@ -72,22 +72,32 @@ def build_counter(cfg: QRAConfig, backend):
         return TokenCounter("bytes")
 
 
+class _Loaded:
+    """The backend and token counter of a worker process (weak-referenceable, for shared.Shared)."""
+
+    def __init__(self, backend, counter):
+        self.backend, self.counter = backend, counter
+
+
 class _QRAVideoFn(beam.DoFn):
     def __init__(self, cfg: QRAConfig, backend_factory=None):
+        from apache_beam.utils import shared
+
         self.cfg = cfg
         self.backend_factory = backend_factory
+        # one model per worker process, shared by its threads (Beam's shared.Shared), not one per thread
+        self._shared = shared.Shared()
 
-    def setup(self):
+    def _load(self):
         backend = self.backend_factory() if self.backend_factory else build_backend(self.cfg)
         if backend is not None:
             backend.setup()
-        self.writer = VideoQRAWriter(self.cfg, backend, build_counter(self.cfg, backend))
-        self.progress = Progress(STAGE, "videos")
+        return _Loaded(backend, build_counter(self.cfg, backend))
 
-    def teardown(self):
-        writer = getattr(self, "writer", None)
-        if writer is not None and writer.backend is not None:
-            writer.backend.close()
+    def setup(self):
+        loaded = self._shared.acquire(self._load)
+        self.writer = VideoQRAWriter(self.cfg, loaded.backend, loaded.counter)
+        self.progress = Progress(STAGE, "videos")
 
     def process(self, element):
         video_id, groups = element
