@@ -35,7 +35,9 @@ from trainer.grpo import run_grpo  # noqa: E402
 from trainer.logging_utils import read_metrics  # noqa: E402
 from trainer.policy import load_policy  # noqa: E402
 from trainer.sft import run_sft  # noqa: E402
-from trainer.synthetic_task import make_items  # noqa: E402
+from trainer.config import DataConfig  # noqa: E402
+from trainer.runtime import load_items  # noqa: E402
+from trainer.synthetic_task import make_items, write_shards  # noqa: E402
 from trainer.tiny_model import build_tiny_qwen2vl  # noqa: E402
 
 
@@ -56,7 +58,11 @@ def run_seed(seed: int, args, work: Path) -> dict:
     shape = {"n_frames": args.frames, "size": args.size, "radius": args.radius}
     train = make_items(args.train_items, seed=100 + seed, kinds=kinds, **shape)
     held_out = make_items(args.eval_items, seed=5000 + seed, kinds=kinds, **shape)
-    common = ["data.source=synthetic", f"run.seed={seed}", "run.progress=false", "run.tensorboard=false",
+    # the task goes through the project's own shard writer and loader, like real data
+    train_index = write_shards(train, str(work / f"shards{seed}"), split="rl")
+    eval_index = write_shards(held_out, str(work / f"shards{seed}"), split="test")
+    held_out = load_items(DataConfig(source="shards", eval_urls=[eval_index]), "eval")
+    common = ["data.source=shards", f"data.train_urls=[{train_index}]", f"run.seed={seed}", "run.progress=false", "run.tensorboard=false",
               f"run.threads={args.threads}", "run.save_every=0"]
 
     sft_dir = work / f"sft{seed}"
@@ -64,7 +70,7 @@ def run_seed(seed: int, args, work: Path) -> dict:
                              f"sft.max_items={args.sft_items}", f"data.batch_size={args.sft_batch}",
                              f"optim.lr={args.sft_lr}"])
     t0 = time.perf_counter()
-    run_sft(sft_cfg, items=train[: args.sft_items])
+    run_sft(sft_cfg)
     t_sft = time.perf_counter() - t0
     before = _eval(str(sft_dir / "final"), held_out, args.max_new_tokens)
 
@@ -75,7 +81,7 @@ def run_seed(seed: int, args, work: Path) -> dict:
                               f"rollout.temperature={args.temperature}", f"optim.lr={args.grpo_lr}",
                               f"grpo.loss_agg={args.loss_agg}"])
     t0 = time.perf_counter()
-    run_grpo(grpo_cfg, items=train)
+    run_grpo(grpo_cfg)
     t_grpo = time.perf_counter() - t0
     after = _eval(str(grpo_dir / "final"), held_out, args.max_new_tokens)
     curve = [{"step": r["step"], "reward_mean": r["reward_mean"], "format_rate": r["format_rate"],
@@ -156,7 +162,8 @@ def main(argv=None) -> int:
     plot(results, png)
     summary = {
         "benchmark": "learn",
-        "task": {"kinds": args.kinds.split(","), "generator": "trainer.synthetic_task", "train_items": args.train_items,
+        "task": {"kinds": args.kinds.split(","), "generator": "trainer.synthetic_task",
+                 "data_path": "synthetic_task.write_shards (pipelines.pack.shards writer) -> trainer.data loader", "train_items": args.train_items,
                  "eval_items": args.eval_items, "frames": args.frames, "size": args.size, "radius": args.radius},
         "settings": {k: v for k, v in vars(args).items() if k not in ("out", "work")},
         "per_seed": results,

@@ -44,7 +44,8 @@ class DataConfig:
     synthetic_seed: int = cfg(0, "synthetic: generator seed for the training items (held-out items use seed + 1000).")
     synthetic_kinds: list[str] = cfg(default_factory=lambda: ["colour"],
                                      help="synthetic: question kinds to draw from (see trainer.synthetic_task.KINDS).")
-    max_frames: int = cfg(0, "If > 0, drop items whose video has more frames than this (a reject, logged).")
+    on_error: str = cfg("raise", "Shard loader: a corrupt sample stops the run ('raise') or is skipped and counted "
+                                 "('skip').", choices=("raise", "skip"))
 
 
 @dataclass

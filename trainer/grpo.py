@@ -56,6 +56,7 @@ class GroupBatch:
     ref_logp: Tensor | None = None
     behav_weight: Tensor | None = None
     embeds: VideoEmbeds | None = None
+    offline: bool = False  # the last row holds an offline trajectory (mix-policy)
 
 
 def _denominator(groups: list[GroupBatch], agg: str, info) -> float:
@@ -192,16 +193,24 @@ class GRPOTrainer:
             stats["accuracy"] += accs
             stats["length"] += mask.sum(-1).tolist()
             stats["truncated"] += int((~g.finished).sum())
-            batches.append(GroupBatch(i, prompt, ids, mask, adv, r, embeds=emb, old_logp=behav))
+            batches.append(GroupBatch(i, prompt, ids, mask, adv, r, embeds=emb, old_logp=behav,
+                                      offline=bool(cfg.grpo.mix_policy and item.get("target"))))
         t_reward = time.perf_counter()
 
         # 3. old / reference log-probs (no grad, reusing the step's video embeddings)
+        sums_behav = [0.0, 0.0]
         with torch.no_grad():
             for b in batches:
                 behav = b.old_logp
                 prox = sequence_logprobs(model, b.prompt, b.response_ids, b.response_mask,
                                          temperature=cfg.rollout.temperature, video_embeds=b.embeds)
                 b.old_logp = prox
+                if behav is not None:  # engine-reported log-probs: how far the engine's weights are from ours
+                    on = b.response_mask.clone()
+                    if b.offline:
+                        on[-1] = 0
+                    sums_behav[0] += float(((prox - behav).abs() * on).sum())
+                    sums_behav[1] += float(on.sum())
                 if behav is not None and cfg.grpo.behaviour_correction:
                     b.behav_weight = A.behaviour_weight(prox, behav, cap=cfg.grpo.behaviour_cap, mask=b.response_mask)
                 if self.ref is not None:
@@ -213,6 +222,9 @@ class GRPOTrainer:
         # 4. update
         model.train()
         denominator = _denominator(batches, cfg.grpo.loss_agg, s.info)
+        # groups with a non-zero advantage (and KL, when on) are what moves the policy
+        signal = cfg.grpo.beta > 0 or all_reduce_sum(sum(float(b.advantages.abs().sum() > 0) for b in batches),
+                                                      s.info) > 0
         norm_len = max([cfg.rollout.max_new_tokens] + [int(b.response_ids.shape[1]) for b in batches])
         chunks = max(1, cfg.optim.grad_accum)
         loss_total, sums = 0.0, {"clip_frac": 0.0, "clip_frac_low": 0.0, "clip_frac_high": 0.0, "approx_kl": 0.0,
@@ -239,7 +251,12 @@ class GRPOTrainer:
             s.reduce_gradients()
             if cfg.run.dump_grads and step == 1 and epoch == 0:
                 s.dump_grads(cfg.run.dump_grads)
-            grad_norm = s.clip_and_step()
+            if signal:
+                grad_norm = s.clip_and_step()
+            else:  # every group tied: the gradient is zero, and AdamW would still move the weights on momentum
+                s.optimizer.zero_grad(set_to_none=True)
+                s.scheduler.step()
+                grad_norm = 0.0
             loss_total = all_reduce_sum(epoch_loss, s.info)
         if self.engine.name != "transformers":
             self.engine.sync_weights(model, s.full_state_dict())
@@ -247,7 +264,8 @@ class GRPOTrainer:
         s.step = step
 
         # metrics (global over ranks)
-        gathered = all_gather_objects({"stats": stats, "sums": sums, "rejected": self.rejected}, s.info)
+        gathered = all_gather_objects({"stats": stats, "sums": sums, "rejected": self.rejected,
+                                       "behav": sums_behav}, s.info)
         allv = lambda k: [v for gth in gathered for v in gth["stats"][k]]  # noqa: E731
         total = lambda k: sum(gth["sums"][k] for gth in gathered)  # noqa: E731
         rewards = torch.tensor(allv("reward") or [0.0])
@@ -277,8 +295,13 @@ class GRPOTrainer:
             "time_update": t_update - t_logprob,
             "time_step": step_time,
             "rejected_items": sum(gth["rejected"] for gth in gathered),
+            "skipped_update": 0.0 if signal else 1.0,
             "offline_groups": sum(gth["stats"]["offline"] for gth in gathered),
         }
+        behav_tokens = sum(gth["behav"][1] for gth in gathered)
+        if behav_tokens:
+            # mean |logp_trainer - logp_engine| on the sampled tokens: ~0 when the engine's weights are in sync
+            metrics["behav_logp_absdiff"] = sum(gth["behav"][0] for gth in gathered) / behav_tokens
         return metrics
 
     def train(self) -> dict[str, Any]:
@@ -287,6 +310,7 @@ class GRPOTrainer:
         try:
             while s.step < s.total_steps:
                 metrics = self.step()
+                metrics.update(s.maybe_eval())
                 last = metrics
                 if s.step % self.cfg.run.log_every == 0 or s.step == s.total_steps:
                     s.logger.log(s.step, metrics)

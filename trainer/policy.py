@@ -119,9 +119,32 @@ def _metadata_dict(meta: Any) -> dict:
     else:  # transformers.video_utils.VideoMetadata or any object with attributes
         d = {k: getattr(meta, k) for k in ("total_num_frames", "fps", "frames_indices", "duration", "width",
                                            "height", "video_backend") if getattr(meta, k, None) is not None}
+    try:  # keep only what transformers' VideoMetadata takes (the shard loader adds e.g. "timestamps")
+        import dataclasses
+
+        from transformers.video_utils import VideoMetadata
+
+        known = {f.name for f in dataclasses.fields(VideoMetadata)}
+        d = {k: v for k, v in d.items() if k in known}
+    except (ImportError, TypeError):  # pragma: no cover - older transformers
+        pass
     if "frames_indices" in d and d["frames_indices"] is not None:
         d["frames_indices"] = [int(i) for i in d["frames_indices"]]
     return d
+
+
+def sample_name(item: Mapping[str, Any]) -> str:
+    """How errors name an item: its key, plus the question id when the key is the video's (shard items)."""
+    key, qid = item.get("key"), item.get("qra_id")
+    if qid and key and str(qid) != str(key):
+        return f"{key}/{qid}"
+    return str(key or qid or "?")
+
+
+def item_metadata(item: Mapping[str, Any]):
+    """An item's video metadata: ``video_metadata`` (the shard loader's key) or ``metadata``."""
+    meta = item.get("video_metadata")
+    return meta if meta is not None else item.get("metadata")
 
 
 def _frames(item: Mapping[str, Any]):
@@ -173,17 +196,24 @@ def encode_prompt(processor, item: Mapping[str, Any], *, video_token_id: int, me
                   messages: list[dict] | None = None) -> PromptInputs:
     """Tokenize an item's prompt with its cached frames; raise ``VideoTokenMismatch`` unless the prompt holds
     exactly one ``<|video_pad|>`` per merged visual patch of the video."""
-    key = str(item.get("key", "?"))
+    key = sample_name(item)
     msgs = messages if messages is not None else prompt_messages(item)
     text = processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    cached_grid = item.get("video_grid_thw")
+    # frames from the frame cache are already resized by this processor's rules: do not resize them again
+    resize = {"do_resize": False} if cached_grid is not None else {}
     try:
-        enc = processor(text=[text], videos=[_frames(item)], video_metadata=[_metadata_dict(item.get("metadata"))],
-                        do_sample_frames=False, return_tensors="pt")
+        enc = processor(text=[text], videos=[_frames(item)], video_metadata=[_metadata_dict(item_metadata(item))],
+                        do_sample_frames=False, return_tensors="pt", **resize)
     except ValueError as e:  # e.g. a question containing placeholder text: the processor's count check
         if "video" in str(e).lower() or "token" in str(e).lower():
             raise VideoTokenMismatch(f"sample {key!r}: {e}") from e
         raise ValueError(f"sample {key!r}: {e}") from e
     grid = enc["video_grid_thw"]
+    if cached_grid is not None and [int(x) for x in grid.reshape(-1).tolist()] != [int(x) for x in cached_grid]:
+        raise VideoTokenMismatch(
+            f"sample {key!r}: the frame cache says video_grid_thw={list(cached_grid)} but this processor gives "
+            f"{grid.reshape(-1).tolist()}: the cache was built for another processor configuration")
     merge = merge_size or int(getattr(processor.video_processor, "merge_size", 2))
     n_placeholders = int((enc["input_ids"] == video_token_id).sum())
     n_features = int(grid.prod(-1).sum()) // (merge * merge)

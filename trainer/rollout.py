@@ -208,14 +208,14 @@ class VLLMEngine(RolloutEngine):
         self.suppress = {int(i): -100.0 for i in ids if isinstance(i, int) and i != tok.unk_token_id}
 
     def _request(self, item: dict, embeds: VideoEmbeds | None) -> dict:
-        from trainer.policy import _frames, _metadata_dict, prompt_messages
+        from trainer.policy import _frames, _metadata_dict, item_metadata, prompt_messages
 
         text = self.processor.apply_chat_template(prompt_messages(item), add_generation_prompt=True,
                                                   tokenize=False)
         if embeds is not None:
             video = {"video_embeds": embeds.features.detach(), "video_grid_thw": embeds.grid_thw.reshape(-1, 3)}
         else:
-            video = (_frames(item).numpy(), _metadata_dict(item.get("metadata")))
+            video = (_frames(item).numpy(), _metadata_dict(item_metadata(item)))
         return {"prompt": text, "multi_modal_data": {"video": video},
                 "mm_processor_kwargs": {"do_sample_frames": False}}
 

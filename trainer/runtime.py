@@ -214,11 +214,15 @@ def load_items(cfg: DataConfig, split: str) -> list[dict]:
     urls = cfg.train_urls if split == "train" else cfg.eval_urls
     if not urls:
         raise ValueError(f"data.{'train' if split == 'train' else 'eval'}_urls is empty (data.source=shards)")
-    try:
-        from trainer import data as shard_data
-    except ImportError as e:  # pragma: no cover - the loader ships with the package
-        raise RuntimeError("trainer.data (the shard loader) is not available") from e
-    return list(shard_data.iter_items(urls))
+    from trainer.data import ShardDataset
+
+    # every rank reads every item; ItemStream splits each global batch over the ranks
+    ds = ShardDataset(list(urls), shuffle=False, epochs=1, rank=0, world_size=1, on_error=cfg.on_error)
+    items = list(ds)
+    if ds.stats.skipped_samples or ds.stats.skipped_shards:
+        log.warning("shard loader skipped %d samples and %d shards: %s", ds.stats.skipped_samples,
+                    ds.stats.skipped_shards, ds.stats.errors[-3:])
+    return items
 
 
 # --------------------------------------------------------------------------------------------------
@@ -359,6 +363,23 @@ class TrainSession:
                         barrier=self.barrier, model_state=self.full_state_dict())
         if self.info.is_main:
             prune_checkpoints(self.ckpt_root, self.cfg.run.keep_checkpoints)
+
+    def maybe_eval(self) -> dict[str, float]:
+        """Held-out greedy accuracy every ``eval.every`` steps: rank 0 evaluates and the other ranks wait at the next
+        collective (under FSDP every rank runs the same evaluation, since each forward needs all ranks)."""
+        every = self.cfg.eval.every
+        if not every or self.step % every or (not self.info.is_main and not self.fsdp):
+            return {}
+        from trainer.eval import evaluate
+
+        if getattr(self, "_eval_items", None) is None:
+            self._eval_items = load_items(self.cfg.data, "eval")
+        res = evaluate(self.model, self.processor, self._eval_items, max_new_tokens=self.cfg.eval.max_new_tokens,
+                       max_items=self.cfg.eval.max_items)
+        self.model.train()
+        out = {"eval_accuracy": res["accuracy"], "eval_format_rate": res["format_rate"]}
+        out.update({f"eval_accuracy/{k}": v["accuracy"] for k, v in res["per_category"].items()})
+        return out
 
     def maybe_save(self) -> bool:
         """Save on the schedule; return True when the run should stop now (run.stop_after)."""

@@ -77,6 +77,7 @@ class SFTTrainer:
         try:
             while s.step < s.total_steps:
                 last = self.step()
+                last.update(s.maybe_eval())
                 if s.step % self.cfg.run.log_every == 0 or s.step == s.total_steps:
                     s.logger.log(s.step, last)
                 s.logger.advance()

@@ -3,7 +3,7 @@
 Each item is a tiny rendered video (uint8 frames, ``[T, H, W, 3]``) with one question whose answer follows from the
 pixels, in the same shape as the per-question items of the shard loader::
 
-    {"key", "video_id", "frames" (uint8 torch tensor [T, H, W, 3]), "metadata" (fps, frames_indices,
+    {"key", "video_id", "frames" (uint8 torch tensor [T, H, W, 3]), "video_metadata" (fps, frames_indices,
      total_num_frames, duration, width, height), "question", "options", "answer", "problem_type",
      "category", "target"}
 
@@ -116,7 +116,7 @@ def make_item(index: int, seed: int = 0, kinds: Iterable[str] = ("colour",), n_f
         "key": f"{video_id}_q0",
         "video_id": video_id,
         "frames": torch.from_numpy(frames),
-        "metadata": meta,
+        "video_metadata": meta,
         "question": question,
         "options": options,
         "answer": answer,
@@ -128,3 +128,63 @@ def make_item(index: int, seed: int = 0, kinds: Iterable[str] = ("colour",), n_f
 
 def make_items(n: int, seed: int = 0, kinds: Iterable[str] = ("colour",), **kw) -> list[dict]:
     return [make_item(i, seed=seed, kinds=kinds, **kw) for i in range(n)]
+
+
+def write_shards(items: list[dict], out_dir: str, *, dataset: str = "synthetic", split: str = "rl",
+                 per_shard: int = 64) -> str:
+    """Write ``items`` as longreel WebDataset shards + wids index with the pack stage's own writer
+    (``pipelines.pack.shards``), one sample per video; return the index path (``trainer.data`` reads it).
+
+    Frames are staged as ``.npy`` files (``allow_pickle=False``) beside the shards, as the frame cache would hold
+    them, then streamed into the tars with their sha256 checked."""
+    import hashlib
+    import json
+    import os
+    import tempfile
+
+    from pipelines.pack.shards import SAMPLE_LAYOUT, build_index, index_name, shard_name, write_shard_atomic
+
+    os.makedirs(out_dir, exist_ok=True)
+    stage = tempfile.mkdtemp(prefix=".frames-", dir=out_dir)
+    dumps = lambda o: json.dumps(o, sort_keys=True, separators=(",", ":"))  # noqa: E731
+    samples = []
+    try:
+        for item in items:
+            frames = item["frames"].numpy() if hasattr(item["frames"], "numpy") else np.asarray(item["frames"])
+            key = item["video_id"]
+            path = os.path.join(stage, f"{key}.npy")
+            np.save(path, frames, allow_pickle=False)
+            blob = open(path, "rb").read()
+            t, h, w, _ = frames.shape
+            meta = {"key": key, "split": split, "video_id": key, "video_metadata": item["video_metadata"],
+                    "num_frames": int(t), "resized_height": int(h), "resized_width": int(w),
+                    "video_grid_thw": [int(t) // 2, int(h) // 14, int(w) // 14], "license": "CC0-1.0",
+                    "attribution": "procedurally generated (trainer.synthetic_task)", "nquestions": 1,
+                    "sample_layout": SAMPLE_LAYOUT}
+            qra = {k: item[k] for k in ("question", "options", "answer", "problem_type", "category", "target")}
+            qra.update(qra_id=item["key"], video_id=key, split=split, pass_rate=None)
+            texts = {"meta.json": dumps(meta), "qras.json": dumps([qra])}
+            sums = {"frames.npy": {"bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}}
+            sums.update({n: {"bytes": len(v.encode()), "sha256": hashlib.sha256(v.encode()).hexdigest()}
+                         for n, v in texts.items()})
+            files = [{"name": "frames.npy", "path": path, "size": len(blob), "sha256": sums["frames.npy"]["sha256"]}]
+            files += [{"name": n, "text": v} for n, v in texts.items()] + [{"name": "sums.json", "text": dumps(sums)}]
+            samples.append({"key": key, "files": files})
+        samples.sort(key=lambda s: s["key"])
+        infos = []
+        for idx, start in enumerate(range(0, len(samples), per_shard)):
+            chunk = samples[start:start + per_shard]
+            name = shard_name(dataset, split, idx)
+            nbytes, sha = write_shard_atomic(os.path.join(out_dir, name), chunk)
+            infos.append({"index": idx, "url": name, "nsamples": len(chunk), "bytes": nbytes, "sha256": sha,
+                          "nquestions": len(chunk)})
+        index_path = os.path.join(out_dir, index_name(dataset, split))
+        with open(index_path + ".tmp", "w", encoding="utf-8") as fh:
+            json.dump(build_index(dataset, split, infos), fh, indent=1)
+            fh.write("\n")
+        os.replace(index_path + ".tmp", index_path)
+        return index_path
+    finally:
+        import shutil
+
+        shutil.rmtree(stage, ignore_errors=True)
