@@ -297,3 +297,37 @@ def test_longreel_caption_command(shared_videos, tmp_path, capsys):
     assert main(["caption", "--clips-dir", str(out), "--set", "caption.frames.n=0"]) == 2  # a bad config: exit 2
     assert main(["caption", "--clips-dir", str(out), "--backend", "transformers"]) == 2    # no model path
     assert main(["caption", "--clips-dir", str(tmp_path / "missing")]) == 2
+
+
+def test_remote_videos_are_fetched_verified_and_reused(shared_videos, tmp_path):
+    """Videos behind a URL (here http on 127.0.0.1) are copied once per worker, verified by sha256, decoded."""
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    out = curate_dir(shared_videos, ["texlive-mwe__example-movie.mp4"], tmp_path)
+    gets = []
+
+    class Handler(SimpleHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            gets.append(self.path)
+            super().do_GET()
+
+        def log_message(self, *a):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(tmp_path / "in")))
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        from pipelines.io.parquet_sink import read_table
+        table = read_table(str(out), "videos")
+        url = f"http://127.0.0.1:{srv.server_address[1]}/texlive-mwe__example-movie.mp4"
+        pq.write_table(table.set_column(table.schema.get_field_index("uri"), "uri", pa.array([url])),
+                       os.path.join(out, "videos-00000-of-00001.parquet"))
+        run_caption(str(out), caption_cfg(**{"frames.decode": "per_clip"}))
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    caps, facts, rejects, stats = tables(out)
+    assert len(caps) == 6 and rejects == []
+    assert 1 <= len(gets) < 6  # six decode tasks, fewer downloads: the verified copy is reused

@@ -172,6 +172,7 @@ class DecodeClipFrames(beam.DoFn):
         self.worker = IsolatedWorker(default_timeout=self.cfg.frames.timeout_s)
         self.tmpdir = tempfile.mkdtemp(prefix="longreel-caption-")
         self.verified: dict[tuple, str] = {}
+        self.remote: tuple[str, str, str] | None = None  # (uri, sha256, local copy) of the last remote video
         self.progress = Progress(STAGE_FACTS, "clips decoded")
         self.decode_s = 0.0
 
@@ -181,17 +182,23 @@ class DecodeClipFrames(beam.DoFn):
             elapsed = time.monotonic() - self.progress.t0
             log.info("%s: %d clips, %.1f s in decode calls of %.1f s since the first clip", STAGE_FACTS,
                      self.progress.n, self.decode_s, elapsed)
+        self._drop_remote()
         self.worker.close()
         shutil.rmtree(self.tmpdir, ignore_errors=True)
 
     def _local(self, video: dict) -> tuple[str | None, bool, tuple[str, str] | None]:
-        """(local path, is_temp, reject) for the task's video, verifying its sha256 when configured."""
+        """(local path, is_temp, reject) for the task's video, verifying its sha256 when configured.
+
+        A remote video (gs://, s3://, http...) is copied once and the copy kept until a task of another remote
+        video arrives, so the chunks of a long video do not download it again and again."""
         from pipelines.stages.ingest import hash_and_localize
 
         uri = video["uri"]
         remote = "://" in uri
         if not remote and not self.cfg.frames.verify_sha256:
             return uri, False, None
+        if remote and self.remote and self.remote[0] == uri and self.remote[1] == video["sha256"]:
+            return self.remote[2], False, None
         try:
             if not remote:
                 st = os.stat(uri)
@@ -208,7 +215,19 @@ class DecodeClipFrames(beam.DoFn):
                                                   f"!= {video['sha256'][:16]}…)")
         if not remote:
             self.verified[key] = sha
+        elif is_temp and sha == video["sha256"]:
+            self._drop_remote()
+            self.remote = (uri, sha, local)
+            return local, False, None
         return local, is_temp, None
+
+    def _drop_remote(self) -> None:
+        if self.remote:
+            try:
+                os.unlink(self.remote[2])
+            except OSError:
+                pass
+            self.remote = None
 
     def _size(self, video: dict) -> tuple[int, int]:
         max_px, multiple, min_px = self.budget
