@@ -4,6 +4,7 @@ import json
 import os
 import time
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -331,3 +332,48 @@ def test_remote_videos_are_fetched_verified_and_reused(shared_videos, tmp_path):
     caps, facts, rejects, stats = tables(out)
     assert len(caps) == 6 and rejects == []
     assert 1 <= len(gets) < 6  # six decode tasks, fewer downloads: the verified copy is reused
+
+
+def test_rotated_video_frames_are_upright(shared_videos, tmp_path, ffmpeg):
+    """A display-rotated video (phone footage) is measured and captioned as shown, the way ffmpeg autorotates."""
+    from PIL import Image
+
+    from conftest import run_ffmpeg
+    from pipelines.media.decode import decode_frames
+    from pipelines.stages.caption import decode_size, upright
+
+    src = tmp_path / "in"
+    src.mkdir()
+    rotated = src / "cup_rot90.mp4"
+    import subprocess
+    try:
+        run_ffmpeg(ffmpeg, "-display_rotation:v:0", "90", "-i", str(shared_videos / "opencv__cup.mp4"), "-t", "3",
+                   "-c", "copy", str(rotated))
+    except subprocess.CalledProcessError:
+        pytest.skip(f"{ffmpeg} has no -display_rotation (ffmpeg < 6)")
+    run_ffmpeg(ffmpeg, "-ss", "1.0", "-i", str(rotated), "-frames:v", "1", "-vf", "scale=60:80",
+               str(tmp_path / "ff.png"))
+    reference = np.asarray(Image.open(tmp_path / "ff.png").convert("RGB")).astype(int)  # ffmpeg autorotated
+    video = {"width": 640, "height": 480, "rotation": 90}
+    w, h = decode_size(video, (80 * 60, 2, 0))
+    assert (w, h) == (80, 60)
+    ours = upright(decode_frames(str(rotated), [1.0], width=w, height=h).frames, 90)[0].astype(int)
+    assert ours.shape == reference.shape == (80, 60, 3)
+    assert np.abs(ours - reference).mean() < 4  # the same picture (bilinear vs bicubic scaling aside)
+    assert np.abs(np.rot90(ours, 2) - reference).mean() > 20  # and not the upside-down one
+
+    out = tmp_path / "out"
+    from pipelines.config import CurateConfig
+    from pipelines.curate import run_curate
+    from pipelines.io.inputs import expand_inputs
+    from schemas.config import load_yaml
+    run_curate(expand_inputs([str(rotated)]), str(out), load_yaml(CurateConfig, None, []))
+    assert tables_clips(out) and read_videos(out)[0]["rotation"] == 90
+    run_caption(str(out), caption_cfg())
+    facts = tables(out)[1]
+    assert facts[0]["frame_height"] > facts[0]["frame_width"]  # portrait, as displayed
+
+
+def read_videos(out):
+    from pipelines.io.parquet_sink import read_table
+    return read_table(str(out), "videos").to_pylist()

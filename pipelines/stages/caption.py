@@ -156,6 +156,25 @@ def plan_decode(element, n_frames: int, mode: str, max_frames_per_call: int):
         yield DecodeTask(videos[0], clips[i:i + per])
 
 
+def upright(frames, rotation: int | None):
+    """``[N, H, W, 3]`` frames as displayed: turned counterclockwise by the stream's display rotation (degrees, as
+    probed: 90 = a phone video shot upright), the way ffmpeg's autorotate shows them."""
+    import numpy as np
+
+    k = (int(rotation or 0) % 360) // 90
+    return np.ascontiguousarray(np.rot90(frames, k, axes=(1, 2))) if k else frames
+
+
+def decode_size(video: dict, budget: tuple[int, int, int]) -> tuple[int, int]:
+    """``(width, height)`` to decode at (before :func:`upright`), so that the displayed frame fits the budget."""
+    max_px, multiple, min_px = budget
+    w, h = int(video["width"]), int(video["height"])
+    if (int(video.get("rotation") or 0) % 180) == 90:
+        dw, dh = fit_pixels(h, w, max_px, multiple, min_px)   # displayed size is h x w
+        return dh, dw
+    return fit_pixels(w, h, max_px, multiple, min_px)
+
+
 def _reason(worker_reason: str) -> str:
     return {"timeout": "decode_timeout", "worker_crashed": "decode_crashed"}.get(worker_reason, None) or (
         worker_reason if worker_reason in ("not_a_video", "no_video_stream") else "decode_failed")
@@ -230,8 +249,7 @@ class DecodeClipFrames(beam.DoFn):
             self.remote = None
 
     def _size(self, video: dict) -> tuple[int, int]:
-        max_px, multiple, min_px = self.budget
-        return fit_pixels(int(video["width"]), int(video["height"]), max_px, multiple, min_px)
+        return decode_size(video, self.budget)
 
     def _decode(self, path: str, stamps: list[float], size: tuple[int, int]):
         from pipelines.media.decode import decode_in_worker
@@ -275,7 +293,8 @@ class DecodeClipFrames(beam.DoFn):
                                        video_id=vid, details=json.dumps({"worker_reason": e.reason,
                                                                          "timestamps": stamps[i]}))
                         continue
-                yield self._element(c, video, *decoded[i], size)
+                frames, ts, idx, fps = decoded[i]
+                yield self._element(c, video, upright(frames, video.get("rotation")), ts, idx, fps, size)
                 self.progress.tick(c["clip_id"])
         finally:
             if is_temp and path:
