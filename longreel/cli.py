@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     setup_logging(args.verbose, args.quiet)
+    args._argv = list(sys.argv[1:] if argv is None else argv)
     return int(args._module.main(args, extra) or 0)
 
 

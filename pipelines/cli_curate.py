@@ -4,13 +4,33 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import shlex
 import sys
+
+import yaml
 
 from pipelines.config import CurateConfig
 from pipelines.io.inputs import InputError, expand_inputs
 from schemas.config import ConfigError, describe, load_yaml
 
 log = logging.getLogger("longreel")
+
+DEMO_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "demo.yaml")
+
+
+def demo_overrides() -> list[str]:
+    """The demo config as ``key=value`` overrides (to layer it under a user's own --config)."""
+    with open(DEMO_CONFIG, encoding="utf-8") as fh:
+        doc = yaml.safe_load(fh)
+
+    def walk(node, prefix=""):
+        for k, v in node.items():
+            if isinstance(v, dict):
+                yield from walk(v, f"{prefix}{k}.")
+            else:
+                yield f"{prefix}{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
+    return list(walk(doc))
 
 DESCRIPTION = """\
 Curate videos into a long-video reasoning dataset.
@@ -50,7 +70,14 @@ def main(args, beam_args: list[str]) -> int:
         print(f"longreel curate: unexpected arguments {unknown}", file=sys.stderr)
         return 2
     try:
-        cfg = load_yaml(CurateConfig, args.config, args.overrides)
+        overrides = list(args.overrides)
+        if args.demo or not args.inputs:
+            # The demo config is the base; the user's --config and --set go on top of it.
+            base = demo_overrides()
+            cfg = load_yaml(CurateConfig, args.config, base + overrides) if args.config else \
+                load_yaml(CurateConfig, DEMO_CONFIG, overrides)
+        else:
+            cfg = load_yaml(CurateConfig, args.config, overrides)
     except (ConfigError, OSError) as e:
         print(f"longreel curate: bad config: {e}", file=sys.stderr)
         return 2
@@ -64,6 +91,7 @@ def main(args, beam_args: list[str]) -> int:
         print(f"longreel curate: {e}", file=sys.stderr)
         return 2
     from pipelines.curate import run_curate
-    stats = run_curate(items, args.out, cfg, beam_args)
+    command = shlex.join(["longreel", *getattr(args, "_argv", ["curate"])])
+    stats = run_curate(items, args.out, cfg, beam_args, command=command)
     print(json.dumps(stats["totals"]))
     return 0

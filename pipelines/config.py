@@ -3,6 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipelines.caption_config import CaptionConfig
+from pipelines.filter_config import FilterConfig
+from pipelines.pack.config import PackConfig
+from pipelines.qra_config import QRAConfig
 from schemas.config import ConfigError, cfg
 
 
@@ -48,8 +52,38 @@ class OutputConfig:
             raise ConfigError("output.parquet_shards must be >= 1")
 
 
+OPTIONAL_STAGES = ("caption", "qra", "filter", "pack", "card")
+# A stage needs the ones it reads from.
+STAGE_NEEDS = {"caption": (), "qra": ("caption",), "filter": ("qra",), "pack": ("qra",), "card": ()}
+
+
+def _default_stages() -> list[str]:
+    return ["caption", "qra", "pack", "card"]
+
+
 @dataclass
 class CurateConfig:
     ingest: IngestConfig = cfg(default_factory=IngestConfig, help="Ingest + probe.")
     segment: SegmentConfig = cfg(default_factory=SegmentConfig, help="Cutting videos into clips.")
     output: OutputConfig = cfg(default_factory=OutputConfig, help="Output tables.")
+    stages: list[str] = cfg(default_factory=_default_stages,
+                            help="Stages after ingest/dedup/segment, in order: caption, qra, filter (needs an "
+                                 "answerer model: filter.model), pack (frame cache + WebDataset shards), card "
+                                 "(data card in <out>/card). [] stops after segment.")
+    caption: CaptionConfig = cfg(default_factory=CaptionConfig, help="Clip captioning.")
+    qra: QRAConfig = cfg(default_factory=QRAConfig, help="Question-reasoning-answer generation.")
+    filter: FilterConfig = cfg(default_factory=FilterConfig, help="Pass-rate filter.")
+    pack: PackConfig = cfg(default_factory=PackConfig, help="Frame cache and shards.")
+
+    def validate(self):
+        unknown = [s for s in self.stages if s not in OPTIONAL_STAGES]
+        if unknown:
+            raise ConfigError(f"stages: unknown {unknown}; choose from {list(OPTIONAL_STAGES)}")
+        if len(set(self.stages)) != len(self.stages):
+            raise ConfigError("stages: a stage is listed twice")
+        for s in self.stages:
+            missing = [n for n in STAGE_NEEDS[s] if n not in self.stages]
+            if missing:
+                raise ConfigError(f"stages: {s} needs {missing}")
+        if "filter" in self.stages and self.filter.backend in ("transformers", "vllm") and not self.filter.model:
+            raise ConfigError("stages: filter needs an answering model: set filter.model to a local directory")

@@ -18,8 +18,9 @@ from schemas.config import load_yaml
 
 
 def curate(inputs, out, overrides=()):
+    """Ingest, dedup and segment only (the later stages have their own tests and the end-to-end test)."""
     items = expand_inputs([str(i) for i in inputs])
-    cfg = load_yaml(CurateConfig, None, list(overrides))
+    cfg = load_yaml(CurateConfig, None, ["stages=[]", *overrides])
     stats = run_curate(items, str(out), cfg)
     return stats, read_table(str(out), "videos").to_pylist(), read_table(str(out), "clips").to_pylist(), \
         read_table(str(out), "rejects").to_pylist()

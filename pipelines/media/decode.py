@@ -79,10 +79,15 @@ def decode_frames(path: str, timestamps: list[float], *, width: int | None = Non
         def frames_from(seek_to: float | None):
             if seek_to is not None:
                 container.seek(int(max(seek_to, 0.0) / tb) + (vs.start_time or 0), stream=vs, backward=True)
-            for f in container.decode(vs):
-                if f.pts is None:
+            for pkt in container.demux(vs):
+                # Empty packets with a timestamp (Theora in Ogg, repeated AVI frames) carry no picture; sending
+                # them makes the decoder fail with EINVAL. The final empty packet (no timestamp) flushes it.
+                if pkt.size == 0 and pkt.pts is not None:
                     continue
-                yield float(f.pts * tb) - start, f
+                for f in pkt.decode():
+                    if f.pts is None:
+                        continue
+                    yield float(f.pts * tb) - start, f
 
         try:
             it = frames_from(None)
