@@ -200,3 +200,17 @@ def test_synthetic_task_through_the_shard_writer_and_loader(policy, tmp_path):
     bad = dict(got[items[0]["key"]], video_grid_thw=[9, 9, 9])
     with pytest.raises(VideoTokenMismatch, match=items[0]["key"]):
         _prompt(policy, bad)
+
+
+def test_vllm_engine_is_imported_lazily(policy):
+    import importlib.util
+
+    from trainer.rollout import make_engine
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed: the GPU check script covers it")
+    model, processor = policy
+    with pytest.raises(RuntimeError, match="vllm"):
+        make_engine("vllm", model, processor, model_path="/nonexistent")
+    with pytest.raises(ValueError, match="unknown rollout engine"):
+        make_engine("sglang", model, processor)
