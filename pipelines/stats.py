@@ -84,13 +84,20 @@ def read_json(path: str) -> dict | None:
         return json.loads(fh.read())
 
 
-def merge_stats(old: dict | None, new: dict, stage_order: list[str] | None = None) -> dict:
-    """Replace ``old``'s entries for the stages ``new`` reports, keep the others (a stage run alone
-    on an existing output directory adds itself to that directory's funnel)."""
+def merge_stats(old: dict | None, new: dict, stage_order: list[str] | None = None,
+                computed: set[str] | None = None) -> dict:
+    """Replace ``old``'s entries for the stages this run computed, keep the others (a stage run alone
+    on an existing output directory adds itself to that directory's funnel).
+
+    ``computed`` names the stages the run counted; a stage ``new`` only lists for ordering (with zero
+    counts) keeps its old entry. ``None`` means every stage ``new`` lists.
+    """
     if not old:
         return new
-    replaced = {s["stage"] for s in new["stages"]}
-    stages = [s for s in old["stages"] if s["stage"] not in replaced] + new["stages"]
+    replaced = {s["stage"] for s in new["stages"]} if computed is None else set(computed)
+    old_names = {s["stage"] for s in old["stages"]}
+    stages = [s for s in old["stages"] if s["stage"] not in replaced] + [
+        s for s in new["stages"] if s["stage"] in replaced or s["stage"] not in old_names]
     if stage_order:
         rank = {s: i for i, s in enumerate(stage_order)}
         stages.sort(key=lambda s: rank.get(s["stage"], len(rank)))
@@ -127,7 +134,8 @@ class WriteStats(beam.PTransform):
         def fold(items):
             doc = build_stats(items, self.stage_order, self.units, self.meta)
             if self.merge:
-                doc = merge_stats(read_json(self.path), doc)
+                computed = {stage for (stage, _), _ in items if not stage.startswith("dist:")}
+                doc = merge_stats(read_json(self.path), doc, self.stage_order, computed)
             if finish is not None:
                 doc = finish(doc)
             return write_json(self.path, doc)
