@@ -51,10 +51,10 @@ def plot_metrics(runs: Sequence[str | os.PathLike], out_png: str | os.PathLike, 
             xs, ys = [p[0] for p in pts], [p[1] for p in pts]
             label = Path(name).name or name
             if smooth > 1 and len(ys) >= smooth:
-                ax.plot(xs, ys, alpha=0.3)
+                (raw,) = ax.plot(xs, ys, alpha=0.25)
                 avg = [sum(ys[max(0, i - smooth + 1):i + 1]) / len(ys[max(0, i - smooth + 1):i + 1])
                        for i in range(len(ys))]
-                ax.plot(xs, avg, label=label)
+                ax.plot(xs, avg, label=label, color=raw.get_color())
             else:
                 ax.plot(xs, ys, label=label)
         ax.set_title(key)
