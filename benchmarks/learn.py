@@ -106,9 +106,13 @@ def plot(results: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
+    w = 10
     for r in results:
         steps = [c["step"] for c in r["grpo_curve"]]
-        ax[0].plot(steps, [c["reward_mean"] for c in r["grpo_curve"]], label=f"seed {r['seed']}")
+        ys = [c["reward_mean"] for c in r["grpo_curve"]]
+        (raw,) = ax[0].plot(steps, ys, alpha=0.25)
+        avg = [sum(ys[max(0, i - w + 1):i + 1]) / len(ys[max(0, i - w + 1):i + 1]) for i in range(len(ys))]
+        ax[0].plot(steps, avg, color=raw.get_color(), label=f"seed {r['seed']} ({w}-step mean)")
         ax[1].bar([f"s{r['seed']} SFT", f"s{r['seed']} GRPO"], [r["accuracy_sft"], r["accuracy_grpo"]])
     ax[0].set_xlabel("GRPO step")
     ax[0].set_ylabel("mean rollout reward")
@@ -144,8 +148,13 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--work", default="", help="working directory (default: a temp dir)")
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "learn.json"))
+    p.add_argument("--replot", action="store_true", help="only redraw the PNG from an existing --out JSON")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    if args.replot:
+        doc = json.loads(Path(args.out).read_text())
+        plot(doc["per_seed"], REPO / doc["reward_curve_png"])
+        return 0
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="longreel-learn-"))
