@@ -229,3 +229,35 @@ def test_sharded_encoder_single_process_is_the_plain_encode(setup):
         a = sharded_video_features(model, enc["pixel_values_videos"], enc["video_grid_thw"])
         b = encode_video_features(model, enc["pixel_values_videos"], enc["video_grid_thw"])
     assert torch.equal(a, b)
+
+
+def test_cache_plugs_into_the_trainers_policy_functions(setup):
+    """trainer.policy.sequence_logprobs fed StepEmbedCache features: same values, and in deferred mode the
+    vision gradients arrive through backward_vision() with one tower pass for the whole step."""
+    from trainer.mrsp.reuse import policy_video_embeds
+    from trainer.policy import PromptInputs, sequence_logprobs
+
+    model, enc, resp, mask, weights = setup
+    prompt = PromptInputs("k", enc["input_ids"], enc["attention_mask"], enc["pixel_values_videos"],
+                          enc["video_grid_thw"], enc["mm_token_type_ids"])
+    model.zero_grad(set_to_none=True)
+    (plain_logprobs(model, enc, resp, mask) * weights * mask).sum().backward()
+    g_plain = grads(model)
+    model.zero_grad(set_to_none=True)
+    cache = StepEmbedCache(model, vision="deferred")
+    cache.begin_step()
+    with VisionCallCounter(model) as counter:
+        with torch.no_grad():
+            emb = policy_video_embeds(cache.features("k", prompt.pixel_values_videos, prompt.video_grid_thw),
+                                      prompt.video_grid_thw)
+            old = sequence_logprobs(model, prompt, resp, mask, video_embeds=emb)
+        leaf = policy_video_embeds(cache.update_features("k"), prompt.video_grid_thw)
+        lp = sequence_logprobs(model, prompt, resp, mask, video_embeds=leaf)
+        (lp * weights * mask).sum().backward()
+        cache.backward_vision()
+        assert counter.calls == 1
+    with torch.no_grad():
+        ref = plain_logprobs(model, enc, resp, mask)
+    assert float(((old - ref) * mask).abs().max()) <= TOL
+    assert maxdiff(grads(model), g_plain) <= TOL
+    model.zero_grad(set_to_none=True)

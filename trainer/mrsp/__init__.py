@@ -7,7 +7,29 @@ Stage 1 (embedding reuse): each unique video of a GRPO step goes through the vis
 update (:mod:`~trainer.mrsp.reuse`).
 
 Stage 2 (sequence-parallel prefill): :func:`~trainer.mrsp.sp_prefill.sp_response_logprobs` splits the gathered
-input embeddings along the sequence across ranks, with exact causal attention over all-gathered K/V.
+input embeddings along the sequence across ranks, with exact causal attention over all-gathered K/V;
+:func:`~trainer.mrsp.sp_prefill.prefill_logprobs` switches it on above a length threshold.
 
 GPU rollouts with cached embeddings through vLLM: :mod:`~trainer.mrsp.vllm_embeds` (lazy import).
+
+A GRPO step with MR-SP (one prompt ``p`` with video key ``k``; ``group`` = the SP group, ``None`` for one rank)::
+
+    cache = StepEmbedCache(model, vision="deferred",                 # or "frozen" / "recompute"
+                           encoder=make_sharded_encoder(model, group=group) if sp > 1 else None)
+    cache.begin_step()
+    with torch.no_grad():
+        f = cache.features(k, p.pixel_values_videos, p.video_grid_thw)          # the one tower pass
+        pos = cache.positions(p.key, p.input_ids, p.video_grid_thw, p.mm_token_type_ids)
+        rollouts = generate_with_features(model, p.input_ids, features=f, video_grid_thw=p.video_grid_thw, ...)
+        old = prefill_logprobs(model, p.input_ids, resp, mask, features=f, positions=pos, group=group)
+        ref = prefill_logprobs(ref_model, p.input_ids, resp, mask, features=f_ref, positions=pos, group=group)
+    for rows in micro_batches:
+        lp = prefill_logprobs(model, p.input_ids, resp[rows], mask[rows], features=cache.update_features(k),
+                              positions=pos, group=group)
+        loss(lp, ...).backward()                                     # same loss on every rank of the group
+    cache.backward_vision()                                          # before optimizer.step()
+    allreduce_grads_(model.parameters(), group)                      # sum over the SP group (if sp > 1)
+
+``f_ref``: ``f`` itself when the vision tower is frozen (policy and reference towers are the same weights);
+otherwise a second ``StepEmbedCache(ref_model, vision="frozen")`` (one more tower pass per step).
 """

@@ -20,7 +20,7 @@ from torch import Tensor
 from trainer.mrsp.positions import PromptPositions
 
 __all__ = ["build_inputs_embeds", "response_logprobs", "generate_with_features", "token_logprobs",
-           "mm_encoder_outputs"]
+           "mm_encoder_outputs", "policy_video_embeds"]
 
 
 def _video_token_id(model) -> int:
@@ -95,3 +95,11 @@ def generate_with_features(model, prompt_ids: Tensor, *, features: Tensor, video
                               mm_token_type_ids=mm_token_type_ids, video_grid_thw=video_grid_thw,
                               mm_encoder_outputs=mm_encoder_outputs(features.detach()),
                               num_return_sequences=num_return_sequences, **generate_kwargs)
+
+
+def policy_video_embeds(features: Tensor, video_grid_thw: Tensor):
+    """Wrap cached features as ``trainer.policy.VideoEmbeds`` for the trainer's ``sequence_logprobs`` /
+    rollout engines (an update leaf from ``StepEmbedCache.update_features`` keeps its gradient path)."""
+    from trainer.policy import VideoEmbeds
+
+    return VideoEmbeds(features=features, grid_thw=video_grid_thw)

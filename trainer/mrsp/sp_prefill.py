@@ -94,13 +94,14 @@ __all__ = ["SPConfig", "sp_enabled", "sp_response_logprobs", "prefill_logprobs",
 @dataclass
 class SPConfig:
     """``min_tokens``: sequence parallelism switches on for sequences of at least this many tokens (prompt +
-    response); below it each rank runs the plain stage-1 path. Measured crossover on this CPU with the
-    benchmark model: see benchmarks/results/mrsp.json."""
+    response); below it each rank runs the plain stage-1 path. The default is the crossover measured by
+    benchmarks/mrsp.py on CPU (2 gloo ranks, 1 thread each): the SP prefill of one sequence was slower than
+    one rank at ~2k tokens and faster from ~3.9k tokens on; re-measure on other hardware."""
 
-    min_tokens: int = 4096
+    min_tokens: int = 3072
 
 
-def sp_enabled(seq_len: int, group=None, min_tokens: int = 4096) -> bool:
+def sp_enabled(seq_len: int, group=None, min_tokens: int = 3072) -> bool:
     return world(group)[1] > 1 and seq_len >= min_tokens
 
 
@@ -209,7 +210,7 @@ def sp_response_logprobs(model, input_ids: Tensor, position_ids: Tensor, respons
 
 def prefill_logprobs(model, prompt_ids: Tensor, response_ids: Tensor, response_mask: Tensor, *, features: Tensor,
                      positions: PromptPositions, temperature: float = 1.0, group=None,
-                     sp_min_tokens: int = 4096) -> Tensor:
+                     sp_min_tokens: int = 3072) -> Tensor:
     """Per-token log-probs ``[N, T]`` of ``N`` responses to one prompt from cached features and positions:
     sequence-parallel over ``group`` when ``Lp + T >= sp_min_tokens`` and the group has more than one rank,
     else the plain stage-1 forward (:func:`trainer.mrsp.reuse.response_logprobs`) on this rank alone.
