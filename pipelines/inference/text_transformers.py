@@ -22,7 +22,7 @@ class TransformersTextBackend(TextBackend):
     supports_guided = True
 
     def __init__(self, model: str = "smollm2", revision: str = "", *, trust_remote_code: bool = False,
-                 dtype: str = "float32", threads: int | None = None, batch_size: int = 8):
+                 dtype: str = "float32", threads: int | None = None, batch_size: int = 1):
         m = resolve_model(model)
         super().__init__(model, revision or weights_hash(m.directory, m.gguf_file))
         self.local = m
@@ -132,7 +132,7 @@ class TransformersTextBackend(TextBackend):
         with torch.inference_mode():
             for step in range(limit):
                 outputs = model(input_ids=input_ids, attention_mask=attn, position_ids=positions,
-                                past_key_values=past, use_cache=True)
+                                past_key_values=past, use_cache=True, logits_to_keep=1)
                 past = outputs.past_key_values
                 logits_all = outputs.logits[:, -1, :].float()
                 nxt_ids = []

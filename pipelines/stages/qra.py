@@ -40,7 +40,8 @@ def build_backend(cfg: QRAConfig):
     if cfg.backend == "transformers":
         from pipelines.inference.text_transformers import TransformersTextBackend
         return TransformersTextBackend(cfg.model, cfg.model_revision, trust_remote_code=cfg.trust_remote_code,
-                                       dtype="float32" if cfg.dtype == "auto" else cfg.dtype)
+                                       dtype="float32" if cfg.dtype == "auto" else cfg.dtype,
+                                       batch_size=cfg.batch_size)
     if cfg.backend == "openai":
         from pipelines.inference.text_openai import OpenAITextBackend
         return OpenAITextBackend(cfg.base_url, cfg.model, revision=cfg.model_revision, api_key_env=cfg.api_key_env,
