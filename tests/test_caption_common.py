@@ -24,7 +24,7 @@ def curate_dir(src_videos: Path, names: list[str], root: Path, overrides=()) -> 
         shutil.copyfile(src_videos / n, inp / n)
     out = root / "out"
     items = expand_inputs([str(inp)])
-    run_curate(items, str(out), load_yaml(CurateConfig, None, list(overrides)))
+    run_curate(items, str(out), load_yaml(CurateConfig, None, ["stages=[]", *overrides]))
     return out
 
 

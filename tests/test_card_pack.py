@@ -26,7 +26,7 @@ def packed(tmp_path_factory):
     from pipelines.sample_corpus import demo_items
 
     run_dir = str(tmp_path_factory.mktemp("packed") / "run")
-    run_curate(demo_items(), run_dir, CurateConfig())
+    run_curate(demo_items(), run_dir, CurateConfig(stages=[]))
     videos = read_table(run_dir, "videos").to_pylist()
     qras = fixtures.qra_rows(videos, per_video=4)
     fixtures.write_tables(run_dir, {"qras": ("qra", qras), "pass_rate": ("pass_rate", fixtures.pass_rate_rows(qras))})

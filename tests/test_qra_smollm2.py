@@ -24,7 +24,7 @@ def captioned(tmp_path_factory):
     from pipelines.curate import run_curate
 
     out = str(tmp_path_factory.mktemp("qra_smollm2") / "run")
-    run_curate([{"uri": VIDEO, "license": "LPPL-1.3c", "attribution": "mwe example-movie"}], out, CurateConfig())
+    run_curate([{"uri": VIDEO, "license": "LPPL-1.3c", "attribution": "mwe example-movie"}], out, CurateConfig(stages=[]))
     run_caption(out, CaptionConfig())  # the weight-free facts captioner over the real clips
     return out
 
