@@ -99,6 +99,20 @@ def sp_checks(model, prompt, pv, grid, mmt, resp, rmask, weights) -> dict:
     res["step_logp_diff"] = float(((lp.detach() - lp_plain) * rmask).abs().max())
     res["step_grad_diff"] = maxdiff(g, g_plain)
 
+    # ---- 4. the same step below the SP threshold: the group splits the rows instead (3 rows over 2 ranks)
+    model.zero_grad(set_to_none=True)
+    cache.begin_step()
+    with torch.no_grad():
+        f = cache.features("video", pv, grid)
+        old_rows = prefill_logprobs(model, prompt, resp, rmask, features=f, positions=p, sp_min_tokens=1 << 30)
+    lp_rows = prefill_logprobs(model, prompt, resp, rmask, features=cache.update_features("video"), positions=p,
+                               sp_min_tokens=1 << 30)
+    ((lp_rows * weights * rmask).sum()).backward()
+    cache.backward_vision()
+    allreduce_grads_(model.parameters())
+    res["rows_old_diff"] = float(((old_rows - lp_plain) * rmask).abs().max())
+    res["rows_grad_diff"] = maxdiff(grads(model), g_plain)
+
     return res
 
 

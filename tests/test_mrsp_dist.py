@@ -106,3 +106,5 @@ def test_sp_prefill_equals_plain_path(dist_results, tag):
         # the trainer-facing step: deferred vision grads through a sharded encoder, SP prefill
         assert x["step_vision_calls"] == 1 and x["step_pushed"] == 1
         assert x["step_old_diff"] <= TOL and x["step_logp_diff"] <= TOL and x["step_grad_diff"] <= TOL, x
+        # below the SP threshold the group splits the rows; same values, same gradient convention
+        assert x["rows_old_diff"] <= TOL and x["rows_grad_diff"] <= TOL, x

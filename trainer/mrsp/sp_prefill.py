@@ -211,17 +211,40 @@ def sp_response_logprobs(model, input_ids: Tensor, position_ids: Tensor, respons
 def prefill_logprobs(model, prompt_ids: Tensor, response_ids: Tensor, response_mask: Tensor, *, features: Tensor,
                      positions: PromptPositions, temperature: float = 1.0, group=None,
                      sp_min_tokens: int = 3072) -> Tensor:
-    """Per-token log-probs ``[N, T]`` of ``N`` responses to one prompt from cached features and positions:
-    sequence-parallel over ``group`` when ``Lp + T >= sp_min_tokens`` and the group has more than one rank,
-    else the plain stage-1 forward (:func:`trainer.mrsp.reuse.response_logprobs`) on this rank alone.
+    """Per-token log-probs ``[N, T]`` of ``N`` responses to one prompt from cached features and positions,
+    identical on every rank of ``group``.
 
-    Under SP every rank of ``group`` must call this with the same arguments, and compute the same loss.
+    * one rank (``group`` ``None`` or of size 1): the plain stage-1 forward
+      (:func:`trainer.mrsp.reuse.response_logprobs`);
+    * ``Lp + T >= sp_min_tokens``: sequence-parallel over ``group`` (:func:`sp_response_logprobs`);
+    * shorter sequences on a group of several ranks: the ``N`` rows are split in contiguous chunks over the
+      ranks (each runs the plain forward on its rows) and the log-probs are all-gathered, so the gradient
+      convention is the same as under SP.
+
+    Every rank of ``group`` must call this with the same arguments and compute the same loss from the result;
+    then sum parameter gradients over ``group`` (``dist_ops.allreduce_grads_``).
     """
     n, t = response_ids.shape
     total = prompt_ids.shape[1] + t
-    if not sp_enabled(total, group, sp_min_tokens):
+    rank, size = world(group)
+    if size == 1:
         return response_logprobs(model, prompt_ids, response_ids, response_mask, features=features,
                                  positions=positions, temperature=temperature)
+    if not sp_enabled(total, group, sp_min_tokens):
+        per = -(-n // size)
+        sizes = [max(0, min(n, (r + 1) * per) - r * per) for r in range(size)]
+        lo = min(n, rank * per)
+        rows = slice(lo, lo + sizes[rank])
+        if sizes[rank]:
+            lp = response_logprobs(model, prompt_ids, response_ids[rows], response_mask[rows], features=features,
+                                   positions=positions, temperature=temperature)
+        else:  # no rows here; keep the features' graph connected so the ranks' backward collectives match
+            lp = features.new_zeros(0, t, dtype=torch.float32)
+            if torch.is_grad_enabled() and features.requires_grad:
+                lp = lp + 0.0 * features.sum()
+        if torch.is_grad_enabled() and features.requires_grad and not lp.requires_grad:
+            lp = lp + 0.0 * features.sum()
+        return gather_seq(lp, dim=0, grad="own", group=group, sizes=sizes)
     ids = torch.cat([prompt_ids.expand(n, -1), response_ids], dim=1)
     attn = torch.cat([torch.ones_like(prompt_ids).expand(n, -1), response_mask.to(prompt_ids.dtype)], dim=1)
     return sp_response_logprobs(model, ids, positions.with_responses(n, t), prompt_ids.shape[1], features=features,
