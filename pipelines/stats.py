@@ -95,12 +95,15 @@ def merge_stats(old: dict | None, new: dict, stage_order: list[str] | None = Non
     if not old:
         return new
     replaced = {s["stage"] for s in new["stages"]} if computed is None else set(computed)
+    new_by = {s["stage"]: s for s in new["stages"]}
     old_names = {s["stage"] for s in old["stages"]}
-    stages = [s for s in old["stages"] if s["stage"] not in replaced] + [
-        s for s in new["stages"] if s["stage"] in replaced or s["stage"] not in old_names]
+    # Old stages keep their places (a replaced one is swapped in place); stages new to the document follow.
+    stages = [new_by[s["stage"]] if s["stage"] in replaced and s["stage"] in new_by else s for s in old["stages"]]
+    stages += [s for s in new["stages"] if s["stage"] not in old_names]
     if stage_order:
         rank = {s: i for i, s in enumerate(stage_order)}
-        stages.sort(key=lambda s: rank.get(s["stage"], len(rank)))
+        if all(s["stage"] in rank for s in stages):
+            stages.sort(key=lambda s: rank[s["stage"]])
     merged = {**old, **{k: v for k, v in new.items() if k != "stages"}, "stages": stages}
     if old.get("distributions") and new.get("distributions"):
         from pipelines.card.distributions import merge_distributions
