@@ -66,7 +66,7 @@ def main() -> int:
             ffmpeg_times.append(timed([ff, "-nostdin", "-loglevel", "error", "-y", "-i", a.video, "-c", "copy",
                                        "-f", "segment", "-segment_time", "10", os.path.join(out, "%03d.mp4")]))
             shutil.rmtree(out)
-        longreel = [sys.executable, "-m", "longreel", "-q", "curate", "--set", "segment.mode=materialize",
+        longreel = [sys.executable, "-m", "longreel", "-q", "curate", "--set", "stages=[]", "--set", "segment.mode=materialize",
                     "--set", "segment.cut=copy"]
         t1, tn = [], []
         for r in range(a.repeats):  # interleaved so that machine noise hits both alike
