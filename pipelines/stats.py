@@ -35,7 +35,10 @@ def stage_counts(label: str, stage: str, inputs, main, rejects, out_units=None):
         units = main | f"{label}OutUnits" >> beam.Map(out_units) | f"{label}DistinctOut" >> beam.Distinct()
     n_out = units | f"{label}CountOut" >> beam.Map(_metric(stage, "out"))
     by_reason = rejects | f"{label}KeyReasons" >> beam.Map(lambda r: ((stage, "rejected:" + r["reason"]), 1))
-    return (n_in, n_out, by_reason) | f"{label}Flatten" >> beam.Flatten()
+    # A zero pair marks the stage as counted by this run even when nothing reached it (a merge must then
+    # replace the stage's old numbers with zeros rather than keep them).
+    present = inputs.pipeline | f"{label}Present" >> beam.Create([((stage, "in"), 0)])
+    return (n_in, n_out, by_reason, present) | f"{label}Flatten" >> beam.Flatten()
 
 
 def extra_count(label: str, stage: str, metric: str, pcoll):
