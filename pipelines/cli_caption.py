@@ -80,22 +80,17 @@ def run_caption(clips_dir: str, cfg: CaptionConfig, beam_args: list[str] | None 
     import apache_beam as beam
     from apache_beam.io.filesystems import FileSystems
 
-    from pipelines.io.parquet_sink import WriteSortedParquet, read_table
+    from pipelines.io.parquet_sink import read_table
     from pipelines.provenance import code_version
     from pipelines.runner import make_pipeline
     from pipelines.stages.caption import CAPTION_STAGES, CAPTION_UNITS, add_caption_stage
-    from pipelines.stats import WriteStats, read_json
+    from pipelines.stage_rerun import write_rerun_outputs
+    from pipelines.stats import read_json
 
     videos = read_table(clips_dir, "videos").to_pylist()
     clips = read_table(clips_dir, "clips").to_pylist()
-    try:  # rejects of the other stages are kept; this command's own stages are replaced (re-runs are idempotent)
-        old_rejects = [r for r in read_table(clips_dir, "rejects").to_pylist() if r["stage"] not in CAPTION_STAGES]
-    except FileNotFoundError:
-        old_rejects = []
     with FileSystems.create(FileSystems.join(clips_dir, "config_caption.yaml")) as fh:
         fh.write(dump_yaml(cfg).encode())
-    old = read_json(FileSystems.join(clips_dir, "stats.json")) or {}
-    order = [s["stage"] for s in old.get("stages", []) if s["stage"] not in CAPTION_STAGES] + CAPTION_STAGES
     log.info("caption: %d clips of %d videos in %s with backend %s (config %s)", len(clips), len(videos), clips_dir,
              cfg.backend, config_hash(cfg)[:12])
     t0 = time.monotonic()
@@ -103,12 +98,9 @@ def run_caption(clips_dir: str, cfg: CaptionConfig, beam_args: list[str] | None 
     v = p | "Videos" >> beam.Create(videos)
     c = p | "Clips" >> beam.Create(clips)
     out = add_caption_stage(p, v, c, clips_dir, cfg, handler=handler)
-    kept = p | "OtherRejects" >> beam.Create(old_rejects)
-    ((kept, out["rejects"]) | "AllRejects" >> beam.Flatten()
-     | "WriteRejects" >> WriteSortedParquet(clips_dir, "rejects", "reject", cfg.parquet_shards))
     meta = {"caption_config_hash": config_hash(cfg), "caption_backend": cfg.backend, "code_version": code_version()}
-    out["counts"] | "WriteStats" >> WriteStats(FileSystems.join(clips_dir, "stats.json"), order,
-                                               CAPTION_UNITS, meta, merge=True)
+    write_rerun_outputs(p, clips_dir, CAPTION_STAGES, CAPTION_UNITS, out["rejects"], out["counts"], meta,
+                        cfg.parquet_shards)
     p.run().wait_until_finish()
     stats = read_json(FileSystems.join(clips_dir, "stats.json"))
     log.info("caption: done in %.1f s", time.monotonic() - t0)

@@ -77,12 +77,13 @@ def run_qra(out_dir: str, cfg: QRAConfig, beam_args: list[str] | None = None, ba
     import apache_beam as beam
     from apache_beam.io.filesystems import FileSystems
 
-    from pipelines.io.parquet_sink import WriteSortedParquet, read_table
+    from pipelines.io.parquet_sink import read_table
     from pipelines.provenance import code_version
     from pipelines.qra.prompting import template_hashes
     from pipelines.runner import make_pipeline
     from pipelines.stages.qra import QRA_STAGES, QRA_UNITS, add_qra_stage
-    from pipelines.stats import WriteStats, read_json
+    from pipelines.stage_rerun import write_rerun_outputs
+    from pipelines.stats import read_json
 
     videos = read_table(out_dir, "videos").to_pylist()
     captions = read_table(out_dir, "captions").to_pylist()
@@ -90,14 +91,8 @@ def run_qra(out_dir: str, cfg: QRAConfig, beam_args: list[str] | None = None, ba
         facts = read_table(out_dir, "clip_facts").to_pylist()
     except FileNotFoundError:
         facts = []
-    try:
-        old_rejects = [r for r in read_table(out_dir, "rejects").to_pylist() if r["stage"] not in QRA_STAGES]
-    except FileNotFoundError:
-        old_rejects = []
     with FileSystems.create(FileSystems.join(out_dir, "config_qra.yaml")) as fh:
         fh.write(dump_yaml(cfg).encode())
-    old = read_json(FileSystems.join(out_dir, "stats.json")) or {}
-    order = [s["stage"] for s in old.get("stages", []) if s["stage"] not in QRA_STAGES] + QRA_STAGES
     log.info("qra: %d captions of %d videos in %s with backend %s (config %s)", len(captions), len(videos), out_dir,
              cfg.backend, config_hash(cfg)[:12])
     t0 = time.monotonic()
@@ -106,13 +101,9 @@ def run_qra(out_dir: str, cfg: QRAConfig, beam_args: list[str] | None = None, ba
     c = p | "Captions" >> beam.Create(captions)
     f = p | "Facts" >> beam.Create(facts)
     out = add_qra_stage(p, c, f, v, out_dir, cfg, backend_factory=backend_factory)
-    kept = p | "OtherRejects" >> beam.Create(old_rejects)
-    ((kept, out["rejects"]) | "AllRejects" >> beam.Flatten()
-     | "WriteRejects" >> WriteSortedParquet(out_dir, "rejects", "reject", cfg.parquet_shards))
     meta = {"qra_config_hash": config_hash(cfg), "qra_backend": cfg.backend, "code_version": code_version(),
             "qra_prompt_hashes": template_hashes(cfg.categories)}
-    out["counts"] | "WriteStats" >> WriteStats(FileSystems.join(out_dir, "stats.json"), order, QRA_UNITS, meta,
-                                               merge=True)
+    write_rerun_outputs(p, out_dir, QRA_STAGES, QRA_UNITS, out["rejects"], out["counts"], meta, cfg.parquet_shards)
     p.run().wait_until_finish()
     stats = read_json(FileSystems.join(out_dir, "stats.json"))
     log.info("qra: done in %.1f s", time.monotonic() - t0)
