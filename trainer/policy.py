@@ -27,6 +27,7 @@ from torch import Tensor
 __all__ = [
     "VideoTokenMismatch", "PromptInputs", "VideoEmbeds", "load_policy", "resolve_dtype", "resolve_device",
     "prompt_messages", "encode_prompt", "encode_video", "sequence_logprobs", "sft_inputs", "video_token_id",
+    "shared_prefix_logprobs", "can_share_prompt",
 ]
 
 log = logging.getLogger("longreel.trainer")
@@ -285,8 +286,72 @@ def _repeat_extra(extra: Mapping[str, Tensor], n: int) -> dict[str, Tensor]:
     return {k: v.repeat_interleave(n, dim=0) if v.dim() >= 1 and v.shape[0] == 1 else v for k, v in extra.items()}
 
 
+def _token_logprobs(logits: Tensor, labels: Tensor, temperature: float) -> Tensor:
+    """``log softmax(logits / temperature)`` ``[N, T, V]`` gathered at ``labels`` ``[N, T]``; fp32."""
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    return torch.log_softmax(logits, dim=-1).gather(-1, labels.to(logits.device).unsqueeze(-1)).squeeze(-1)
+
+
+def can_share_prompt(model) -> bool:
+    """Whether a prompt's K/V cache survives the text decoder's forward. transformers' gradient-checkpointed
+    layers drop ``past_key_values`` in training mode (a cache cannot be recomputed in the backward), so the
+    shared-prefix path would silently lose the prompt there; callers then use the per-sequence path."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    inner = getattr(model, "model", model)
+    text = getattr(inner, "language_model", inner)
+    return not any(isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing and m.training
+                   for m in text.modules())
+
+
+def shared_prefix_logprobs(model, prefix_inputs: Mapping[str, Any], response_ids: Tensor, response_mask: Tensor,
+                           response_position_ids: Tensor, *, temperature: float = 1.0) -> Tensor:
+    """Per-token log-probs ``[N, T]`` of ``N`` right-padded responses that share one prompt, the prompt run once.
+
+    The prompt (``prefix_inputs``: ``model(**prefix_inputs)`` keyword arguments for batch 1, length ``Lp``, no
+    padding, with its own ``position_ids``) is prefilled once; its K/V cache (a transformers ``DynamicCache``)
+    is repeated to ``N`` rows and only ``response_ids[:, :-1]`` run on top of it. The last prompt position's
+    logits predict every row's first response token. Under grad the prompt's forward graph is built once and
+    shared by the ``N`` rows, so the backward reaches the prompt's inputs (e.g. video features) exactly as in
+    the per-sequence path; the repeat's backward sums the rows' K/V gradients.
+
+    Args:
+        response_ids / response_mask: ``[N, T]`` (mask 1 on real tokens, right padding).
+        response_position_ids: the responses' position ids, ``[3, N, T]`` (M-RoPE) or ``[N, T]``.
+    Returns ``[N, T]`` float32 (entries at padding positions are meaningless).
+    """
+    n, t = response_ids.shape
+    out = model(**prefix_inputs, use_cache=True, logits_to_keep=1)
+    first = out.logits[:, -1:].expand(n, -1, -1)
+    if t == 1:
+        return _token_logprobs(first, response_ids, temperature)
+    cache = out.past_key_values
+    prefix_len = cache.get_seq_length()
+    cache.batch_repeat_interleave(n)
+    attn = torch.cat([response_mask.new_ones(n, prefix_len), response_mask[:, :-1]], dim=1)
+    rest = model(input_ids=response_ids[:, :-1], attention_mask=attn, position_ids=response_position_ids[..., :-1],
+                 past_key_values=cache, use_cache=True).logits
+    return _token_logprobs(torch.cat([first, rest], dim=1), response_ids, temperature)
+
+
+def _mrope_positions(model, prompt: PromptInputs):
+    """The prompt's M-RoPE positions (``trainer.mrsp.positions.PromptPositions``), or ``None`` for a model
+    without ``get_rope_index``."""
+    from trainer.mrsp.positions import base_model, prompt_positions
+
+    try:
+        base_model(model)
+    except TypeError:
+        return None
+    mmt = prompt.mm_token_type_ids
+    return prompt_positions(model, prompt.input_ids, prompt.video_grid_thw, mmt, extra=prompt.extra)
+
+
 def sequence_logprobs(model, prompt: PromptInputs, response_ids: Tensor, response_mask: Tensor, *,
-                      temperature: float = 1.0, video_embeds: VideoEmbeds | None = None) -> Tensor:
+                      temperature: float = 1.0, video_embeds: VideoEmbeds | None = None,
+                      share_prompt: bool = True) -> Tensor:
     """Per-token log-probs ``[N, T]`` of ``N`` right-padded responses to one prompt (``logits / temperature``).
 
     Args:
@@ -295,15 +360,29 @@ def sequence_logprobs(model, prompt: PromptInputs, response_ids: Tensor, respons
         temperature: the sampling temperature, so ratios compare like with like.
         video_embeds: precomputed vision features for this prompt (see ``VideoEmbeds``); when ``None`` the
             video is encoded here, once for all ``N`` sequences.
+        share_prompt: run the prompt once and only the responses ``N`` times (:func:`shared_prefix_logprobs`;
+            equal to the per-sequence forward within fp32 rounding, tests/test_shared_prefix.py). Ignored (the
+            per-sequence forward runs) for a left-padded prompt, a model without M-RoPE ``get_rope_index``, or
+            gradient-checkpointed layers in training mode (:func:`can_share_prompt`).
     Returns:
         ``[N, T]`` float32 log-probs; entries at padding positions are meaningless (mask them).
     """
     n, t = response_ids.shape
-    dev = response_ids.device
     if video_embeds is None:
         video_embeds = encode_video(model, prompt)
     else:
         _check_embeds(prompt, video_embeds, model)
+    positions = None
+    if share_prompt and bool(prompt.attention_mask.all()) and can_share_prompt(model):
+        positions = _mrope_positions(model, prompt)
+    if positions is not None:
+        prefix: dict[str, Any] = dict(input_ids=prompt.input_ids, video_grid_thw=prompt.video_grid_thw,
+                                      mm_encoder_outputs=video_embeds.as_mm_encoder_outputs(1),
+                                      position_ids=positions.prompt.to(prompt.input_ids.device), **prompt.extra)
+        if prompt.mm_token_type_ids is not None:
+            prefix["mm_token_type_ids"] = prompt.mm_token_type_ids
+        resp_pos = positions.with_responses(n, t)[:, :, positions.length:].to(response_ids.device)
+        return shared_prefix_logprobs(model, prefix, response_ids, response_mask, resp_pos, temperature=temperature)
     ids = torch.cat([prompt.input_ids.expand(n, -1), response_ids], dim=1)
     attn = torch.cat([prompt.attention_mask.expand(n, -1), response_mask.to(prompt.attention_mask.dtype)], dim=1)
     kwargs: dict[str, Any] = {}
@@ -314,11 +393,7 @@ def sequence_logprobs(model, prompt: PromptInputs, response_ids: Tensor, respons
     out = model(input_ids=ids, attention_mask=attn, video_grid_thw=prompt.video_grid_thw.repeat(n, 1),
                 mm_encoder_outputs=video_embeds.as_mm_encoder_outputs(n), logits_to_keep=t + 1, use_cache=False,
                 **kwargs)
-    logits = out.logits[:, :-1, :].float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, response_ids.to(dev).unsqueeze(-1)).squeeze(-1)
-    return logp
+    return _token_logprobs(out.logits[:, :-1, :], response_ids, temperature)
 
 
 def sft_inputs(processor, prompt: PromptInputs, target: str, eos_token_id: int) -> tuple[Tensor, Tensor]:

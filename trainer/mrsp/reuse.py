@@ -51,7 +51,8 @@ def token_logprobs(logits: Tensor, labels: Tensor, temperature: float = 1.0) -> 
 
 
 def response_logprobs(model, prompt_ids: Tensor, response_ids: Tensor, response_mask: Tensor, *,
-                      features: Tensor, positions: PromptPositions, temperature: float = 1.0) -> Tensor:
+                      features: Tensor, positions: PromptPositions, temperature: float = 1.0,
+                      share_prompt: bool = True) -> Tensor:
     """Per-token log-probs ``[N, T]`` of ``N`` right-padded responses to one prompt, from cached features.
 
     Args:
@@ -59,9 +60,18 @@ def response_logprobs(model, prompt_ids: Tensor, response_ids: Tensor, response_
         features: the prompt's video features ``[n_tokens, H]`` (detached for old/ref log-probs; with grad, or a
             ``StepEmbedCache.update_features`` leaf, in the update).
         positions: the prompt's cached M-RoPE positions.
+        share_prompt: run the prompt (video + question) once and only the ``N`` responses on top of its K/V
+            cache (``trainer.policy.shared_prefix_logprobs``), instead of ``N`` full sequences; equal within
+            fp32 rounding. Falls back to the per-sequence forward under gradient checkpointing in training mode.
     Entries at padding positions are meaningless (mask them). Grad follows the caller's grad mode.
     """
+    from trainer.policy import can_share_prompt, shared_prefix_logprobs
+
     n, t = response_ids.shape
+    if share_prompt and can_share_prompt(model):
+        prefix = dict(inputs_embeds=build_inputs_embeds(model, prompt_ids, features), position_ids=positions.prompt)
+        resp_pos = positions.with_responses(n, t)[:, :, positions.length:]
+        return shared_prefix_logprobs(model, prefix, response_ids, response_mask, resp_pos, temperature=temperature)
     ids = torch.cat([prompt_ids.expand(n, -1), response_ids], dim=1)
     attn = torch.cat([torch.ones_like(prompt_ids).expand(n, -1), response_mask.to(prompt_ids.dtype)], dim=1)
     embeds = build_inputs_embeds(model, ids, features)

@@ -210,16 +210,17 @@ def sp_response_logprobs(model, input_ids: Tensor, position_ids: Tensor, respons
 
 def prefill_logprobs(model, prompt_ids: Tensor, response_ids: Tensor, response_mask: Tensor, *, features: Tensor,
                      positions: PromptPositions, temperature: float = 1.0, group=None,
-                     sp_min_tokens: int = 3072) -> Tensor:
+                     sp_min_tokens: int = 3072, share_prompt: bool = True) -> Tensor:
     """Per-token log-probs ``[N, T]`` of ``N`` responses to one prompt from cached features and positions,
     identical on every rank of ``group``.
 
     * one rank (``group`` ``None`` or of size 1): the plain stage-1 forward
-      (:func:`trainer.mrsp.reuse.response_logprobs`);
+      (:func:`trainer.mrsp.reuse.response_logprobs`; with ``share_prompt`` the prompt runs once for the ``N``
+      rows);
     * ``Lp + T >= sp_min_tokens``: sequence-parallel over ``group`` (:func:`sp_response_logprobs`);
     * shorter sequences on a group of several ranks: the ``N`` rows are split in contiguous chunks over the
-      ranks (each runs the plain forward on its rows) and the log-probs are all-gathered, so the gradient
-      convention is the same as under SP.
+      ranks (each runs the plain forward on its rows, its prompt once with ``share_prompt``) and the log-probs
+      are all-gathered, so the gradient convention is the same as under SP.
 
     Every rank of ``group`` must call this with the same arguments and compute the same loss from the result;
     then sum parameter gradients over ``group`` (``dist_ops.allreduce_grads_``).
@@ -229,7 +230,7 @@ def prefill_logprobs(model, prompt_ids: Tensor, response_ids: Tensor, response_m
     rank, size = world(group)
     if size == 1:
         return response_logprobs(model, prompt_ids, response_ids, response_mask, features=features,
-                                 positions=positions, temperature=temperature)
+                                 positions=positions, temperature=temperature, share_prompt=share_prompt)
     if not sp_enabled(total, group, sp_min_tokens):
         per = -(-n // size)
         sizes = [max(0, min(n, (r + 1) * per) - r * per) for r in range(size)]
@@ -237,7 +238,7 @@ def prefill_logprobs(model, prompt_ids: Tensor, response_ids: Tensor, response_m
         rows = slice(lo, lo + sizes[rank])
         if sizes[rank]:
             lp = response_logprobs(model, prompt_ids, response_ids[rows], response_mask[rows], features=features,
-                                   positions=positions, temperature=temperature)
+                                   positions=positions, temperature=temperature, share_prompt=share_prompt)
         else:  # no rows here; keep the features' graph connected so the ranks' backward collectives match
             lp = features.new_zeros(0, t, dtype=torch.float32)
             if torch.is_grad_enabled() and features.requires_grad:

@@ -1,0 +1,189 @@
+"""Shared prompt prefix: the G responses of a group share one prompt (video + question), so the prompt is run
+once and its K/V cache is repeated for the responses. Log-probs and gradients (down to the vision tower) must
+equal the per-sequence path within 1e-5 in fp32, for Qwen2-VL and Qwen2.5-VL, with right-padded responses of
+different lengths; rollouts sampled from a once-prefilled prompt must equal the old path's under the same seed."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torchvision")
+pytest.importorskip("transformers")
+
+from trainer.mrsp.embed_cache import StepEmbedCache, encode_video_features  # noqa: E402
+from trainer.mrsp.positions import prompt_positions  # noqa: E402
+from trainer.mrsp.reuse import response_logprobs  # noqa: E402
+from trainer.mrsp.sp_prefill import prefill_logprobs  # noqa: E402
+from trainer.policy import PromptInputs, can_share_prompt, encode_video, sequence_logprobs  # noqa: E402
+from trainer.tiny_model import build_tiny_qwen2vl  # noqa: E402
+
+TOL = 1e-5
+LENGTHS = [11, 6, 9, 1]  # right-padded responses of different lengths, one of a single token
+
+
+@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl"])
+def setup(request, tmp_path_factory, shared_videos):
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from pipelines.media.decode import decode_frames, sample_timestamps
+
+    torch.set_num_threads(1)
+    family = request.param
+    model_dir = build_tiny_qwen2vl(tmp_path_factory.mktemp(family) / "tiny", seed=0, family=family)
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32)
+    proc = AutoProcessor.from_pretrained(model_dir)
+    dec = decode_frames(str(shared_videos / "opencv__vtest.avi"), sample_timestamps(0.0, 4.0, 8))
+    msgs = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "How many people walk left?"}]}]
+    text = proc.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    meta = {"fps": dec.fps, "frames_indices": dec.indices, "total_num_frames": len(dec.indices)}
+    enc = proc(text=[text], videos=[torch.from_numpy(dec.frames)], video_metadata=[meta], do_sample_frames=False,
+               return_tensors="pt")
+    known = {"input_ids", "attention_mask", "pixel_values_videos", "video_grid_thw", "mm_token_type_ids"}
+    prompt = PromptInputs("vtest", enc["input_ids"], enc["attention_mask"], enc["pixel_values_videos"],
+                          enc["video_grid_thw"], enc["mm_token_type_ids"],
+                          {k: v for k, v in enc.items() if k not in known and isinstance(v, torch.Tensor)})
+    g = torch.Generator().manual_seed(0)
+    resp = torch.randint(0, 300, (len(LENGTHS), max(LENGTHS)), generator=g)
+    mask = torch.zeros_like(resp)
+    for i, n in enumerate(LENGTHS):
+        mask[i, :n] = 1
+    weights = torch.randn(resp.shape, generator=g)
+    return family, model, prompt, resp, mask, weights
+
+
+def masked_diff(a, b, mask) -> float:
+    return float(((a - b) * mask).abs().max())
+
+
+def grads(model) -> dict:
+    return {n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p)) for n, p in model.named_parameters()}
+
+
+def max_grad_diff(a: dict, b: dict) -> float:
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+class LanguageModelCalls:
+    """Records the ``[batch, length]`` of every text-decoder forward, to see which path really ran."""
+
+    def __init__(self, model):
+        self.lm, self.shapes = model.model.language_model, []
+
+    def __enter__(self):
+        self.handle = self.lm.register_forward_pre_hook(
+            lambda mod, args, kwargs: self.shapes.append(tuple(kwargs["inputs_embeds"].shape[:2])), with_kwargs=True)
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.remove()
+
+
+# ------------------------------------------------------------------------------------------------ log-probs
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_response_logprobs_shared_prefix_equals_per_sequence(setup, temperature):
+    _, model, prompt, resp, mask, _ = setup
+    with torch.no_grad():
+        f = encode_video_features(model, prompt.pixel_values_videos, prompt.video_grid_thw)
+    pos = prompt_positions(model, prompt.input_ids, prompt.video_grid_thw, prompt.mm_token_type_ids,
+                           extra=prompt.extra)
+    with torch.no_grad():
+        plain = response_logprobs(model, prompt.input_ids, resp, mask, features=f, positions=pos,
+                                  temperature=temperature, share_prompt=False)
+        with LanguageModelCalls(model) as calls:
+            shared = response_logprobs(model, prompt.input_ids, resp, mask, features=f, positions=pos,
+                                       temperature=temperature)
+    n, t = resp.shape
+    assert calls.shapes == [(1, prompt.length), (n, t - 1)]  # the prompt once, then only the responses
+    assert masked_diff(shared, plain, mask) <= TOL
+    assert bool(torch.isfinite(shared).all())
+    # a single-token response batch needs no second pass: the prompt's last logits predict it
+    with torch.no_grad():
+        one = response_logprobs(model, prompt.input_ids, resp[:, :1], mask[:, :1], features=f, positions=pos,
+                                temperature=temperature)
+    assert masked_diff(one, plain[:, :1], mask[:, :1]) <= TOL
+
+
+def test_update_gradients_reach_the_vision_tower_equally(setup):
+    """With grad, the prompt's forward runs once and its K/V graph is shared by the responses: the backward
+    still reaches the prefix and, through the features, every vision-tower parameter."""
+    _, model, prompt, resp, mask, weights = setup
+    pos = prompt_positions(model, prompt.input_ids, prompt.video_grid_thw, prompt.mm_token_type_ids,
+                           extra=prompt.extra)
+    out = {}
+    for share in (False, True):
+        model.zero_grad(set_to_none=True)
+        f = encode_video_features(model, prompt.pixel_values_videos, prompt.video_grid_thw)
+        lp = response_logprobs(model, prompt.input_ids, resp, mask, features=f, positions=pos, share_prompt=share)
+        (lp * weights * mask).sum().backward()
+        out[share] = lp.detach(), grads(model)
+    assert masked_diff(out[True][0], out[False][0], mask) <= TOL
+    assert max_grad_diff(out[True][1], out[False][1]) <= TOL
+    vision = [k for k in out[True][1] if k.startswith("model.visual.")]
+    assert vision and all(float(out[True][1][k].abs().max()) > 0 for k in vision)
+
+
+@pytest.mark.parametrize("vision", ["frozen", "deferred"])
+def test_prefill_logprobs_with_step_cache_equals_per_sequence(setup, vision):
+    """The MR-SP one-rank dispatcher with StepEmbedCache leaves (the trainer-facing stage-1 path)."""
+    _, model, prompt, resp, mask, weights = setup
+    out = {}
+    for share in (False, True):
+        model.zero_grad(set_to_none=True)
+        cache = StepEmbedCache(model, vision=vision)
+        cache.begin_step()
+        with torch.no_grad():
+            f = cache.features("vid", prompt.pixel_values_videos, prompt.video_grid_thw)
+            pos = cache.positions("q", prompt.input_ids, prompt.video_grid_thw, prompt.mm_token_type_ids,
+                                  extra=prompt.extra)
+            old = prefill_logprobs(model, prompt.input_ids, resp, mask, features=f, positions=pos,
+                                   share_prompt=share)
+        lp = prefill_logprobs(model, prompt.input_ids, resp, mask, features=cache.update_features("vid"),
+                              positions=pos, share_prompt=share)
+        (lp * weights * mask).sum().backward()
+        cache.backward_vision()
+        out[share] = old, lp.detach(), grads(model)
+    assert masked_diff(out[True][0], out[False][0], mask) <= TOL
+    assert masked_diff(out[True][1], out[False][1], mask) <= TOL
+    assert max_grad_diff(out[True][2], out[False][2]) <= TOL
+
+
+def test_sequence_logprobs_shared_prefix_equals_per_sequence(setup):
+    """The trainer's own path (policy.sequence_logprobs): values and gradients, the video encoded inside."""
+    _, model, prompt, resp, mask, weights = setup
+    out = {}
+    for share in (False, True):
+        model.zero_grad(set_to_none=True)
+        with LanguageModelCalls(model) as calls:
+            lp = sequence_logprobs(model, prompt, resp, mask, temperature=0.9, share_prompt=share)
+        (lp * weights * mask).sum().backward()
+        out[share] = lp.detach(), grads(model), calls.shapes
+    n, t = resp.shape
+    assert out[True][2] == [(1, prompt.length), (n, t - 1)]
+    assert out[False][2] == [(n, prompt.length + t)]
+    assert masked_diff(out[True][0], out[False][0], mask) <= TOL
+    assert max_grad_diff(out[True][1], out[False][1]) <= TOL
+    assert any(float(v.abs().max()) > 0 for k, v in out[True][1].items() if k.startswith("model.visual."))
+    with torch.no_grad():  # precomputed embeddings (the MR-SP hook) take the same shared path
+        emb = encode_video(model, prompt)
+        reused = sequence_logprobs(model, prompt, resp, mask, temperature=0.9, video_embeds=emb)
+    assert masked_diff(reused, out[False][0], mask) <= TOL
+
+
+def test_gradient_checkpointing_falls_back_to_per_sequence(setup):
+    """transformers drops the K/V cache inside checkpointed layers in training mode: the per-sequence forward
+    runs there instead of a prefix-less (wrong) response pass."""
+    _, model, prompt, resp, mask, _ = setup
+    with torch.no_grad():
+        expected = sequence_logprobs(model, prompt, resp, mask, share_prompt=False)
+    model.gradient_checkpointing_enable()
+    model.train()
+    try:
+        assert not can_share_prompt(model)
+        with LanguageModelCalls(model) as calls, torch.no_grad():
+            got = sequence_logprobs(model, prompt, resp, mask)
+        assert calls.shapes == [(resp.shape[0], prompt.length + resp.shape[1])]
+    finally:
+        model.gradient_checkpointing_disable()
+        model.eval()
+    assert can_share_prompt(model)
+    assert masked_diff(got, expected, mask) <= TOL
