@@ -12,7 +12,7 @@ from schemas.config import ConfigError, cfg
 
 __all__ = [
     "ModelConfig", "DataConfig", "OptimConfig", "RolloutConfig", "GRPOConfig", "SFTConfig", "RunConfig",
-    "DistConfig", "EvalConfig", "TrainConfig",
+    "DistConfig", "EvalConfig", "MRSPConfig", "TrainConfig",
 ]
 
 
@@ -131,6 +131,35 @@ class DistConfig:
 
 
 @dataclass
+class MRSPConfig:
+    enabled: bool = cfg(True, "MR-SP in GRPO (trainer.mrsp): every unique video of a step goes through the policy's "
+                              "vision tower once (rollouts, old log-probs and the update reuse it) and the "
+                              "reference's once; the log-probs are computed from the cached features and M-RoPE "
+                              "positions. Numerically the same step as the plain path (tests/test_grpo_mrsp.py); "
+                              "false: the plain path (the update re-encodes the video in every micro-batch).")
+    vision: str = cfg("auto", "What the update does with the vision tower. auto: frozen when model.freeze_vision, "
+                              "else deferred. frozen: the cached features are used as they are (needs "
+                              "model.freeze_vision). deferred: the step's one encode keeps its autograd graph and "
+                              "the gradient accumulated on the features over the micro-batches is pushed through "
+                              "it once before the optimizer step (one tower pass per video; holds the tower's "
+                              "activations from rollout to update). recompute: the update re-encodes each video "
+                              "once with grad (two passes per video; activations held only during the update).",
+                      choices=("auto", "frozen", "deferred", "recompute"))
+    sp_size: int = cfg(1, "Ranks per sequence-parallel group under torchrun (1: off). The ranks of a group take the "
+                          "same prompts (data-parallel size = world / sp_size), encode disjoint frame ranges of each "
+                          "video and split each log-prob pass (rows, or the sequence above sp_min_tokens).")
+    sp_min_tokens: int = cfg(3072, "Sequences of at least this many tokens (prompt + response) are prefilled "
+                                   "sequence-parallel across the SP group; shorter ones split the G rows over it. "
+                                   "The default is the CPU crossover measured by benchmarks/mrsp.py.")
+
+    def resolved_vision(self, freeze_vision: bool) -> str:
+        """The vision mode the update runs: ``model.freeze_vision`` implies ``frozen``."""
+        if self.vision == "auto":
+            return "frozen" if freeze_vision else "deferred"
+        return self.vision
+
+
+@dataclass
 class EvalConfig:
     max_new_tokens: int = cfg(256, "Longest greedy answer when evaluating.")
     max_items: int = cfg(0, "Evaluate only the first N held-out items (0: all).")
@@ -148,6 +177,8 @@ class TrainConfig:
     run: RunConfig = cfg(default_factory=RunConfig, help="Run control: steps, checkpoints, logging.")
     dist: DistConfig = cfg(default_factory=DistConfig, help="Distributed training.")
     eval: EvalConfig = cfg(default_factory=EvalConfig, help="Evaluation.")
+    mrsp: MRSPConfig = cfg(default_factory=MRSPConfig, help="MR-SP: video embedding reuse and sequence parallelism "
+                                                            "in GRPO.")
 
     def validate(self) -> None:
         def need(ok: bool, msg: str) -> None:
@@ -176,3 +207,11 @@ class TrainConfig:
         need(self.run.log_every >= 1, "run.log_every must be >= 1")
         need(self.run.device in ("auto", "cpu", "cuda"), "run.device must be auto, cpu or cuda")
         need(self.sft.max_items >= 0 and self.sft.epochs >= 1, "sft.max_items >= 0 and sft.epochs >= 1")
+        need(self.mrsp.sp_size >= 1, "mrsp.sp_size must be >= 1")
+        need(self.mrsp.sp_min_tokens >= 1, "mrsp.sp_min_tokens must be >= 1")
+        need(self.mrsp.enabled or self.mrsp.sp_size == 1, "mrsp.sp_size > 1 needs mrsp.enabled=true")
+        need(not (self.mrsp.vision == "frozen" and not self.model.freeze_vision),
+             "mrsp.vision=frozen trains no vision tower: set model.freeze_vision=true too (or use deferred)")
+        need(not (self.mrsp.vision in ("deferred", "recompute") and self.model.freeze_vision),
+             f"mrsp.vision={self.mrsp.vision} trains the vision tower but model.freeze_vision=true: use auto or frozen")
+        need(self.mrsp.sp_size == 1 or self.dist.strategy == "ddp", "mrsp.sp_size > 1 needs dist.strategy=ddp")

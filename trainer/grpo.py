@@ -35,7 +35,7 @@ from trainer.policy import (PromptInputs, VideoEmbeds, VideoTokenMismatch, encod
                             sequence_logprobs, video_token_id)
 from trainer.rewards import score
 from trainer.rollout import RolloutGroup, SamplingConfig, make_engine, pad_responses
-from trainer.runtime import TrainSession, all_gather_objects, all_reduce_sum, rollout_seed
+from trainer.runtime import DistInfo, TrainSession, all_gather_objects, all_reduce_sum, rollout_seed
 
 __all__ = ["run_grpo", "GroupBatch", "grpo_group_loss"]
 
@@ -57,6 +57,14 @@ class GroupBatch:
     behav_weight: Tensor | None = None
     embeds: VideoEmbeds | None = None
     offline: bool = False  # the last row holds an offline trajectory (mix-policy)
+    video_key: str | None = None  # MR-SP: the StepEmbedCache key of the prompt's video
+    positions: Any = None         # MR-SP: the prompt's cached M-RoPE positions (trainer.mrsp.positions)
+
+
+def _replica_sum(value: float, info: DistInfo) -> float:
+    """Sum of a per-replica quantity over the data-parallel replicas: the ranks of an SP group hold the same
+    prompts, so only the group's leader contributes (exact, unlike dividing a sum by ``sp_size``)."""
+    return all_reduce_sum(value if info.sp_leader else 0.0, info)
 
 
 def _denominator(groups: list[GroupBatch], agg: str, info) -> float:
@@ -65,7 +73,7 @@ def _denominator(groups: list[GroupBatch], agg: str, info) -> float:
         local = sum(float(g.response_mask.sum()) for g in groups)
     else:
         local = sum(float((g.response_mask.sum(-1) > 0).sum()) for g in groups)
-    return all_reduce_sum(local, info)
+    return _replica_sum(local, info)
 
 
 def _pad_time(x: Tensor, t: int, value=0) -> Tensor:
@@ -100,7 +108,8 @@ def grpo_group_loss(logp: Tensor, g: GroupBatch, rows: slice, cfg: TrainConfig, 
 class GRPOTrainer:
     def __init__(self, cfg: TrainConfig, items: list[dict] | None = None):
         self.cfg = cfg
-        self.sess = TrainSession(cfg, "grpo", items=items)
+        self.mrsp = cfg.mrsp.enabled
+        self.sess = TrainSession(cfg, "grpo", items=items, sp_size=cfg.mrsp.sp_size if self.mrsp else 1)
         s = self.sess
         self.video_token_id = video_token_id(s.model)
         self.engine = make_engine(cfg.rollout.engine, s.model, s.processor, model_path=cfg.model.path,
@@ -116,9 +125,59 @@ class GRPOTrainer:
                                       attn_implementation=cfg.model.attn_implementation,
                                       trust_remote_code=cfg.model.trust_remote_code)
             self.ref.eval().requires_grad_(False)
+        self.cache = self.ref_cache = None
+        self.vision_mode = cfg.mrsp.resolved_vision(cfg.model.freeze_vision)
+        if self.mrsp:
+            self._init_mrsp()
         self.sampling = SamplingConfig(n=cfg.rollout.n, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                                        max_new_tokens=cfg.rollout.max_new_tokens)
         self.rejected = 0
+
+    def _init_mrsp(self) -> None:
+        from trainer.mrsp.embed_cache import StepEmbedCache
+        from trainer.mrsp.vision_shard import make_sharded_encoder
+
+        s = self.sess
+        vcfg = getattr(s.model.config, "vision_config", None)
+        if getattr(vcfg, "deepstack_visual_indexes", None):
+            # the cache keeps the merged features only; deepstack families feed per-layer features too
+            raise ValueError("mrsp.enabled: this model family feeds deepstack vision features to the decoder, which "
+                             "the MR-SP cache does not carry yet; set mrsp.enabled=false")
+        group = s.info.sp_group
+        sharded = (lambda m: make_sharded_encoder(m, group=group)) if s.info.sp_size > 1 else (lambda m: None)
+        self.cache = StepEmbedCache(s.model, vision=self.vision_mode, encoder=sharded(s.model))
+        if self.ref is not None and self.vision_mode != "frozen":
+            # a trained policy tower drifts from the reference's: the reference encodes the video itself, once
+            self.ref_cache = StepEmbedCache(self.ref, vision="frozen", encoder=sharded(self.ref))
+
+    def _logprobs(self, model, b: GroupBatch, rows: slice, features: Tensor) -> Tensor:
+        """MR-SP log-probs of rows ``rows`` of group ``b`` from cached features and positions (identical on every
+        rank of the SP group; sequence-parallel above ``mrsp.sp_min_tokens``)."""
+        from trainer.mrsp.sp_prefill import prefill_logprobs
+
+        return prefill_logprobs(model, b.prompt.input_ids, b.response_ids[rows], b.response_mask[rows],
+                                features=features, positions=b.positions, temperature=self.cfg.rollout.temperature,
+                                group=self.sess.info.sp_group, sp_min_tokens=self.cfg.mrsp.sp_min_tokens)
+
+    def _encode_step_videos(self, local) -> tuple[list[VideoEmbeds], list[str], list]:
+        """MR-SP: each unique video of this rank's prompts through the policy's tower once (the step's cache)."""
+        embeds, keys, positions = [], [], []
+        for j, _, item, p in local:
+            key = str(item.get("video_id") or item.get("key") or f"@{j}")
+            try:
+                feats = self.cache.features(key, p.pixel_values_videos, p.video_grid_thw)
+            except ValueError:  # the key names other pixels elsewhere in the batch: not one video, cache apart
+                key = f"{key}@{j}"
+                feats = self.cache.features(key, p.pixel_values_videos, p.video_grid_thw)
+            n_placeholders = int((p.input_ids == self.video_token_id).sum())
+            if feats.shape[0] != n_placeholders:
+                raise VideoTokenMismatch(f"sample {p.key!r}: the vision tower gave {feats.shape[0]} features for "
+                                         f"{n_placeholders} video placeholder tokens")
+            embeds.append(VideoEmbeds(features=feats, grid_thw=p.video_grid_thw))
+            keys.append(key)
+            positions.append(self.cache.positions(f"@{j}", p.input_ids, p.video_grid_thw, p.mm_token_type_ids,
+                                                  extra=p.extra))
+        return embeds, keys, positions
 
     # ------------------------------------------------------------------ one step
     def _prompts(self, local):
@@ -157,10 +216,18 @@ class GRPOTrainer:
         local = self._prompts(s.local_batch())
         model = s.model
 
-        # 1. rollout (video encoded once per prompt, reused below)
+        # 1. rollout (video encoded once per prompt, reused below; with MR-SP once per unique video of the step)
         model.eval()
-        with torch.no_grad():
-            embeds = [encode_video(model, p) for _, _, _, p in local]
+        vkeys: list[str | None] = [None] * len(local)
+        positions: list = [None] * len(local)
+        if self.mrsp:
+            self.cache.begin_step()
+            if self.ref_cache is not None:
+                self.ref_cache.begin_step()
+            embeds, vkeys, positions = self._encode_step_videos(local)
+        else:
+            with torch.no_grad():
+                embeds = [encode_video(model, p) for _, _, _, p in local]
         seeds = [rollout_seed(cfg.run.seed, step, j) for j, _, _, _ in local]
         groups = self.engine.generate([p for *_, p in local], self.sampling, seeds, video_embeds=embeds,
                                       items=[it for _, _, it, _ in local])
@@ -171,7 +238,7 @@ class GRPOTrainer:
         eos_id = s.processor.tokenizer.eos_token_id
         batches: list[GroupBatch] = []
         stats = {"reward": [], "format": [], "accuracy": [], "length": [], "truncated": 0, "offline": 0}
-        for (j, i, item, prompt), g, emb in zip(local, groups, embeds):
+        for (j, i, item, prompt), g, emb, vkey, pos in zip(local, groups, embeds, vkeys, positions):
             try:
                 rewards, fmts, accs = self._score(g.texts, item)
             except (ValueError, KeyError) as e:  # bad reference answer: a data error, the group is skipped
@@ -194,7 +261,8 @@ class GRPOTrainer:
             stats["length"] += mask.sum(-1).tolist()
             stats["truncated"] += int((~g.finished).sum())
             batches.append(GroupBatch(i, prompt, ids, mask, adv, r, embeds=emb, old_logp=behav,
-                                      offline=bool(cfg.grpo.mix_policy and item.get("target"))))
+                                      offline=bool(cfg.grpo.mix_policy and item.get("target")), video_key=vkey,
+                                      positions=pos))
         t_reward = time.perf_counter()
 
         # 3. old / reference log-probs (no grad, reusing the step's video embeddings)
@@ -202,8 +270,12 @@ class GRPOTrainer:
         with torch.no_grad():
             for b in batches:
                 behav = b.old_logp
-                prox = sequence_logprobs(model, b.prompt, b.response_ids, b.response_mask,
-                                         temperature=cfg.rollout.temperature, video_embeds=b.embeds)
+                every = slice(0, b.response_ids.shape[0])
+                if self.mrsp:
+                    prox = self._logprobs(model, b, every, b.embeds.features)
+                else:
+                    prox = sequence_logprobs(model, b.prompt, b.response_ids, b.response_mask,
+                                             temperature=cfg.rollout.temperature, video_embeds=b.embeds)
                 b.old_logp = prox
                 if behav is not None:  # engine-reported log-probs: how far the engine's weights are from ours
                     on = b.response_mask.clone()
@@ -213,7 +285,12 @@ class GRPOTrainer:
                     sums_behav[1] += float(on.sum())
                 if behav is not None and cfg.grpo.behaviour_correction:
                     b.behav_weight = A.behaviour_weight(prox, behav, cap=cfg.grpo.behaviour_cap, mask=b.response_mask)
-                if self.ref is not None:
+                if self.ref is not None and self.mrsp:
+                    # frozen tower: the policy's features are the reference's (same weights, never trained)
+                    ref_feats = b.embeds.features if self.ref_cache is None else self.ref_cache.features(
+                        b.video_key, b.prompt.pixel_values_videos, b.prompt.video_grid_thw)
+                    b.ref_logp = self._logprobs(self.ref, b, every, ref_feats)
+                elif self.ref is not None:
                     ref_emb = encode_video(self.ref, b.prompt)
                     b.ref_logp = sequence_logprobs(self.ref, b.prompt, b.response_ids, b.response_mask,
                                                    temperature=cfg.rollout.temperature, video_embeds=ref_emb)
@@ -223,8 +300,8 @@ class GRPOTrainer:
         model.train()
         denominator = _denominator(batches, cfg.grpo.loss_agg, s.info)
         # groups with a non-zero advantage (and KL, when on) are what moves the policy
-        signal = cfg.grpo.beta > 0 or all_reduce_sum(sum(float(b.advantages.abs().sum() > 0) for b in batches),
-                                                      s.info) > 0
+        signal = cfg.grpo.beta > 0 or _replica_sum(sum(float(b.advantages.abs().sum() > 0) for b in batches),
+                                                    s.info) > 0
         norm_len = max([cfg.rollout.max_new_tokens] + [int(b.response_ids.shape[1]) for b in batches])
         chunks = max(1, cfg.optim.grad_accum)
         loss_total, sums = 0.0, {"clip_frac": 0.0, "clip_frac_low": 0.0, "clip_frac_high": 0.0, "approx_kl": 0.0,
@@ -232,13 +309,21 @@ class GRPOTrainer:
         grad_norm = 0.0
         for epoch in range(cfg.grpo.ppo_epochs):
             epoch_loss = 0.0
+            if self.mrsp and epoch > 0 and self.vision_mode == "deferred":
+                # the tower stepped: the next epoch's features come from one fresh (kept-graph) encode per video
+                self.cache.begin_step()
             for b in batches:
                 n = b.response_ids.shape[0]
                 size = math.ceil(n / chunks)
                 for start in range(0, n, size):
                     rows = slice(start, min(n, start + size))
-                    logp = sequence_logprobs(model, b.prompt, b.response_ids[rows], b.response_mask[rows],
-                                             temperature=cfg.rollout.temperature)
+                    if self.mrsp:
+                        feats = self.cache.update_features(b.video_key, b.prompt.pixel_values_videos,
+                                                           b.prompt.video_grid_thw)
+                        logp = self._logprobs(model, b, rows, feats)
+                    else:
+                        logp = sequence_logprobs(model, b.prompt, b.response_ids[rows], b.response_mask[rows],
+                                                 temperature=cfg.rollout.temperature)
                     loss, m = grpo_group_loss(logp, b, rows, cfg, denominator, norm_len)
                     (loss * s.loss_scale).backward()
                     epoch_loss += float(loss.detach())
@@ -248,6 +333,8 @@ class GRPOTrainer:
                         for k in ("clip_frac", "clip_frac_low", "clip_frac_high", "approx_kl"):
                             sums[k] += float(m[k]) * ntok
                         sums["kl_loss"] += float(m.get("kl_loss", 0.0))
+            if self.mrsp:  # the features' accumulated gradient through the tower, once per video
+                self.cache.backward_vision()
             s.reduce_gradients()
             if cfg.run.dump_grads and step == 1 and epoch == 0:
                 s.dump_grads(cfg.run.dump_grads)
@@ -257,7 +344,7 @@ class GRPOTrainer:
                 s.optimizer.zero_grad(set_to_none=True)
                 s.scheduler.step()
                 grad_norm = 0.0
-            loss_total = all_reduce_sum(epoch_loss, s.info)
+            loss_total = _replica_sum(epoch_loss, s.info)
         if self.engine.name != "transformers":
             self.engine.sync_weights(model, s.full_state_dict())
         t_update = time.perf_counter()
@@ -265,7 +352,8 @@ class GRPOTrainer:
 
         # metrics (global over ranks)
         gathered = all_gather_objects({"stats": stats, "sums": sums, "rejected": self.rejected,
-                                       "behav": sums_behav}, s.info)
+                                       "behav": sums_behav, "lead": s.info.sp_leader}, s.info)
+        gathered = [gth for gth in gathered if gth["lead"]]  # an SP group's ranks saw the same prompts: count once
         allv = lambda k: [v for gth in gathered for v in gth["stats"][k]]  # noqa: E731
         total = lambda k: sum(gth["sums"][k] for gth in gathered)  # noqa: E731
         rewards = torch.tensor(allv("reward") or [0.0])

@@ -6,6 +6,12 @@ backward passes of a step (``sum_gradients``): each rank's loss is already divid
 sequence) count, so the summed gradient equals the single-process gradient of the same global batch. With
 ``dist.strategy=fsdp`` (GPU) the model is wrapped with FSDP2 ``fully_shard`` instead, which reduce-scatters and
 averages, so the loss is scaled by the world size.
+
+MR-SP sequence parallelism (GRPO, ``mrsp.sp_size = S > 1``): the world is cut into groups of ``S`` consecutive
+ranks (``init_sp_groups``); the ranks of a group take the same prompts, so data parallelism runs over
+``world / S`` replicas (``DistInfo.dp_size`` / ``dp_rank``, used by ``TrainSession.local_batch``). Every rank of a
+group holds its share of the group's gradient (the ``trainer.mrsp.dist_ops`` convention), so the one world-wide
+gradient sum (``sum_gradients``) is at once the sum over the SP group and over the data-parallel replicas.
 """
 from __future__ import annotations
 
@@ -21,7 +27,7 @@ import torch
 
 from trainer.config import DataConfig, OptimConfig
 
-__all__ = ["DistInfo", "init_distributed", "sum_gradients", "all_gather_objects", "all_reduce_sum", "seed_everything",
+__all__ = ["DistInfo", "init_distributed", "init_sp_groups", "sum_gradients", "all_gather_objects", "all_reduce_sum", "seed_everything",
            "build_optimizer", "build_scheduler", "ItemStream", "load_items", "rollout_seed"]
 
 log = logging.getLogger("longreel.trainer")
@@ -34,10 +40,30 @@ class DistInfo:
     local_rank: int = 0
     device: torch.device = torch.device("cpu")
     backend: str = ""
+    sp_size: int = 1
+    sp_group: Any = None  # this rank's sequence-parallel process group (None: no SP)
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def sp_rank(self) -> int:
+        return self.rank % self.sp_size
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel replicas: SP groups take the same prompts."""
+        return self.world // self.sp_size
+
+    @property
+    def dp_rank(self) -> int:
+        return self.rank // self.sp_size
+
+    @property
+    def sp_leader(self) -> bool:
+        """The rank that speaks for its SP group in sums of per-replica quantities (token counts, losses)."""
+        return self.sp_rank == 0
 
     @property
     def enabled(self) -> bool:
@@ -60,6 +86,25 @@ def init_distributed(device: torch.device, backend: str = "auto") -> DistInfo:
     if not dist.is_initialized():
         dist.init_process_group(backend=backend)
     return DistInfo(rank=rank, world=world, local_rank=local_rank, device=device, backend=backend)
+
+
+def init_sp_groups(info: DistInfo, sp_size: int) -> DistInfo:
+    """Cut the world into sequence-parallel groups of ``sp_size`` consecutive ranks; return ``info`` with this rank's
+    group. Every rank must call it (``new_group`` is collective over the world, for every group)."""
+    if sp_size <= 1:
+        return info
+    if not info.enabled or info.world % sp_size:
+        raise ValueError(f"mrsp.sp_size={sp_size} needs torchrun with a world size divisible by it "
+                         f"(world size {info.world})")
+    import torch.distributed as dist
+
+    mine = None
+    for start in range(0, info.world, sp_size):
+        g = dist.new_group(list(range(start, start + sp_size)))
+        if start <= info.rank < start + sp_size:
+            mine = g
+    info.sp_size, info.sp_group = sp_size, mine
+    return info
 
 
 def sum_gradients(model: torch.nn.Module, info: DistInfo) -> None:
@@ -236,7 +281,8 @@ class TrainSession:
     After construction, ``self.step`` is the number of optimizer steps already done (non-zero after a resume).
     """
 
-    def __init__(self, cfg, stage: str, *, items: list[dict] | None = None, total_steps: int | None = None):
+    def __init__(self, cfg, stage: str, *, items: list[dict] | None = None, total_steps: int | None = None,
+                 sp_size: int = 1):
         from pathlib import Path
 
         from schemas.config import config_hash
@@ -248,6 +294,9 @@ class TrainSession:
         self.stage = stage
         device = resolve_device(cfg.run.device)
         self.info = init_distributed(device, cfg.dist.backend)
+        if sp_size > 1 and cfg.dist.strategy != "ddp":
+            raise ValueError("mrsp.sp_size > 1 needs dist.strategy=ddp")
+        init_sp_groups(self.info, sp_size)
         self.device = self.info.device
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
@@ -270,8 +319,10 @@ class TrainSession:
         self.out_dir = Path(cfg.run.out_dir)
         self.ckpt_root = self.out_dir / "checkpoints"
         self.items = items if items is not None else load_items(cfg.data, "train")
-        if cfg.data.batch_size % self.info.world:
-            raise ValueError(f"data.batch_size {cfg.data.batch_size} must divide by the world size {self.info.world}")
+        if cfg.data.batch_size % self.info.dp_size:
+            what = (f"the data-parallel size {self.info.dp_size} (world {self.info.world} / mrsp.sp_size "
+                    f"{self.info.sp_size})" if self.info.sp_size > 1 else f"the world size {self.info.world}")
+            raise ValueError(f"data.batch_size {cfg.data.batch_size} must divide by {what}")
         self.stream = ItemStream(self.items, seed=cfg.run.seed, shuffle=cfg.data.shuffle)
         self.total_steps = int(total_steps if total_steps is not None else cfg.run.steps)
         self.step = 0
@@ -350,9 +401,10 @@ class TrainSession:
 
     # ------------------------------------------------------------------ checkpoints
     def local_batch(self) -> list[tuple[int, int, dict]]:
-        """Draw the next global batch; return this rank's share as ``(global position, item index, item)``."""
+        """Draw the next global batch; return this rank's share as ``(global position, item index, item)`` (the
+        share of its data-parallel replica: every rank of an SP group gets the same)."""
         batch = self.stream.next_batch(self.cfg.data.batch_size)
-        return [(j, i, it) for j, (i, it) in enumerate(batch) if j % self.info.world == self.info.rank]
+        return [(j, i, it) for j, (i, it) in enumerate(batch) if j % self.info.dp_size == self.info.dp_rank]
 
     def save(self) -> None:
         from trainer.checkpoint import prune_checkpoints, save_checkpoint
