@@ -2,9 +2,9 @@
 
 One optimizer step, on each rank, for its share of the global batch of ``B`` prompts:
 
-1. **rollout**: every prompt's video is encoded once (``encode_video``) and ``G`` responses are sampled under the
-   prompt's own seed (``runtime.rollout_seed``: a function of the run seed, the step and the prompt's position in the
-   global batch, so 1 rank and N ranks sample the same responses);
+1. **rollout**: every prompt's video is encoded (with MR-SP: every *unique* video of the rank's prompts, once) and
+   ``G`` responses are sampled under the prompt's own seed (``runtime.rollout_seed``: a function of the run seed,
+   the step and the prompt's position in the global batch, so 1 rank and N ranks sample the same responses);
 2. **reward**: ``trainer.rewards.score`` on each response (the same code as the pass-rate filter); with
    ``grpo.mix_policy`` an item's CoT target replaces the last rollout of its group (``substitute_offline``);
    group-normalised advantages (``group_advantages``); a tied group has zero advantage;
@@ -14,9 +14,28 @@ One optimizer step, on each rank, for its share of the global batch of ``B`` pro
    ``beta * KL``; the loss of every group is divided by the *global* token (or sequence) count, so gradients summed
    over groups, micro-batches and ranks equal the full-batch gradient; clip, AdamW, schedule.
 
-The video embeddings of step 1 are reused by rollout and old/ref log-probs (no grad); the update re-encodes the
-video with grad so the vision tower trains (unless ``model.freeze_vision``). Pass ``video_embeds`` to
-``sequence_logprobs`` / the engine to plug in embeddings computed elsewhere (MR-SP).
+MR-SP (``mrsp.enabled``, the default; ``trainer.mrsp``): one ``StepEmbedCache`` per step holds each unique video's
+features (keyed by the item's ``video_id``/``key``) and each prompt's M-RoPE positions; rollouts, old log-probs and
+the update all use them, so the policy's vision tower runs once per unique video per step (the plain path: once
+per prompt for the rollout, then again with grad in every micro-batch of every ppo epoch). Log-probs come from
+``sp_prefill.prefill_logprobs`` (features + positions, no pixels). ``mrsp.vision`` says what the update does with
+the tower: ``frozen`` (``model.freeze_vision``) reuses the cached features; ``deferred`` keeps the one encode's
+graph, accumulates the features' gradient over the micro-batches and pushes it through the tower once
+(``cache.backward_vision()``, before gradients are reduced and stepped); ``recompute`` re-encodes once with grad in
+the update. With ``ppo_epochs > 1`` the tower changes between epochs, so ``deferred`` encodes afresh at the start
+of every later epoch. The reference (``beta > 0``) uses the policy's features when the tower is frozen (the same
+weights), else its own frozen cache (one reference tower pass per unique video per step).
+
+Sequence parallelism (``mrsp.sp_size = S > 1``, torchrun): groups of ``S`` consecutive ranks take the same prompts
+(data-parallel size ``world / S``); each rank encodes its share of the frames (``make_sharded_encoder``; features
+all-gathered), every rank of a group samples the same ``G`` rollouts (same seeds and identical gathered features,
+so identical samples: no broadcast needed, at the cost of generating ``S`` times), and every log-prob pass is split
+over the group (``prefill_logprobs(..., group=)``: the sequence above ``mrsp.sp_min_tokens``, else the rows). Every
+rank computes the same loss from the gathered log-probs and holds its share of the gradient, so the usual
+world-wide gradient sum is the SP-group sum and the data-parallel sum at once. Per-replica counts (token
+denominator, loss, metrics) are taken from each group's leader only.
+
+``mrsp.enabled=false`` keeps the plain path (``encode_video`` + ``sequence_logprobs``) for comparison.
 """
 from __future__ import annotations
 

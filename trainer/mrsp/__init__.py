@@ -1,5 +1,11 @@
 """MR-SP (Multi-modal Reinforcement Sequence Parallelism) for Qwen2-VL-family policies.
 
+Wired into the GRPO trainer (:mod:`trainer.grpo`, config section ``mrsp``: ``enabled``, ``vision``, ``sp_size``,
+``sp_min_tokens``) exactly as sketched at the end of this docstring; ``tests/test_grpo_mrsp.py`` checks that a
+trainer step with MR-SP equals the plain step (log-probs, loss, gradients within 1e-5), that each unique video goes
+through the policy's tower once per step, and that ``torchrun`` with ``mrsp.sp_size=2`` gives the gradients of one
+process.
+
 Stage 1 (embedding reuse): each unique video of a GRPO step goes through the vision tower once
 (:class:`~trainer.mrsp.embed_cache.StepEmbedCache`), optionally sharded across ranks
 (:func:`~trainer.mrsp.vision_shard.sharded_video_features`); the features and the M-RoPE position ids
@@ -32,4 +38,8 @@ A GRPO step with MR-SP (one prompt ``p`` with video key ``k``; ``group`` = the S
 
 ``f_ref``: ``f`` itself when the vision tower is frozen (policy and reference towers are the same weights);
 otherwise a second ``StepEmbedCache(ref_model, vision="frozen")`` (one more tower pass per step).
+
+In the trainer the parameter-gradient sum over the SP group is the one world-wide ``runtime.sum_gradients``
+(it is the SP-group sum and the data-parallel sum at once); with ``ppo_epochs > 1`` and ``vision="deferred"`` the
+cache is re-begun at each later epoch (the tower stepped), so those epochs encode once more per video.
 """
