@@ -12,9 +12,10 @@ pytest.importorskip("transformers")
 
 from trainer.mrsp.embed_cache import StepEmbedCache, encode_video_features  # noqa: E402
 from trainer.mrsp.positions import prompt_positions  # noqa: E402
-from trainer.mrsp.reuse import response_logprobs  # noqa: E402
+from trainer.mrsp.reuse import generate_with_features, response_logprobs  # noqa: E402
 from trainer.mrsp.sp_prefill import prefill_logprobs  # noqa: E402
 from trainer.policy import PromptInputs, can_share_prompt, encode_video, sequence_logprobs  # noqa: E402
+from trainer.rollout import SamplingConfig, TransformersEngine  # noqa: E402
 from trainer.tiny_model import build_tiny_qwen2vl  # noqa: E402
 
 TOL = 1e-5
@@ -48,6 +49,7 @@ def setup(request, tmp_path_factory, shared_videos):
     for i, n in enumerate(LENGTHS):
         mask[i, :n] = 1
     weights = torch.randn(resp.shape, generator=g)
+    model.processor = proc  # the rollout tests need it; a plain attribute on the test's own model
     return family, model, prompt, resp, mask, weights
 
 
@@ -187,3 +189,56 @@ def test_gradient_checkpointing_falls_back_to_per_sequence(setup):
         model.eval()
     assert can_share_prompt(model)
     assert masked_diff(got, expected, mask) <= TOL
+
+
+# ------------------------------------------------------------------------------------------------ rollouts
+def test_engine_rollouts_with_one_prefill_equal_per_row_prefill(setup):
+    """TransformersEngine under the same per-prompt seeds: the prompt is prefilled once (then G one-token
+    decode rows) instead of G times, and the sampled rollouts are the same tokens."""
+    _, model, prompt, *_ = setup
+    sampling = SamplingConfig(n=4, temperature=1.0, top_p=1.0, max_new_tokens=10)
+    seeds = [3, 11]
+    runs = {}
+    for share in (False, True):
+        engine = TransformersEngine(model, model.processor, share_prompt=share)
+        with LanguageModelCalls(model) as calls:
+            runs[share] = engine.generate([prompt, prompt], sampling, seeds), calls.shapes
+    (old, old_calls), (new, new_calls) = runs[False], runs[True]
+    assert old_calls[0] == (sampling.n, prompt.length)  # generate prefilled every row
+    assert new_calls[0] == (1, prompt.length - 1) and new_calls[1] == (sampling.n, 1)
+    for a, b in zip(old, new):
+        assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.response_mask, b.response_mask)
+        assert a.texts == b.texts and torch.equal(a.finished, b.finished)
+    # the two prompts' seeds differ, so must their groups (the seed really is per prompt)
+    assert not torch.equal(new[0].response_ids, new[1].response_ids)
+
+
+def test_engine_greedy_rollouts_equal_per_row_prefill(setup):
+    """Greedy: transformers 5 refuses ``num_return_sequences > 1`` without sampling, so the per-row path can
+    only be run with n=1; the shared prefill gives n identical rows equal to it."""
+    _, model, prompt, *_ = setup
+    one = TransformersEngine(model, model.processor, share_prompt=False).generate(
+        [prompt], SamplingConfig(n=1, max_new_tokens=10, greedy=True), [0])[0]
+    many = TransformersEngine(model, model.processor).generate(
+        [prompt], SamplingConfig(n=3, max_new_tokens=10, greedy=True), [0])[0]
+    assert torch.equal(many.response_ids, one.response_ids.expand(3, -1))
+    assert many.texts == one.texts * 3
+
+
+def test_generate_with_features_shared_prefix_same_tokens_and_step_logits(setup):
+    """generate_with_features: same tokens under the same seed, and every decoding step's logits within 1e-5 of
+    the per-row prefill's (so the M-RoPE positions of the new tokens, from the prefill's rope_deltas, are right)."""
+    _, model, prompt, *_ = setup
+    with torch.no_grad():
+        f = encode_video_features(model, prompt.pixel_values_videos, prompt.video_grid_thw)
+    out = {}
+    for share in (False, True):
+        torch.manual_seed(5)
+        out[share] = generate_with_features(
+            model, prompt.input_ids, features=f, video_grid_thw=prompt.video_grid_thw,
+            mm_token_type_ids=prompt.mm_token_type_ids, num_return_sequences=4, share_prompt=share,
+            max_new_tokens=8, do_sample=True, top_k=0, return_dict_in_generate=True, output_logits=True,
+            **prompt.extra)
+    assert torch.equal(out[True].sequences, out[False].sequences)
+    assert len(out[True].logits) == len(out[False].logits) == 8
+    assert max(float((a - b).abs().max()) for a, b in zip(out[True].logits, out[False].logits)) <= TOL

@@ -4,8 +4,9 @@
 
 * ``TransformersEngine``: ``model.generate`` on the trainer's own model (CPU or GPU). The video is encoded once
   per prompt (or taken from ``video_embeds``) and passed as ``mm_encoder_outputs``, so the vision tower does not
-  run once per rollout. Each prompt's group is sampled under its own seed (``seeds[i]``), so a prompt gives the
-  same rollouts on whichever rank handles it, and after a resume.
+  run once per rollout; the prompt itself is prefilled once per group and its K/V cache repeated for the G rows
+  (:func:`generate_shared_prefix`). Each prompt's group is sampled under its own seed (``seeds[i]``), so a
+  prompt gives the same rollouts on whichever rank handles it, and after a resume.
 * ``VLLMEngine`` (GPU): a vLLM ``LLM`` holding its own copy of the weights; ``sync_weights(model)`` copies the
   trainer's weights into it after every update. vLLM is imported lazily, only when this engine is built. With
   ``video_embeds`` it passes the cached embeddings (``{"video": {"video_embeds", "video_grid_thw"}}``, needs
@@ -28,7 +29,7 @@ from torch import Tensor
 from trainer.policy import PromptInputs, VideoEmbeds, encode_video
 
 __all__ = ["SamplingConfig", "RolloutGroup", "RolloutEngine", "TransformersEngine", "VLLMEngine", "make_engine",
-           "pad_responses"]
+           "pad_responses", "prefill_prompt_once", "generate_shared_prefix"]
 
 log = logging.getLogger("longreel.trainer")
 
@@ -105,6 +106,48 @@ def _trim(rows: Sequence[Sequence[int]], eos: set[int]) -> tuple[list[list[int]]
     return out, finished
 
 
+_PER_TOKEN = ("input_ids", "attention_mask", "mm_token_type_ids")
+
+
+def prefill_prompt_once(model, prompt_inputs: dict[str, Any], n: int):
+    """The K/V cache (transformers ``DynamicCache``) of ``input_ids[:, :-1]`` of one prompt, repeated to ``n``
+    rows, for ``model.generate(input_ids=input_ids.expand(n, -1), past_key_values=cache)``.
+
+    ``prompt_inputs``: the prompt's ``model(...)`` keywords (batch 1: ``input_ids`` ``[1, Lp]``, vision inputs,
+    per-token tensors such as ``mm_token_type_ids`` ``[1, Lp]``). The last prompt token is left for
+    ``generate`` (it needs the logits of one uncached token to start). The forward computes the prompt's M-RoPE
+    positions itself and stores the model's ``rope_deltas``, which ``generate`` then uses for the new tokens,
+    as it does after its own prefill. Returns ``None`` when the prompt cannot be split so (a vision placeholder
+    in last position, or a one-token prompt): the caller then lets ``generate`` prefill every row.
+    """
+    ids = prompt_inputs["input_ids"]
+    types = prompt_inputs.get("mm_token_type_ids")
+    if ids.shape[1] < 2 or (types is not None and bool(types[:, -1].any())):
+        return None
+    head = {k: v[:, :-1] if k in _PER_TOKEN and v is not None else v for k, v in prompt_inputs.items()}
+    with torch.no_grad():
+        cache = model(**head, use_cache=True, logits_to_keep=1).past_key_values
+    cache.batch_repeat_interleave(n)
+    return cache
+
+
+def generate_shared_prefix(model, prompt_inputs: dict[str, Any], n: int, **generate_kwargs: Any) -> Tensor:
+    """``n`` continuations of one prompt with the prompt prefilled once (:func:`prefill_prompt_once`) instead
+    of once per row. Returns ``[n, Lp + new]`` like ``model.generate(**prompt_inputs, num_return_sequences=n)``.
+
+    Same seed, same tokens: ``generate`` then samples every step from an ``[n, V]`` distribution, exactly as
+    with ``num_return_sequences=n`` (the same random draws), and its logits equal the per-row prefill's within
+    fp32 rounding (tests/test_shared_prefix.py compares both, tokens and per-step logits). A draw can only
+    differ where a uniform sample falls within that rounding of a CDF boundary (or, greedy, on an exact tie).
+    """
+    cache = prefill_prompt_once(model, prompt_inputs, n)
+    if cache is None:
+        return model.generate(**prompt_inputs, num_return_sequences=n, **generate_kwargs)
+    ids = prompt_inputs["input_ids"]
+    return model.generate(input_ids=ids.expand(n, -1), attention_mask=torch.ones_like(ids).expand(n, -1),
+                          past_key_values=cache, **generate_kwargs)
+
+
 class RolloutEngine(ABC):
     name = "base"
 
@@ -126,9 +169,10 @@ class TransformersEngine(RolloutEngine):
 
     name = "transformers"
 
-    def __init__(self, model: torch.nn.Module, processor):
+    def __init__(self, model: torch.nn.Module, processor, *, share_prompt: bool = True):
         self.model = model
         self.processor = processor
+        self.share_prompt = share_prompt  # prefill each prompt once for its G rollouts (generate_shared_prefix)
         self.eos = _eos_ids(model)
         self.pad_id = _pad_id(model, processor.tokenizer)
         self.suppress = vision_token_ids(model)
@@ -144,23 +188,28 @@ class TransformersEngine(RolloutEngine):
                 emb = video_embeds[i] if video_embeds is not None and video_embeds[i] is not None else None
                 if emb is None:
                     emb = encode_video(model, prompt)
-                kwargs: dict[str, Any] = dict(
+                inputs: dict[str, Any] = dict(
                     input_ids=prompt.input_ids, attention_mask=prompt.attention_mask,
-                    video_grid_thw=prompt.video_grid_thw, mm_encoder_outputs=emb.as_mm_encoder_outputs(1),
-                    max_new_tokens=sampling.max_new_tokens, num_return_sequences=sampling.n,
-                    eos_token_id=self.eos, pad_token_id=self.pad_id, use_cache=True,
-                    suppress_tokens=self.suppress)
+                    video_grid_thw=prompt.video_grid_thw, mm_encoder_outputs=emb.as_mm_encoder_outputs(1))
                 if prompt.mm_token_type_ids is not None:
-                    kwargs["mm_token_type_ids"] = prompt.mm_token_type_ids
-                kwargs.update(prompt.extra)
+                    inputs["mm_token_type_ids"] = prompt.mm_token_type_ids
+                inputs.update(prompt.extra)
+                kwargs: dict[str, Any] = dict(
+                    max_new_tokens=sampling.max_new_tokens, eos_token_id=self.eos, pad_token_id=self.pad_id,
+                    use_cache=True, suppress_tokens=self.suppress)
                 if sampling.greedy:
                     kwargs.update(do_sample=False, top_p=None, top_k=None, temperature=None)
                 else:
                     kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
                 devices = [prompt.input_ids.device] if prompt.input_ids.device.type == "cuda" else []
+                # a left-padded prompt would need its mask carried into the cache: generate prefills it per row
+                share = self.share_prompt and bool(prompt.attention_mask.all())
                 with torch.random.fork_rng(devices=devices):
                     torch.manual_seed(int(seeds[i]))
-                    out = model.generate(**kwargs)
+                    if share:
+                        out = generate_shared_prefix(model, inputs, sampling.n, **kwargs)
+                    else:
+                        out = model.generate(**inputs, num_return_sequences=sampling.n, **kwargs)
                 rows, finished = _trim(out[:, prompt.length:].tolist(), set(self.eos))
                 ids, mask = pad_responses(rows, self.pad_id)
                 texts = self.processor.tokenizer.batch_decode(

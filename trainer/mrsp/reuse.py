@@ -8,7 +8,9 @@
 * :func:`generate_with_features` - rollouts with transformers ``generate`` fed the cached features through
   ``mm_encoder_outputs`` (the vision tower does not run; G rollouts share the one encode).
 
-All three equal the plain pixel path numerically (tests/test_mrsp_reuse.py, fp32, within 1e-5).
+All three equal the plain pixel path numerically (tests/test_mrsp_reuse.py, fp32, within 1e-5). The G sequences
+of a group share one prompt, so by default the prompt (video + question) is also run once per group and only
+the responses G times on top of its K/V cache (``share_prompt``; tests/test_shared_prefix.py).
 """
 from __future__ import annotations
 
@@ -90,21 +92,29 @@ def mm_encoder_outputs(features: Tensor, copies: int = 1) -> dict:
 
 def generate_with_features(model, prompt_ids: Tensor, *, features: Tensor, video_grid_thw: Tensor,
                            mm_token_type_ids: Tensor | None = None, num_return_sequences: int = 1,
-                           **generate_kwargs: Any) -> Tensor:
+                           share_prompt: bool = True, **generate_kwargs: Any) -> Tensor:
     """``model.generate`` for one prompt with cached video features (the vision tower does not run).
 
-    transformers expands ``mm_encoder_outputs`` for ``num_return_sequences`` itself and recomputes the
-    (pixel-free) rope index from ``video_grid_thw``. Returns the generated ids ``[G, Lp + new]``.
+    The (pixel-free) rope index is recomputed from ``video_grid_thw``. With ``share_prompt`` and several
+    sequences the prompt is prefilled once and its K/V cache repeated for the ``num_return_sequences`` rows
+    (``trainer.rollout.generate_shared_prefix``: same tokens under the same seed); otherwise transformers
+    expands the prompt and ``mm_encoder_outputs`` itself. Returns the generated ids ``[G, Lp + new]``.
     """
     from trainer.mrsp.positions import mm_token_types
+    from trainer.rollout import generate_shared_prefix
 
     if mm_token_type_ids is None:
         mm_token_type_ids = mm_token_types(model, prompt_ids)
+    inputs = dict(input_ids=prompt_ids, attention_mask=torch.ones_like(prompt_ids),
+                  mm_token_type_ids=mm_token_type_ids, video_grid_thw=video_grid_thw,
+                  mm_encoder_outputs=mm_encoder_outputs(features.detach()))
+    # tensors among the keywords are the prompt's other processor outputs (Qwen2.5-VL's second_per_grid_ts):
+    # the prompt's prefill needs them for its rope index, generate's sampling options are never tensors
+    inputs.update({k: generate_kwargs.pop(k) for k in list(generate_kwargs) if isinstance(generate_kwargs[k], Tensor)})
     with torch.no_grad():
-        return model.generate(input_ids=prompt_ids, attention_mask=torch.ones_like(prompt_ids),
-                              mm_token_type_ids=mm_token_type_ids, video_grid_thw=video_grid_thw,
-                              mm_encoder_outputs=mm_encoder_outputs(features.detach()),
-                              num_return_sequences=num_return_sequences, **generate_kwargs)
+        if share_prompt and num_return_sequences > 1:
+            return generate_shared_prefix(model, inputs, num_return_sequences, **generate_kwargs)
+        return model.generate(**inputs, num_return_sequences=num_return_sequences, **generate_kwargs)
 
 
 def policy_video_embeds(features: Tensor, video_grid_thw: Tensor):
