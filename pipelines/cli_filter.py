@@ -50,18 +50,15 @@ def run_filter(out_dir: str, cfg: FilterConfig, beam_args: list[str] | None = No
     import apache_beam as beam
     from apache_beam.io.filesystems import FileSystems
 
-    from pipelines.io.parquet_sink import WriteSortedParquet, read_table
+    from pipelines.io.parquet_sink import read_table
     from pipelines.runner import make_pipeline
+    from pipelines.stage_rerun import write_rerun_outputs
     from pipelines.stages.passrate import STAGE, add_filter_stage, finish_filter_stats
-    from pipelines.stats import WriteStats, read_json
+    from pipelines.stats import read_json
 
     cfg.validate()
     videos = read_table(out_dir, "videos").to_pylist()
     qras = read_table(out_dir, qra_table).to_pylist()
-    try:
-        old_rejects = [r for r in read_table(out_dir, "rejects").to_pylist() if r["stage"] != STAGE]
-    except FileNotFoundError:
-        old_rejects = []
     with FileSystems.create(FileSystems.join(out_dir, "filter_config.yaml")) as fh:
         fh.write(dump_yaml(cfg).encode())
     log.info("filter: %d questions over %d videos in %s (k=%d, backend %s)", len(qras), len(videos), out_dir, cfg.k,
@@ -71,14 +68,10 @@ def run_filter(out_dir: str, cfg: FilterConfig, beam_args: list[str] | None = No
     v = p | "Videos" >> beam.Create(videos)
     q = p | "Questions" >> beam.Create(qras)
     res = add_filter_stage(p, v, q, out_dir, cfg, handler=handler)
-    earlier = p | "EarlierRejects" >> beam.Create(old_rejects)
-    ((earlier, res["rejects"]) | "AllRejects" >> beam.Flatten()
-     | "WriteRejects" >> WriteSortedParquet(out_dir, "rejects", "reject", cfg.parquet_shards))
     k, prov, chash = cfg.k, res["provenance"], config_hash(cfg)
+    write_rerun_outputs(p, out_dir, [STAGE], {STAGE: "question"}, res["rejects"], res["counts"], {},
+                        cfg.parquet_shards, finish=lambda doc: finish_filter_stats(doc, k, prov, chash))
     stats_path = FileSystems.join(out_dir, "stats.json")
-    res["counts"] | "WriteStats" >> WriteStats(stats_path, [STAGE], {STAGE: "question"}, {},
-                                               finish=lambda doc: finish_filter_stats(doc, k, prov, chash),
-                                               merge=True)
     p.run().wait_until_finish()
     doc = read_json(stats_path)
     log.info("filter: done in %.1f s: %s", time.monotonic() - t0, json.dumps(doc.get("passrate", {}).get("kept")))

@@ -13,8 +13,11 @@ from pipelines.stats import WriteStats, read_json
 
 
 def write_rerun_outputs(p, out_dir: str, stages: list[str], units: dict[str, str], rejects, counts, meta: dict,
-                        shards: int = 1) -> None:
-    """Add to ``p`` the rejects table (earlier rows of other stages + ``rejects``) and the merged ``stats.json``."""
+                        shards: int = 1, *, finish=None, extras: dict | None = None) -> None:
+    """Add to ``p`` the rejects table (earlier rows of other stages + ``rejects``) and the merged ``stats.json``.
+
+    ``finish`` / ``extras``: as in :class:`~pipelines.stats.WriteStats` (totals from the folded document;
+    singleton PCollections put under their keys)."""
     try:
         earlier = [r for r in read_table(out_dir, "rejects").to_pylist() if r["stage"] not in stages]
     except FileNotFoundError:
@@ -24,4 +27,5 @@ def write_rerun_outputs(p, out_dir: str, stages: list[str], units: dict[str, str
     kept = p | "OtherRejects" >> beam.Create(earlier)
     ((kept, rejects) | "AllRejects" >> beam.Flatten()
      | "WriteRejects" >> WriteSortedParquet(out_dir, "rejects", "reject", shards))
-    counts | "WriteStats" >> WriteStats(FileSystems.join(out_dir, "stats.json"), order, units, meta, merge=True)
+    counts | "WriteStats" >> WriteStats(FileSystems.join(out_dir, "stats.json"), order, units, meta, finish=finish,
+                                        merge=True, extras=extras)

@@ -126,31 +126,38 @@ def write_json(path: str, doc: dict) -> str:
 
 
 class WriteStats(beam.PTransform):
-    """pairs -> ``stats.json`` (``finish`` may add totals computed from the folded document)."""
+    """pairs -> ``stats.json`` (``finish`` may add totals computed from the folded document).
+
+    ``extras``: ``{key: singleton PCollection}``; each value is put under ``doc[key]`` (a stage's summary that is
+    not a funnel count, e.g. the pack's shard sizes)."""
 
     def __init__(self, path: str, stage_order: list[str], units: dict[str, str], meta: dict, finish=None,
-                 merge: bool = False):
+                 merge: bool = False, extras: dict | None = None):
         super().__init__()
         self.path, self.stage_order, self.units, self.meta, self.finish = path, stage_order, units, meta, finish
         self.merge = merge
+        self.extras = dict(extras or {})
 
     def expand(self, pairs):
         finish = self.finish
+        extra_keys = sorted(self.extras)
 
-        def fold(items):
+        def fold(items, *extra_values):
             doc = build_stats(items, self.stage_order, self.units, self.meta)
             if self.merge:
                 computed = {stage for (stage, _), _ in items if not stage.startswith("dist:")}
                 doc = merge_stats(read_json(self.path), doc, self.stage_order, computed)
+            doc.update(zip(extra_keys, extra_values))
             if finish is not None:
                 doc = finish(doc)
             return write_json(self.path, doc)
 
         # One always-present element, so that the document is written even when no stage saw any input.
         seed = pairs.pipeline | "Seed" >> beam.Create([(("_", "_"), 0)])
+        side = [beam.pvalue.AsSingleton(self.extras[k]) for k in extra_keys]
         return ((pairs, seed) | "WithSeed" >> beam.Flatten()
                 | "SumPerKey" >> beam.CombinePerKey(sum)
                 | "DropSeed" >> beam.Filter(lambda kv: kv[0] != ("_", "_"))
                 | "Collect" >> beam.combiners.ToList()
                 | "Fold" >> beam.Map(lambda items: sorted(items))
-                | "Write" >> beam.Map(fold))
+                | "Write" >> beam.Map(fold, *side))

@@ -251,32 +251,6 @@ def _summary(shards: list[dict], frames: list[int], dataset: str) -> dict:
                             "max": max(sizes) if sizes else 0}}
 
 
-class _WritePackStats(beam.PTransform):
-    """Funnel pairs + the pack summary -> merged into ``stats.json`` (other stages' entries kept)."""
-
-    def __init__(self, path: str, meta: dict):
-        super().__init__()
-        self.path, self.meta = path, meta
-
-    def expand(self, inputs):
-        pairs, summary = inputs
-        path, meta = self.path, self.meta
-
-        def fold(items, summ):
-            from pipelines.stats import build_stats, merge_stats, read_json, write_json
-            doc = build_stats(sorted(items), STAGE_ORDER, STAGE_UNITS, meta)
-            doc = merge_stats(read_json(path), doc)
-            doc["pack"] = summ
-            return write_json(path, doc)
-
-        seed = pairs.pipeline | "Seed" >> beam.Create([(("_", "_"), 0)])
-        return ((pairs, seed) | "WithSeed" >> beam.Flatten()
-                | "SumPerKey" >> beam.CombinePerKey(sum)
-                | "DropSeed" >> beam.Filter(lambda kv: kv[0] != ("_", "_"))
-                | "Collect" >> beam.combiners.ToList()
-                | "Write" >> beam.Map(fold, beam.pvalue.AsSingleton(summary)))
-
-
 def index_extra(cfg: PackConfig) -> dict:
     """What the index records about how the frames were made (no paths: byte-identical across locations)."""
     from pipelines.pack.frame_cache import _versions, processor_params
@@ -305,7 +279,6 @@ def add_pack_stage(p, videos_pcoll, qras_pcoll, passrate_pcoll_or_none, out_dir:
     bytes, sha256}, "indexes": {split, index (path), doc}, "rejects": reject rows, "counts": pairs,
     "summary": one dict, "samples": sample descriptors}``.
     """
-    from pipelines.io.parquet_sink import WriteSortedParquet
     from schemas.config import config_hash
 
     cache_dir = cfg.cache_dir or FileSystems.join(out_dir, "frame_cache")
@@ -333,23 +306,15 @@ def add_pack_stage(p, videos_pcoll, qras_pcoll, passrate_pcoll_or_none, out_dir:
     rejects = (selected[REJECTS], built[REJECTS]) | "PackAllRejects" >> beam.Flatten()
     reject_counts = rejects | "PackRejectCounts" >> beam.Map(lambda r: ((r["stage"], "rejected:" + r["reason"]), 1))
     counts = (selected[COUNTS], built[COUNTS], write_counts, reject_counts) | "PackAllCounts" >> beam.Flatten()
-    if standalone:
-        # Like the other stages run alone on an output directory: the rejects table keeps other stages' rows.
-        from pipelines.io.parquet_sink import read_table
-        try:
-            earlier = [r for r in read_table(out_dir, "rejects").to_pylist() if r["stage"] not in STAGE_ORDER]
-        except FileNotFoundError:
-            earlier = []
-        ((p | "PackEarlierRejects" >> beam.Create(earlier), rejects) | "PackRejectsAll" >> beam.Flatten()
-         | "PackWriteRejects" >> WriteSortedParquet(out_dir, "rejects", "reject", 1))
-
     shard_list = written["shards"] | "PackShardList" >> beam.combiners.ToList()
     frame_list = built["frames"] | "PackFrameList" >> beam.combiners.ToList()
     summary = (shard_list | "PackSummary" >> beam.Map(
         lambda shards, frames: _summary(shards, frames, cfg.dataset), beam.pvalue.AsSingleton(frame_list)))
     if standalone:
-        meta = {"pack_config_hash": config_hash(cfg)}
-        (counts, summary) | "PackWriteStats" >> _WritePackStats(FileSystems.join(out_dir, "stats.json"), meta)
+        # Like the other stages run alone on an output directory: other stages' rejects and funnel entries are kept.
+        from pipelines.stage_rerun import write_rerun_outputs
+        write_rerun_outputs(p, out_dir, STAGE_ORDER, STAGE_UNITS, rejects, counts,
+                            {"pack_config_hash": config_hash(cfg)}, 1, extras={"pack": summary})
     return {"shards": written["shards"], "indexes": written["indexes"], "rejects": rejects, "counts": counts,
             "summary": summary, "samples": built.samples}
 
