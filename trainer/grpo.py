@@ -128,7 +128,7 @@ class GRPOTrainer:
     def __init__(self, cfg: TrainConfig, items: list[dict] | None = None):
         self.cfg = cfg
         self.mrsp = cfg.mrsp.enabled
-        self.sess = TrainSession(cfg, "grpo", items=items, sp_size=cfg.mrsp.sp_size if self.mrsp else 1)
+        self.sess = TrainSession(cfg, "grpo", items=items, sp_size=cfg.mrsp.sp_size if self.mrsp else None)
         s = self.sess
         self.video_token_id = video_token_id(s.model)
         self.engine = make_engine(cfg.rollout.engine, s.model, s.processor, model_path=cfg.model.path,

@@ -90,12 +90,15 @@ def init_distributed(device: torch.device, backend: str = "auto") -> DistInfo:
 
 def init_sp_groups(info: DistInfo, sp_size: int) -> DistInfo:
     """Cut the world into sequence-parallel groups of ``sp_size`` consecutive ranks; return ``info`` with this rank's
-    group. Every rank must call it (``new_group`` is collective over the world, for every group)."""
-    if sp_size <= 1:
-        return info
-    if not info.enabled or info.world % sp_size:
+    group. Every rank must call it (``new_group`` is collective over the world, for every group).
+
+    With ``sp_size == 1`` under torchrun each rank still gets a group (of itself): the MR-SP collectives read
+    ``group=None`` as the whole world, which would wrongly split a data-parallel rank's work with the others."""
+    if sp_size < 1 or info.world % sp_size or (sp_size > 1 and not info.enabled):
         raise ValueError(f"mrsp.sp_size={sp_size} needs torchrun with a world size divisible by it "
                          f"(world size {info.world})")
+    if not info.enabled:
+        return info
     import torch.distributed as dist
 
     mine = None
@@ -282,7 +285,7 @@ class TrainSession:
     """
 
     def __init__(self, cfg, stage: str, *, items: list[dict] | None = None, total_steps: int | None = None,
-                 sp_size: int = 1):
+                 sp_size: int | None = None):
         from pathlib import Path
 
         from schemas.config import config_hash
@@ -294,9 +297,10 @@ class TrainSession:
         self.stage = stage
         device = resolve_device(cfg.run.device)
         self.info = init_distributed(device, cfg.dist.backend)
-        if sp_size > 1 and cfg.dist.strategy != "ddp":
-            raise ValueError("mrsp.sp_size > 1 needs dist.strategy=ddp")
-        init_sp_groups(self.info, sp_size)
+        if sp_size is not None:  # MR-SP: sequence-parallel groups (of 1 rank each when sp_size is 1)
+            if sp_size > 1 and cfg.dist.strategy != "ddp":
+                raise ValueError("mrsp.sp_size > 1 needs dist.strategy=ddp")
+            init_sp_groups(self.info, sp_size)
         self.device = self.info.device
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
