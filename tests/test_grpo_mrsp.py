@@ -201,3 +201,21 @@ def test_torchrun_sequence_parallel_matches_one_process(tiny, shared_videos, tmp
     for k in ("reward_mean", "accuracy", "format_rate", "response_len_mean", "offline_groups", "rejected_items"):
         assert m1[0][k] == m2[0][k], k  # the same rollouts, counted once per SP group
     assert abs(m1[0]["loss"] - m2[0]["loss"]) <= 1e-6
+
+
+def test_sp_groups_share_prompts_and_split_the_batch_over_replicas():
+    """world 4, sp_size 2: ranks {0, 1} and {2, 3} are the two data-parallel replicas; a group's ranks get the same
+    prompts and the replicas together get the global batch once."""
+    from types import SimpleNamespace
+
+    from trainer.runtime import DistInfo, ItemStream, TrainSession
+
+    items = [{"key": str(i)} for i in range(8)]
+    shares = []
+    for rank in range(4):
+        cfg = SimpleNamespace(data=SimpleNamespace(batch_size=4))
+        fake = SimpleNamespace(stream=ItemStream(items, seed=1), cfg=cfg, info=DistInfo(rank=rank, world=4, sp_size=2))
+        shares.append([j for j, _, _ in TrainSession.local_batch(fake)])
+    assert shares[0] == shares[1] and shares[2] == shares[3]
+    assert sorted(shares[0] + shares[2]) == [0, 1, 2, 3]
+    assert [DistInfo(rank=r, world=4, sp_size=2).sp_leader for r in range(4)] == [True, False, True, False]

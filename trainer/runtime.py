@@ -27,8 +27,8 @@ import torch
 
 from trainer.config import DataConfig, OptimConfig
 
-__all__ = ["DistInfo", "init_distributed", "init_sp_groups", "sum_gradients", "all_gather_objects", "all_reduce_sum", "seed_everything",
-           "build_optimizer", "build_scheduler", "ItemStream", "load_items", "rollout_seed"]
+__all__ = ["DistInfo", "init_distributed", "init_sp_groups", "sum_gradients", "all_gather_objects", "all_reduce_sum",
+           "seed_everything", "build_optimizer", "build_scheduler", "ItemStream", "load_items", "rollout_seed"]
 
 log = logging.getLogger("longreel.trainer")
 
