@@ -147,3 +147,33 @@ def test_truncated_or_flipped_entry_is_detected(tmp_path, tiny_dir, cup):
     assert meta["frames_file"]["sha256"] == rebuilt.frames_sha256 and meta["num_frames"] == 16
     # no pickle anywhere: the entry loads with allow_pickle=False, the metadata is JSON
     assert np.load(rebuilt.npy_path, allow_pickle=False).dtype == np.uint8
+
+
+def test_display_rotated_video_is_cached_upright(tmp_path, tiny_dir, shared_videos, ffmpeg):
+    """Phone footage (a display-rotation side datum) is cached as displayed: portrait frames whose pixels are the
+    coded frames turned by the rotation, with the displayed size in the metadata, the way the captioner saw it."""
+    import subprocess
+
+    from conftest import run_ffmpeg
+
+    rotated = tmp_path / "cup_rot90.mp4"
+    try:
+        run_ffmpeg(ffmpeg, "-display_rotation:v:0", "90", "-i", str(shared_videos / "opencv__cup.mp4"), "-t", "3",
+                   "-c", "copy", str(rotated))
+    except subprocess.CalledProcessError:
+        pytest.skip(f"{ffmpeg} has no -display_rotation (ffmpeg < 6)")
+    row = video_rows([str(rotated)])[0]
+    assert row["rotation"] == 90 and row["width"] > row["height"]  # coded landscape, displayed portrait
+    vp = load_video_processor(tiny_dir, max_pixels=None)
+    cache = FrameCache(str(tmp_path / "cache"), FrameParams(fps=2.0, max_frames=64), vp)
+    with IsolatedWorker() as w:
+        entry = cache.build(row, row["uri"], lambda p, ts: decode_in_worker(w, p, ts))
+    frames = entry.load()
+    t, h, w, _ = frames.shape
+    assert h > w and (entry.meta["width"], entry.meta["height"]) == (row["height"], row["width"])
+    assert entry.meta["rotation_applied"] == 90
+    coded = decode_frames(row["uri"], entry.meta["requested_timestamps"]).frames
+    want = processor_resize(vp, np.ascontiguousarray(np.rot90(coded, 1, axes=(1, 2))))
+    np.testing.assert_array_equal(np.asarray(frames), want)
+    assert not np.array_equal(np.asarray(frames), processor_resize(vp, np.ascontiguousarray(
+        np.rot90(coded, -1, axes=(1, 2)))))  # and not turned the wrong way

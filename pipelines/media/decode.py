@@ -43,6 +43,15 @@ def sample_timestamps(start_s: float, end_s: float, n: int) -> list[float]:
     return [round(start_s + (i + 0.5) * step, 6) for i in range(n)]
 
 
+def upright(frames, rotation: int | None):
+    """``[N, H, W, 3]`` frames as displayed: turned counterclockwise by the stream's display rotation (degrees, as
+    probed: 90 = a phone video shot upright), the way ffmpeg's autorotate shows them."""
+    import numpy as np
+
+    k = (int(rotation or 0) % 360) // 90
+    return np.ascontiguousarray(np.rot90(frames, k, axes=(1, 2))) if k else frames
+
+
 def decode_frames(path: str, timestamps: list[float], *, width: int | None = None, height: int | None = None,
                   seek_gap_s: float = 3.0, threads: bool = True) -> DecodedFrames:
     """Decode the frames shown at ``timestamps`` (any order; output follows the input order).

@@ -35,7 +35,7 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
 #: bump when what an entry holds changes for the same parameters (sampling, resize call, layout)
-PREPROCESS_VERSION = "frames-v1"
+PREPROCESS_VERSION = "frames-v2"  # v2: display rotation applied (phone videos stored upright)
 CACHE_KIND = "longreel-frame-cache-entry"
 _RESIZE_CHUNK = 16  # frames resized at once (bounds the float buffer torchvision's bicubic uses)
 
@@ -281,6 +281,8 @@ class FrameCache:
         ``decode(path, timestamps) -> DecodedFrames`` (full resolution); pass
         ``lambda p, ts: decode_in_worker(worker, p, ts)`` for untrusted files.
         """
+        from pipelines.media.decode import upright
+
         vp = self.vp
         total = int(video["n_frames"])
         fps = float(video.get("fps_avg") or (total / video["duration_s"] if video.get("duration_s") else 0.0))
@@ -290,6 +292,12 @@ class FrameCache:
         frames = decoded.frames
         if frames.ndim != 4 or frames.shape[0] != len(indices):
             raise CacheError("decode_failed", f"decoder returned {frames.shape} for {len(indices)} timestamps")
+        # the decoder gives frames as coded; the model (and the captioner before it) must see them as displayed
+        rotation = int(video.get("rotation") or 0) % 360
+        frames = upright(frames, rotation)
+        width, height = int(video["width"]), int(video["height"])
+        if rotation % 180 == 90:
+            width, height = height, width
         resized = processor_resize(vp, frames)
         t, h, w, _ = resized.shape
         data = npy_bytes(resized)
@@ -304,12 +312,13 @@ class FrameCache:
             "total_num_frames": total,
             "fps": fps,
             "duration": float(video["duration_s"]),
-            "width": int(video["width"]),
-            "height": int(video["height"]),
+            "width": width,    # as displayed
+            "height": height,
             "frames_indices": indices,
             # ... and what was actually decoded and stored
             "timestamps": [float(x) for x in decoded.timestamps],
             "requested_timestamps": timestamps,
+            "rotation_applied": rotation,
             "num_frames": int(t),
             "resized_height": int(h),
             "resized_width": int(w),

@@ -43,7 +43,7 @@ from pipelines.inference.base import GenerationParams, ModelInfo, Request, fit_p
 from pipelines.inference.degenerate import degenerate_reason
 from pipelines.inference.handler import ClientSpec, GenerationModelHandler
 from pipelines.media import facts as F
-from pipelines.media.decode import DECODE_VERSION, sample_timestamps
+from pipelines.media.decode import DECODE_VERSION, sample_timestamps, upright  # noqa: F401 (upright: re-exported)
 from pipelines.prompts import load_template, render
 from pipelines.stages.base import MAIN, REJECTS, Progress, checked, rejected
 
@@ -154,15 +154,6 @@ def plan_decode(element, n_frames: int, mode: str, max_frames_per_call: int):
     per = 1 if mode == "per_clip" else max(1, max_frames_per_call // n_frames)
     for i in range(0, len(clips), per):
         yield DecodeTask(videos[0], clips[i:i + per])
-
-
-def upright(frames, rotation: int | None):
-    """``[N, H, W, 3]`` frames as displayed: turned counterclockwise by the stream's display rotation (degrees, as
-    probed: 90 = a phone video shot upright), the way ffmpeg's autorotate shows them."""
-    import numpy as np
-
-    k = (int(rotation or 0) % 360) // 90
-    return np.ascontiguousarray(np.rot90(frames, k, axes=(1, 2))) if k else frames
 
 
 def decode_size(video: dict, budget: tuple[int, int, int]) -> tuple[int, int]:

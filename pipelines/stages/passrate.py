@@ -50,6 +50,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.ml.inference.base import RunInference
 
+from pipelines.media.decode import upright
 from pipelines.filter_config import FilterConfig
 from pipelines.passrate.answerers import AnswererHandler, make_handler, question_seed
 from pipelines.stages.base import MAIN, REJECTS, Progress, checked, rejected
@@ -200,13 +201,14 @@ class PrepareQuestions(beam.DoFn):
             return self._cached_frames(video)
         cfg = self.cfg
         ts = uniform_timestamps(float(video["duration_s"]), cfg.n_frames)
-        # the decoder returns frames as coded (rotation is not applied), so the coded size is the one to fit
+        # the decoder returns frames as coded, so the coded size is the one to fit (turned upright below)
         w, h = frame_size(int(video["width"]), int(video["height"]), cfg)
         with _local_copy(video["uri"]) as path:
             d = self._decode(path, ts, width=w, height=h)
         meta = {"fps": d.fps, "n_frames": int(video["n_frames"]), "duration_s": float(video["duration_s"]),
                 "frame_indices": list(d.indices), "timestamps": list(d.timestamps)}
-        return d.frames, meta
+        # shown to the answerer as displayed (a phone video upright), like the captioner and the frame cache
+        return upright(d.frames, video.get("rotation")), meta
 
     def _decode(self, path: str, timestamps: list[float], **size):
         from pipelines.media.decode import decode_in_worker
