@@ -242,3 +242,25 @@ def test_generate_with_features_shared_prefix_same_tokens_and_step_logits(setup)
     assert torch.equal(out[True].sequences, out[False].sequences)
     assert len(out[True].logits) == len(out[False].logits) == 8
     assert max(float((a - b).abs().max()) for a, b in zip(out[True].logits, out[False].logits)) <= TOL
+
+
+def test_text_only_prompt_after_a_video_prompt(setup):
+    """A prompt without video sets no rope_deltas in its prefill: the previous (video) prompt's must not leak
+    into the new tokens' positions."""
+    from trainer.rollout import generate_shared_prefix
+
+    _, model, prompt, *_ = setup
+    with torch.no_grad():
+        f = encode_video_features(model, prompt.pixel_values_videos, prompt.video_grid_thw)
+        generate_with_features(model, prompt.input_ids, features=f, video_grid_thw=prompt.video_grid_thw,
+                               mm_token_type_ids=prompt.mm_token_type_ids, num_return_sequences=2, max_new_tokens=2,
+                               do_sample=True, **prompt.extra)  # leaves this video prompt's rope_deltas behind
+    ids = prompt.input_ids[:, -12:]  # the question's text tokens
+    inputs = dict(input_ids=ids, attention_mask=torch.ones_like(ids))
+    kw = dict(max_new_tokens=6, do_sample=True, top_k=0, return_dict_in_generate=True, output_logits=True)
+    torch.manual_seed(1)
+    shared = generate_shared_prefix(model, inputs, 3, **kw)  # first: plain generate would reset rope_deltas
+    torch.manual_seed(1)
+    plain = model.generate(**inputs, num_return_sequences=3, **kw)
+    assert torch.equal(shared.sequences, plain.sequences)
+    assert max(float((a - b).abs().max()) for a, b in zip(shared.logits, plain.logits)) <= TOL

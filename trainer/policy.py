@@ -12,7 +12,9 @@ The three entry points the GRPO/SFT loops use, each usable with precomputed vide
 ``sequence_logprobs(model, prompt, response_ids, response_mask, temperature, video_embeds=None) -> [N, T]``
     per-token log-probs of ``N`` responses to one prompt; the video is encoded once for all ``N`` (or not at all
     when ``video_embeds`` is given) and fed through ``mm_encoder_outputs``, so the vision tower never runs ``N``
-    times. With grad enabled and no ``video_embeds``, gradients reach the vision tower.
+    times. The prompt itself (video + question) also runs once: its K/V cache is repeated for the ``N``
+    responses (``share_prompt``, :func:`shared_prefix_logprobs`). With grad enabled and no ``video_embeds``,
+    gradients reach the vision tower.
 """
 from __future__ import annotations
 

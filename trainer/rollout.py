@@ -125,6 +125,10 @@ def prefill_prompt_once(model, prompt_inputs: dict[str, Any], n: int):
     if ids.shape[1] < 2 or (types is not None and bool(types[:, -1].any())):
         return None
     head = {k: v[:, :-1] if k in _PER_TOKEN and v is not None else v for k, v in prompt_inputs.items()}
+    inner = getattr(model, "model", None)
+    if inner is not None and hasattr(inner, "rope_deltas"):
+        # a prompt without vision inputs sets no rope_deltas: generate must not reuse the previous prompt's
+        inner.rope_deltas = None
     with torch.no_grad():
         cache = model(**head, use_cache=True, logits_to_keep=1).past_key_values
     cache.batch_repeat_interleave(n)
