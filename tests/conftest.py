@@ -34,3 +34,28 @@ def copy_video(tmp_path, shared_videos):
         shutil.copyfile(shared_videos / name, dest)
         return dest
     return _copy
+
+
+def vtest_video_inputs(proc, shared_videos: Path, question: str = "How many people walk left?"):
+    """The processor's inputs for 8 real frames of ``opencv__vtest.avi`` (0-4 s) and one question (a chat prompt
+    with one video): the common fixture of the MR-SP equivalence tests."""
+    import torch
+
+    from pipelines.media.decode import decode_frames, sample_timestamps
+
+    dec = decode_frames(str(shared_videos / "opencv__vtest.avi"), sample_timestamps(0.0, 4.0, 8))
+    msgs = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": question}]}]
+    text = proc.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    meta = {"fps": dec.fps, "frames_indices": dec.indices, "total_num_frames": len(dec.indices)}
+    return proc(text=[text], videos=[torch.from_numpy(dec.frames)], video_metadata=[meta], do_sample_frames=False,
+                return_tensors="pt")
+
+
+def display_rotated_copy(ffmpeg: str, src: Path, dest: Path, seconds: float = 3.0) -> Path:
+    """``src``'s first seconds stream-copied with a 90-degree display rotation (how phones store upright
+    footage); skips the test where the ffmpeg binary is too old for ``-display_rotation``."""
+    try:
+        run_ffmpeg(ffmpeg, "-display_rotation:v:0", "90", "-i", str(src), "-t", str(seconds), "-c", "copy", str(dest))
+    except subprocess.CalledProcessError:
+        pytest.skip(f"{ffmpeg} has no -display_rotation (ffmpeg < 6)")
+    return dest

@@ -338,19 +338,13 @@ def test_rotated_video_frames_are_upright(shared_videos, tmp_path, ffmpeg):
     """A display-rotated video (phone footage) is measured and captioned as shown, the way ffmpeg autorotates."""
     from PIL import Image
 
-    from conftest import run_ffmpeg
+    from conftest import display_rotated_copy, run_ffmpeg
     from pipelines.media.decode import decode_frames
     from pipelines.stages.caption import decode_size, upright
 
     src = tmp_path / "in"
     src.mkdir()
-    rotated = src / "cup_rot90.mp4"
-    import subprocess
-    try:
-        run_ffmpeg(ffmpeg, "-display_rotation:v:0", "90", "-i", str(shared_videos / "opencv__cup.mp4"), "-t", "3",
-                   "-c", "copy", str(rotated))
-    except subprocess.CalledProcessError:
-        pytest.skip(f"{ffmpeg} has no -display_rotation (ffmpeg < 6)")
+    rotated = display_rotated_copy(ffmpeg, shared_videos / "opencv__cup.mp4", src / "cup_rot90.mp4")
     run_ffmpeg(ffmpeg, "-ss", "1.0", "-i", str(rotated), "-frames:v", "1", "-vf", "scale=60:80",
                str(tmp_path / "ff.png"))
     reference = np.asarray(Image.open(tmp_path / "ff.png").convert("RGB")).astype(int)  # ffmpeg autorotated

@@ -23,17 +23,12 @@ G = 4
 def setup(tmp_path_factory, shared_videos):
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    from pipelines.media.decode import decode_frames, sample_timestamps
+    from conftest import vtest_video_inputs
 
     model_dir = build_tiny_qwen2vl(tmp_path_factory.mktemp("mrsp") / "tiny", seed=0)
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32)
     proc = AutoProcessor.from_pretrained(model_dir)
-    dec = decode_frames(str(shared_videos / "opencv__vtest.avi"), sample_timestamps(0.0, 4.0, 8))
-    msgs = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "How many people walk left?"}]}]
-    text = proc.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-    meta = {"fps": dec.fps, "frames_indices": dec.indices, "total_num_frames": len(dec.indices)}
-    enc = proc(text=[text], videos=[torch.from_numpy(dec.frames)], video_metadata=[meta], do_sample_frames=False,
-               return_tensors="pt")
+    enc = vtest_video_inputs(proc, shared_videos)
     g = torch.Generator().manual_seed(0)
     resp = torch.randint(0, 300, (G, 11), generator=g)
     mask = torch.ones_like(resp)
@@ -122,7 +117,7 @@ def test_update_gradients_equal_plain_path(setup, vision):
     with VisionCallCounter(model) as counter:
         pv, grid = enc["pixel_values_videos"], enc["video_grid_thw"]
         with torch.no_grad():  # the rollout / old / ref consumers of the step
-            f = cache.features("vid", pv, grid)
+            cache.features("vid", pv, grid)
         pos = cache.positions("q", enc["input_ids"], grid, enc["mm_token_type_ids"])
         for rows in (slice(0, 2), slice(2, 4)):  # two micro-batches of the update
             lp = response_logprobs(model, enc["input_ids"], resp[rows], mask[rows],

@@ -152,16 +152,9 @@ def test_truncated_or_flipped_entry_is_detected(tmp_path, tiny_dir, cup):
 def test_display_rotated_video_is_cached_upright(tmp_path, tiny_dir, shared_videos, ffmpeg):
     """Phone footage (a display-rotation side datum) is cached as displayed: portrait frames whose pixels are the
     coded frames turned by the rotation, with the displayed size in the metadata, the way the captioner saw it."""
-    import subprocess
+    from conftest import display_rotated_copy
 
-    from conftest import run_ffmpeg
-
-    rotated = tmp_path / "cup_rot90.mp4"
-    try:
-        run_ffmpeg(ffmpeg, "-display_rotation:v:0", "90", "-i", str(shared_videos / "opencv__cup.mp4"), "-t", "3",
-                   "-c", "copy", str(rotated))
-    except subprocess.CalledProcessError:
-        pytest.skip(f"{ffmpeg} has no -display_rotation (ffmpeg < 6)")
+    rotated = display_rotated_copy(ffmpeg, shared_videos / "opencv__cup.mp4", tmp_path / "cup_rot90.mp4")
     row = video_rows([str(rotated)])[0]
     assert row["rotation"] == 90 and row["width"] > row["height"]  # coded landscape, displayed portrait
     vp = load_video_processor(tiny_dir, max_pixels=None)

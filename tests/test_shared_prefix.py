@@ -26,19 +26,14 @@ LENGTHS = [11, 6, 9, 1]  # right-padded responses of different lengths, one of a
 def setup(request, tmp_path_factory, shared_videos):
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    from pipelines.media.decode import decode_frames, sample_timestamps
+    from conftest import vtest_video_inputs
 
     torch.set_num_threads(1)
     family = request.param
     model_dir = build_tiny_qwen2vl(tmp_path_factory.mktemp(family) / "tiny", seed=0, family=family)
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32)
     proc = AutoProcessor.from_pretrained(model_dir)
-    dec = decode_frames(str(shared_videos / "opencv__vtest.avi"), sample_timestamps(0.0, 4.0, 8))
-    msgs = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "How many people walk left?"}]}]
-    text = proc.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-    meta = {"fps": dec.fps, "frames_indices": dec.indices, "total_num_frames": len(dec.indices)}
-    enc = proc(text=[text], videos=[torch.from_numpy(dec.frames)], video_metadata=[meta], do_sample_frames=False,
-               return_tensors="pt")
+    enc = vtest_video_inputs(proc, shared_videos)
     known = {"input_ids", "attention_mask", "pixel_values_videos", "video_grid_thw", "mm_token_type_ids"}
     prompt = PromptInputs("vtest", enc["input_ids"], enc["attention_mask"], enc["pixel_values_videos"],
                           enc["video_grid_thw"], enc["mm_token_type_ids"],
