@@ -3,7 +3,15 @@
 For each seed: build the tiny random Qwen2-VL (offline), CoT-SFT on a few items for a few steps (format, little
 skill, so GRPO has room), evaluate greedy accuracy on held-out items, GRPO, evaluate again. Writes
 ``benchmarks/results/learn.json`` (accuracy before/after per seed, steps, wall time) and
-``benchmarks/results/learn_reward.png`` (GRPO reward and held-out accuracy curves).
+``benchmarks/results/learn_reward.png`` (GRPO reward and held-out accuracy curves). Wall and CPU seconds
+(``time.process_time()`` of this process) are recorded per phase; ``passed`` needs a gain of at least 15 points on
+every seed within ``--cpu-budget-s`` CPU seconds in total (20 CPU-minutes; wall time is inflated on a shared machine).
+
+Why these defaults (``benchmarks/learn_diagnose.py``, ``results/learn_diagnose.json``, ``results/learn_trials.json``):
+SFT at lr 1e-2 over-trained the tiny model on its 64 items and, for seed 1, collapsed the vision-merger features of
+red/green/blue (they stayed separable only for seed 0), leaving GRPO nothing to sharpen; SFT lr 3e-3 learns the
+format without that collapse. GRPO takes 8 prompts a step, and a KL term to the SFT reference (beta 0.1) keeps
+GRPO from collapsing red/green/blue onto one letter (all groups tied) before it has learned to tell them apart.
 
     python benchmarks/learn.py                 # the full run (2 seeds)
     python benchmarks/learn.py --seeds 0 --grpo-steps 10 --out /tmp/learn.json   # a quick look
@@ -51,9 +59,8 @@ def _eval(path: str, items, max_new_tokens: int) -> dict:
     return evaluate(model, processor, items, max_new_tokens=max_new_tokens)
 
 
-def run_seed(seed: int, args, work: Path) -> dict:
-    t_start = time.perf_counter()
-    base = build_tiny_qwen2vl(work / f"base{seed}", seed=seed)
+def prepare_data(seed: int, args, work: Path):
+    """Train/held-out items of ``seed`` written as shards with the pack writer; return (train_index, held_out)."""
     kinds = args.kinds.split(",")
     shape = {"n_frames": args.frames, "size": args.size, "radius": args.radius}
     train = make_items(args.train_items, seed=100 + seed, kinds=kinds, **shape)
@@ -62,28 +69,66 @@ def run_seed(seed: int, args, work: Path) -> dict:
     train_index = write_shards(train, str(work / f"shards{seed}"), split="rl")
     eval_index = write_shards(held_out, str(work / f"shards{seed}"), split="test")
     held_out = load_items(DataConfig(source="shards", eval_urls=[eval_index]), "eval")
-    common = ["data.source=shards", f"data.train_urls=[{train_index}]", f"run.seed={seed}", "run.progress=false", "run.tensorboard=false",
-              f"run.threads={args.threads}", "run.save_every=0"]
+    return train_index, held_out
+
+
+def _common(seed: int, args, train_index: str) -> list[str]:
+    return ["data.source=shards", f"data.train_urls=[{train_index}]", f"run.seed={seed}", "run.progress=false",
+            "run.tensorboard=false", f"run.threads={args.threads}", "run.save_every=0"]
+
+
+def build_base(seed: int, args, work: Path) -> str:
+    return build_tiny_qwen2vl(work / f"base{seed}", seed=seed, hidden_size=args.hidden_size)
+
+
+def sft_config(seed: int, args, base: str, train_index: str, out_dir: Path) -> TrainConfig:
+    return _cfg(_common(seed, args, train_index) + [
+        f"model.path={base}", f"run.out_dir={out_dir}", f"run.steps={args.sft_steps}",
+        f"sft.max_items={args.sft_items}", f"data.batch_size={args.sft_batch}", f"optim.lr={args.sft_lr}"]
+        + list(args.sft_set))
+
+
+def grpo_config(seed: int, args, init: str, train_index: str, out_dir: Path, steps: int | None = None) -> TrainConfig:
+    return _cfg(_common(seed, args, train_index) + [
+        f"model.path={init}", f"run.out_dir={out_dir}", f"run.steps={args.grpo_steps if steps is None else steps}",
+        f"data.batch_size={args.grpo_batch}", f"rollout.n={args.group}",
+        f"rollout.max_new_tokens={args.max_new_tokens}", f"rollout.temperature={args.temperature}",
+        f"optim.lr={args.grpo_lr}", f"optim.warmup_steps={args.grpo_warmup}", f"grpo.loss_agg={args.loss_agg}",
+        f"grpo.ppo_epochs={args.ppo_epochs}", f"grpo.beta={args.grpo_beta}"] + list(args.grpo_set))
+
+
+class _Clock:
+    """Wall (perf_counter) and CPU (process_time: this process, all its threads) seconds since creation."""
+
+    def __init__(self):
+        self.wall0, self.cpu0 = time.perf_counter(), time.process_time()
+
+    def lap(self) -> tuple[float, float]:
+        return time.perf_counter() - self.wall0, time.process_time() - self.cpu0
+
+
+def run_seed(seed: int, args, work: Path) -> dict:
+    total = _Clock()
+    base = build_base(seed, args, work)
+    train_index, held_out = prepare_data(seed, args, work)
+    wall, cpu = {}, {}
 
     sft_dir = work / f"sft{seed}"
-    sft_cfg = _cfg(common + [f"model.path={base}", f"run.out_dir={sft_dir}", f"run.steps={args.sft_steps}",
-                             f"sft.max_items={args.sft_items}", f"data.batch_size={args.sft_batch}",
-                             f"optim.lr={args.sft_lr}"])
-    t0 = time.perf_counter()
-    run_sft(sft_cfg)
-    t_sft = time.perf_counter() - t0
+    c = _Clock()
+    run_sft(sft_config(seed, args, base, train_index, sft_dir))
+    wall["sft"], cpu["sft"] = c.lap()
+    c = _Clock()
     before = _eval(str(sft_dir / "final"), held_out, args.max_new_tokens)
+    wall["eval_sft"], cpu["eval_sft"] = c.lap()
 
     grpo_dir = work / f"grpo{seed}"
-    grpo_cfg = _cfg(common + [f"model.path={sft_dir / 'final'}", f"run.out_dir={grpo_dir}",
-                              f"run.steps={args.grpo_steps}", f"data.batch_size={args.grpo_batch}",
-                              f"rollout.n={args.group}", f"rollout.max_new_tokens={args.max_new_tokens}",
-                              f"rollout.temperature={args.temperature}", f"optim.lr={args.grpo_lr}",
-                              f"grpo.loss_agg={args.loss_agg}"])
-    t0 = time.perf_counter()
-    run_grpo(grpo_cfg)
-    t_grpo = time.perf_counter() - t0
+    c = _Clock()
+    run_grpo(grpo_config(seed, args, str(sft_dir / "final"), train_index, grpo_dir))
+    wall["grpo"], cpu["grpo"] = c.lap()
+    c = _Clock()
     after = _eval(str(grpo_dir / "final"), held_out, args.max_new_tokens)
+    wall["eval_grpo"], cpu["eval_grpo"] = c.lap()
+    wall["total_with_eval"], cpu["total_with_eval"] = total.lap()
     curve = [{"step": r["step"], "reward_mean": r["reward_mean"], "format_rate": r["format_rate"],
               "accuracy": r["accuracy"], "response_len_mean": r["response_len_mean"]}
              for r in read_metrics(grpo_dir / "metrics.jsonl")]
@@ -94,7 +139,7 @@ def run_seed(seed: int, args, work: Path) -> dict:
         "gain_points": 100.0 * (after["accuracy"] - before["accuracy"]),
         "per_category_sft": before["per_category"], "per_category_grpo": after["per_category"],
         "sft_steps": args.sft_steps, "grpo_steps": args.grpo_steps,
-        "wall_s": {"sft": t_sft, "grpo": t_grpo, "total_with_eval": time.perf_counter() - t_start},
+        "wall_s": wall, "cpu_s": cpu,
         "grpo_curve": curve,
     }
 
@@ -125,7 +170,7 @@ def plot(results: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", default="0,1")
     p.add_argument("--kinds", default="colour", help="synthetic question kinds, comma-separated")
@@ -134,22 +179,38 @@ def main(argv=None) -> int:
     p.add_argument("--radius", type=float, default=0.25, help="ball radius as a fraction of the frame side")
     p.add_argument("--train-items", type=int, default=512)
     p.add_argument("--eval-items", type=int, default=100)
+    p.add_argument("--hidden-size", type=int, default=64, help="tiny model text width (build parameter)")
     p.add_argument("--sft-items", type=int, default=64)
     p.add_argument("--sft-steps", type=int, default=60)
     p.add_argument("--sft-batch", type=int, default=4)
-    p.add_argument("--sft-lr", type=float, default=1e-2)
-    p.add_argument("--grpo-steps", type=int, default=150)
-    p.add_argument("--grpo-batch", type=int, default=4)
+    p.add_argument("--sft-lr", type=float, default=3e-3)
+    p.add_argument("--sft-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra trainer.config override for the SFT stage (repeatable)")
+    p.add_argument("--grpo-steps", type=int, default=250)
+    p.add_argument("--grpo-batch", type=int, default=8)
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--grpo-lr", type=float, default=1e-3)
+    p.add_argument("--grpo-warmup", type=int, default=0, help="optim.warmup_steps of the GRPO stage")
+    p.add_argument("--ppo-epochs", type=int, default=1, help="grpo.ppo_epochs")
+    p.add_argument("--grpo-beta", type=float, default=0.1,
+                   help="grpo.beta: KL (k3) to the SFT reference; keeps the answer distribution from collapsing "
+                        "before the weak colour features are learned")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--loss-agg", default="token_mean")
+    p.add_argument("--grpo-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra trainer.config override for the GRPO stage (repeatable)")
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--cpu-budget-s", type=float, default=1200.0, help="the CPU-seconds target (20 CPU-minutes)")
+    p.add_argument("--notes", default="", help="free text stored in the JSON")
     p.add_argument("--work", default="", help="working directory (default: a temp dir)")
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "learn.json"))
     p.add_argument("--replot", action="store_true", help="only redraw the PNG from an existing --out JSON")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     if args.replot:
         doc = json.loads(Path(args.out).read_text())
@@ -158,34 +219,41 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="longreel-learn-"))
-    t0 = time.perf_counter()
+    clock = _Clock()
     results = []
     for seed in [int(s) for s in args.seeds.split(",")]:
         r = run_seed(seed, args, work)
         results.append(r)
         print(f"seed {seed}: held-out accuracy SFT {r['accuracy_sft']:.3f} -> GRPO {r['accuracy_grpo']:.3f} "
               f"({r['gain_points']:+.1f} points; format {r['format_rate_sft']:.2f} -> {r['format_rate_grpo']:.2f}); "
-              f"sft {r['wall_s']['sft']:.0f}s grpo {r['wall_s']['grpo']:.0f}s", flush=True)
-    wall = time.perf_counter() - t0
+              f"sft {r['wall_s']['sft']:.0f}s/{r['cpu_s']['sft']:.0f} cpu-s, "
+              f"grpo {r['wall_s']['grpo']:.0f}s/{r['cpu_s']['grpo']:.0f} cpu-s", flush=True)
+    wall, cpu = clock.lap()
     png = out.with_name(out.stem + "_reward.png")
     plot(results, png)
+    min_gain = min(r["gain_points"] for r in results)
     summary = {
         "benchmark": "learn",
         "task": {"kinds": args.kinds.split(","), "generator": "trainer.synthetic_task",
                  "data_path": "synthetic_task.write_shards (pipelines.pack.shards writer) -> trainer.data loader", "train_items": args.train_items,
                  "eval_items": args.eval_items, "frames": args.frames, "size": args.size, "radius": args.radius},
-        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "work")},
+        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "work", "replot", "notes")},
         "per_seed": results,
-        "min_gain_points": min(r["gain_points"] for r in results),
+        "min_gain_points": min_gain,
         "target_gain_points": 15.0,
-        "passed": all(r["gain_points"] >= 15.0 for r in results) and wall <= 20 * 60,
+        "cpu_budget_s": args.cpu_budget_s,
+        # the target is "within 20 CPU-minutes": judged on this process's CPU time (wall time is inflated on a
+        # shared machine and is reported beside it)
+        "passed": round(min_gain, 6) >= 15.0 and cpu <= args.cpu_budget_s,
         "wall_s_total": wall,
+        "cpu_s_total": cpu,
         "cpu": {"threads": args.threads, "machine": platform.machine(), "cpus_visible": os.cpu_count(),
                 "torch": torch.__version__},
         "reward_curve_png": str(png.relative_to(REPO)) if png.is_relative_to(REPO) else str(png),
+        "notes": args.notes,
     }
     out.write_text(json.dumps(summary, indent=1) + "\n")
-    print(f"total wall {wall:.0f}s; min gain {summary['min_gain_points']:.1f} points; passed={summary['passed']}; "
+    print(f"total wall {wall:.0f}s, cpu {cpu:.0f}s; min gain {min_gain:.1f} points; passed={summary['passed']}; "
           f"wrote {out}")
     return 0
 
