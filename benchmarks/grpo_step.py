@@ -1,0 +1,139 @@
+"""GRPO step time of the real trainer (``trainer.grpo.GRPOTrainer.step``) with MR-SP off and on.
+
+``benchmarks/mrsp.py`` times the phases of a step in isolation; this runs whole trainer steps, sampling
+included, on the same benchmark-sized model (``mrsp.build_model``) and real frames of Big Buck Bunny:
+
+* ``plain``: ``mrsp.enabled=false`` (each prompt's video encoded once for its rollouts and old log-probs, the
+  reference encodes it again, the update re-encodes it with grad in every micro-batch);
+* ``mrsp``: ``mrsp.enabled=true``, ``mrsp.vision=deferred`` (the step's one encode per video serves everything;
+  the reference encodes once);
+* ``mrsp_frozen``: ``model.freeze_vision=true`` (one tower pass per video per step, reference included).
+
+The text path (shared prompt prefix) is the same in all three. Every variant trains from the same weights with
+the same seeds, so the sampled responses are the same (MR-SP is numerically the plain step), and the timing
+difference is the vision work. The first step is a warm-up and is dropped.
+
+    python benchmarks/grpo_step.py                      # writes benchmarks/results/grpo_step.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+VARIANTS = {
+    "plain": ["mrsp.enabled=false"],
+    "mrsp": ["mrsp.enabled=true", "mrsp.vision=deferred"],
+    "mrsp_frozen": ["mrsp.enabled=true", "model.freeze_vision=true"],
+}
+
+
+def make_items(n_items: int, frames: int) -> list[dict]:
+    """``n_items`` questions, each on its own ``frames``-frame window of the video (uint8 frames at the size the
+    tiny processor keeps: 168 x 280)."""
+    import torch
+
+    from mrsp import SHARED, VIDEO
+    from pipelines.media.decode import decode_frames, sample_timestamps
+
+    items = []
+    for i in range(n_items):
+        start = 30.0 + 60.0 * i
+        dec = decode_frames(str(SHARED / VIDEO), sample_timestamps(start, start + frames / 8.0, frames),
+                            width=280, height=168)
+        meta = {"fps": dec.fps, "frames_indices": list(dec.indices), "total_num_frames": 14315,
+                "duration": 596.458, "width": 280, "height": 168}
+        items.append({"key": f"bbb_{i}", "video_id": f"bbb_{i}", "frames": torch.from_numpy(dec.frames),
+                      "video_metadata": meta, "question": "What does the rabbit do next?",
+                      "options": ["wakes up", "eats an apple", "chases the birds", "falls asleep"],
+                      "answer": "A", "problem_type": "multiple_choice", "category": "temporal",
+                      "target": "<think>At the start the rabbit is asleep.</think><answer>A</answer>"})
+    return items
+
+
+def run_variant(name: str, model_dir: str, items: list[dict], args, work: Path) -> dict:
+    import torch
+
+    from schemas.config import load_yaml
+    from trainer.config import TrainConfig
+    from trainer.grpo import GRPOTrainer
+
+    torch.set_num_threads(1)
+    cfg = load_yaml(TrainConfig, None, [
+        f"model.path={model_dir}", f"run.out_dir={work / name}", f"run.steps={args.steps + 1}", "run.save_every=0",
+        "run.save_final=false", "run.progress=false", "run.tensorboard=false", "run.threads=1", "run.seed=0",
+        f"data.batch_size={len(items)}", f"rollout.n={args.G}", f"rollout.max_new_tokens={args.max_new_tokens}",
+        "optim.lr=1e-4", f"optim.grad_accum={args.grad_accum}", f"grpo.beta={args.beta}", *VARIANTS[name]])
+    trainer = GRPOTrainer(cfg, items=items)
+    steps = []
+    try:
+        for _ in range(args.steps + 1):
+            m = trainer.step()
+            steps.append({k: m[k] for k in ("time_step", "time_rollout", "time_reward", "time_logprob",
+                                            "time_update", "response_len_mean", "loss")})
+            print(f"[{name}] step {len(steps)}: {m['time_step']:.2f}s (rollout {m['time_rollout']:.2f}, "
+                  f"logprob {m['time_logprob']:.2f}, update {m['time_update']:.2f})", file=sys.stderr, flush=True)
+    finally:
+        trainer.engine.close()
+        trainer.sess.close()
+    measured = steps[1:]  # the first step warms up
+    return {"median": {k: statistics.median(s[k] for s in measured) for k in measured[0]},
+            "steps": steps, "overrides": VARIANTS[name]}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--frames", type=int, default=64, help="frames per video")
+    ap.add_argument("--items", type=int, default=2, help="prompts per step (each on its own video)")
+    ap.add_argument("--G", type=int, default=8, help="rollouts per prompt")
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--grad-accum", type=int, default=2, help="micro-batches per group in the update")
+    ap.add_argument("--beta", type=float, default=0.05, help="KL coefficient (> 0 loads the reference model)")
+    ap.add_argument("--steps", type=int, default=3, help="measured steps per variant (after one warm-up step)")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "grpo_step.json"))
+    args = ap.parse_args(argv)
+    from mrsp import build_model
+
+    work = Path(tempfile.mkdtemp(prefix="grpo-step-bench-"))
+    t0 = time.time()
+    try:
+        model_dir = build_model(work)
+        items = make_items(args.items, args.frames)
+        results = {name: run_variant(name, model_dir, items, args, work) for name in args.variants.split(",")}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    base = results.get("plain", {}).get("median", {}).get("time_step")
+    doc = {
+        "benchmark": "grpo_step",
+        "config": {"frames": args.frames, "prompts_per_step": args.items, "G": args.G,
+                   "max_new_tokens": args.max_new_tokens, "grad_accum": args.grad_accum, "beta": args.beta,
+                   "measured_steps": args.steps, "warm_up_steps": 1, "threads": 1,
+                   "model": "benchmarks/mrsp.py build_model (Qwen2-VL random: text 4 layers / hidden 128; vision "
+                            "depth 4 / width 128)", "video": "moviepy__bbb_full.mp4, 64-frame windows at 168x280"},
+        "variants": results,
+        "speedup_vs_plain": {k: round(base / v["median"]["time_step"], 3) for k, v in results.items()
+                             if base and k != "plain"},
+        "host": {"python": platform.python_version(), "cpus": os.cpu_count(), "load_avg_at_end": os.getloadavg()},
+        "wall_seconds": round(time.time() - t0, 1),
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(json.dumps(doc["speedup_vs_plain"]), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
