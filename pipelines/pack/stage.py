@@ -76,6 +76,11 @@ class _SelectSplit(beam.DoFn):
         if not qras:  # a pass-rate row for a question that is not in the QRA table: not an input of this stage
             yield _count("pack_select", "orphan_pass_rate", len(prs))
             return
+        if list(g.get("filtered") or []):
+            # the pass-rate filter already rejected it (with its reason): not an input here, so the funnel reads
+            # filter out == pack in and no question is listed as rejected twice
+            yield _count("pack_select", "rejected_by_filter", len(qras))
+            return
         for qra in qras:
             yield _count("pack_select", "in")
             if not prs:
@@ -260,7 +265,7 @@ def index_extra(cfg: PackConfig) -> dict:
 
 
 def add_pack_stage(p, videos_pcoll, qras_pcoll, passrate_pcoll_or_none, out_dir: str, cfg: PackConfig, *,
-                   standalone: bool = True) -> dict:
+                   standalone: bool = True, filter_rejects=None) -> dict:
     """Add the pack stage to pipeline ``p``.
 
     Inputs are PCollections of VIDEO, QRA and (optionally) PASS_RATE rows. Writes the frame cache
@@ -274,6 +279,10 @@ def add_pack_stage(p, videos_pcoll, qras_pcoll, passrate_pcoll_or_none, out_dir:
     itself, e.g. ``longreel curate``): writes neither; flatten ``counts`` into that pipeline's
     ``((stage, metric), n)`` pairs (order :data:`STAGE_ORDER`, units :data:`STAGE_UNITS`) and
     ``rejects`` into its rejects, and put ``summary`` under ``stats["pack"]`` if wanted.
+
+    ``filter_rejects``: reject rows of the run (any stage; the pass-rate filter's are used). A question the filter
+    rejected is not an input of ``pack_select`` (counted as ``rejected_by_filter``), so that the filter's out is
+    the pack's in and the question is listed as rejected once, by the stage that decided.
 
     Returns ``{"shards": one dict per shard {split, index, num_shards, url, nsamples, nquestions,
     bytes, sha256}, "indexes": {split, index (path), doc}, "rejects": reject rows, "counts": pairs,
@@ -292,7 +301,12 @@ def add_pack_stage(p, videos_pcoll, qras_pcoll, passrate_pcoll_or_none, out_dir:
     else:
         by_q = qras_pcoll | "PackKeyQra" >> beam.Map(lambda r: (r["qra_id"], r))
         pr_by_q = passrate_pcoll_or_none | "PackKeyPassRate" >> beam.Map(lambda r: (r["qra_id"], r))
-        selected = ({"qra": by_q, "pr": pr_by_q} | "PackJoinPassRate" >> beam.CoGroupByKey()
+        joined = {"qra": by_q, "pr": pr_by_q}
+        if filter_rejects is not None:
+            from pipelines.stages.passrate import STAGE as FILTER_STAGE
+            joined["filtered"] = (filter_rejects | "PackFilterRejectsOnly" >> beam.Filter(
+                lambda r: r["stage"] == FILTER_STAGE) | "PackKeyFiltered" >> beam.Map(lambda r: (r["key"], 1)))
+        selected = (joined | "PackJoinPassRate" >> beam.CoGroupByKey()
                     | "PackSelect" >> beam.ParDo(_SelectSplit(None)).with_outputs(COUNTS, REJECTS, main="main"))
     vids = videos_pcoll | "PackKeyVideo" >> beam.Map(lambda v: (v["video_id"], v))
     built = ({"video": vids, "qra": selected.main} | "PackJoinVideos" >> beam.CoGroupByKey()
@@ -338,7 +352,15 @@ def run_pack(out_dir: str, cfg: PackConfig, beam_args: list[str] | None = None) 
     v = p | "Videos" >> beam.Create(videos)
     q = p | "Qras" >> beam.Create(qras)
     pr = (p | "PassRates" >> beam.Create(pass_rates)) if pass_rates is not None else None
-    add_pack_stage(p, v, q, pr, out_dir, cfg)
+    frej = None
+    if pass_rates is not None:
+        from pipelines.stages.passrate import STAGE as FILTER_STAGE
+        try:
+            earlier = [r for r in read_table(out_dir, "rejects").to_pylist() if r["stage"] == FILTER_STAGE]
+        except FileNotFoundError:
+            earlier = []
+        frej = p | "FilterRejects" >> beam.Create(earlier)
+    add_pack_stage(p, v, q, pr, out_dir, cfg, filter_rejects=frej)
     p.run().wait_until_finish()
     stats = read_json(FileSystems.join(out_dir, "stats.json"))
     log.info("pack: done in %.1f s", time.monotonic() - t0)
