@@ -9,12 +9,21 @@ import longreel
 
 
 @functools.lru_cache(maxsize=1)
-def code_version() -> str:
-    """Package version plus the git commit of the checkout when there is one (``0.1.0+g1a2b3c4``)."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        rev = subprocess.run(["git", "-C", here, "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                             text=True, timeout=5, check=False).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        rev = ""
-    return f"{longreel.__version__}+g{rev}" if rev else longreel.__version__
+def code_version(root: str | None = None) -> str:
+    """Package version plus the git commit of the checkout when there is one (``0.1.0+g1a2b3c4``), with
+    ``.dirty`` when tracked files differ from that commit: outputs made from uncommitted code say so.
+    ``root``: the checkout (default: the one this package is in)."""
+    here = root or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", "-C", here, *args], capture_output=True, text=True, timeout=5,
+                                  check=False).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    rev = git("rev-parse", "--short=12", "HEAD")
+    if not rev:
+        return longreel.__version__
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return f"{longreel.__version__}+g{rev}" + (".dirty" if dirty else "")
