@@ -203,6 +203,22 @@ def test_torchrun_sequence_parallel_matches_one_process(tiny, shared_videos, tmp
     assert abs(m1[0]["loss"] - m2[0]["loss"]) <= 1e-6
 
 
+@pytest.mark.slow
+def test_torchrun_data_parallel_times_sequence_parallel_matches_one_process(tiny, shared_videos, tmp_path):
+    """World 4 = 2 data-parallel replicas x SP groups of 2 (4 gloo processes): the step-1 gradients of the global
+    batch equal the 1-process run."""
+    worker = str(Path(__file__).resolve().parent / "grpo_mrsp_worker.py")
+    common = [tiny, str(shared_videos), "mrsp.sp_min_tokens=1", "mrsp.vision=deferred", "data.batch_size=4"]
+    _run([sys.executable, worker, str(tmp_path / "one"), str(tmp_path / "g1.safetensors"), *common])
+    _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4", "--master_addr", "127.0.0.1",
+          "--master_port", str(_free_port()), worker, str(tmp_path / "four"), str(tmp_path / "g4.safetensors"),
+          *common, "mrsp.sp_size=2"])
+    g1, g4 = load_file(str(tmp_path / "g1.safetensors")), load_file(str(tmp_path / "g4.safetensors"))
+    assert g1.keys() == g4.keys() and sum(float(g.abs().sum()) for g in g1.values()) > 0
+    worst = max(float((g1[k] - g4[k]).abs().max()) for k in g1)
+    assert worst <= TOL, f"max |grad(1 proc) - grad(2 replicas x SP 2)| = {worst}"
+
+
 def test_sp_groups_share_prompts_and_split_the_batch_over_replicas():
     """world 4, sp_size 2: ranks {0, 1} and {2, 3} are the two data-parallel replicas; a group's ranks get the same
     prompts and the replicas together get the global batch once."""
