@@ -21,7 +21,7 @@ from trainer.mrsp.dist_ops import allreduce_grads_, world  # noqa: E402
 from trainer.mrsp.embed_cache import StepEmbedCache, VisionCallCounter, encode_video_features  # noqa: E402
 from trainer.mrsp.positions import prompt_positions  # noqa: E402
 from trainer.mrsp.reuse import token_logprobs  # noqa: E402
-from trainer.mrsp.sp_prefill import prefill_logprobs, sp_response_logprobs  # noqa: E402
+from trainer.mrsp.sp_prefill import prefill_logprobs, sp_response_logprobs, sp_shared_prompt_logprobs  # noqa: E402
 from trainer.mrsp.vision_shard import make_sharded_encoder, plan_temporal_shards, sharded_video_features  # noqa: E402
 
 
@@ -77,6 +77,17 @@ def sp_checks(model, prompt, pv, grid, mmt, resp, rmask, weights) -> dict:
         g = grads(model)
         res[f"{label}_grad_diff"] = maxdiff(g, g_plain)
         res[f"{label}_grad_diff_visual"] = maxdiff(g, g_plain, "model.visual.")
+
+    # ---- 2b. the prompt sequence-parallel once, the rows split over the ranks (prefill_logprobs' default)
+    model.zero_grad(set_to_none=True)
+    feats = sharded_video_features(model, pv, grid, grad="sum")
+    lp = sp_shared_prompt_logprobs(model, prompt, resp, features=feats, positions=pos)
+    res["shared_logp_diff"] = float(((lp - lp_plain) * rmask).abs().max())
+    ((lp * weights * rmask).sum()).backward()
+    allreduce_grads_(model.parameters())
+    g = grads(model)
+    res["shared_grad_diff"] = maxdiff(g, g_plain)
+    res["shared_grad_diff_visual"] = maxdiff(g, g_plain, "model.visual.")
 
     # ---- 3. the trainer-facing path: StepEmbedCache(deferred, sharded encoder) + prefill_logprobs(SP)
     model.zero_grad(set_to_none=True)

@@ -103,6 +103,9 @@ def test_sp_prefill_equals_plain_path(dist_results, tag):
             assert x[f"{label}_grad_diff"] <= TOL, (label, x)
             assert x[f"{label}_grad_diff"] <= TOL * x["grad_scale"], (label, x)  # relative, too
             assert x[f"{label}_grad_diff_visual"] <= TOL, (label, x)
+        # the prompt once, sequence-parallel; the rows split over the ranks (the trainer's default SP path)
+        assert x["shared_logp_diff"] <= TOL and x["shared_grad_diff"] <= TOL, x
+        assert x["shared_grad_diff"] <= TOL * x["grad_scale"] and x["shared_grad_diff_visual"] <= TOL, x
         # the trainer-facing step: deferred vision grads through a sharded encoder, SP prefill
         assert x["step_vision_calls"] == 1 and x["step_pushed"] == 1
         assert x["step_old_diff"] <= TOL and x["step_logp_diff"] <= TOL and x["step_grad_diff"] <= TOL, x

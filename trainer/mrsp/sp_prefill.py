@@ -87,8 +87,8 @@ def prefix_causal_attention(q: Tensor, k: Tensor, v: Tensor, lo: int, scale: flo
     mask = torch.arange(keys, device=q.device).view(1, -1) <= torch.arange(lo, keys, device=q.device).view(-1, 1)
     return F.scaled_dot_product_attention(q, k[:, :, :keys], v[:, :, :keys], attn_mask=mask, scale=scale)
 
-__all__ = ["SPConfig", "sp_enabled", "sp_response_logprobs", "prefill_logprobs", "local_inputs_embeds",
-           "prefix_causal_attention"]
+__all__ = ["SPConfig", "sp_enabled", "sp_response_logprobs", "sp_shared_prompt_logprobs", "prefill_logprobs",
+           "local_inputs_embeds", "prefix_causal_attention"]
 
 
 @dataclass
@@ -208,6 +208,103 @@ def sp_response_logprobs(model, input_ids: Tensor, position_ids: Tensor, respons
     return gather_seq(lp, dim=1, grad="own", group=group, sizes=counts)
 
 
+def _split(n: int, size: int) -> list[int]:
+    """Contiguous chunk lengths of ``n`` items over ``size`` ranks (``ceil(n / size)`` each, the last ones short)."""
+    per = -(-n // size)
+    return [max(0, min(n, (r + 1) * per) - r * per) for r in range(size)]
+
+
+def sp_shared_prompt_logprobs(model, prompt_ids: Tensor, response_ids: Tensor, *, features: Tensor,
+                              positions: PromptPositions, temperature: float = 1.0, group=None) -> Tensor:
+    """Log-probs ``[N, T]`` of ``N`` right-padded responses to one prompt, the prompt sequence-parallel over
+    ``group`` and run **once** for the ``N`` rows; identical on every rank and differentiable.
+
+    The prompt ``[1, Lp]`` is split along the sequence as in :func:`sp_response_logprobs` (K/V all-gathered per
+    layer). The ``N`` responses are split by rows over the ranks; a rank runs its rows' response tokens layer by
+    layer beside its prompt slice, attending over the layer's gathered prompt K/V (all visible) and their own
+    keys (causal), so nothing of the long prompt is computed ``N`` times. The first response token is predicted
+    from the prompt's last position, on the rank that owns it. Same gradient convention as
+    :func:`sp_response_logprobs`: the same loss on every rank, then parameter gradients summed over ``group``.
+    """
+    rank, size = world(group)
+    lp_len = int(prompt_ids.shape[1])
+    n, t = response_ids.shape
+    lm = base_model(model).language_model
+    _check_supported(lm)
+    rotary_fn = sys.modules[type(lm.layers[0].self_attn).__module__].apply_rotary_pos_emb
+
+    chunk = -(-lp_len // size)
+    lo, hi = rank * chunk, (rank + 1) * chunk
+    real_hi = min(hi, lp_len)
+    h = local_inputs_embeds(model, prompt_ids, features, lo, real_hi)
+    pos = positions.prompt[:, :, lo:real_hi]
+    if real_hi < hi:  # padding rows at the end of the last slice(s); causal masking hides them from real rows
+        pad = hi - max(lo, real_hi)
+        h = torch.cat([h, h.new_zeros(1, pad, h.shape[-1])], dim=1)
+        pos = torch.cat([pos, pos.new_zeros(3, 1, pad)], dim=2)
+    cos, sin = lm.rotary_emb(h, pos)
+
+    row_sizes = _split(n, size)
+    r_lo = sum(row_sizes[:rank])
+    rows = slice(r_lo, r_lo + row_sizes[rank])
+    g, tr = row_sizes[rank], t - 1  # response tokens run as inputs: all but the last
+    hr = cos_r = sin_r = None
+    if g and tr:
+        hr = model.get_input_embeddings()(response_ids[rows, :tr])
+        pos_r = positions.with_responses(g, t)[:, :, lp_len:lp_len + tr]
+        cos_r, sin_r = lm.rotary_emb(hr, pos_r)
+
+    def qkv(attn, x, c, s):
+        bsz, length = x.shape[:2]
+        q = attn.q_proj(x).view(bsz, length, -1, attn.head_dim).transpose(1, 2)
+        k = attn.k_proj(x).view(bsz, length, -1, attn.head_dim).transpose(1, 2)
+        v = attn.v_proj(x).view(bsz, length, -1, attn.head_dim).transpose(1, 2)
+        q, k = rotary_fn(q, k, c, s)
+        return q, k, v
+
+    def expand(attn, x):
+        return x.repeat_interleave(attn.num_key_value_groups, dim=1) if attn.num_key_value_groups > 1 else x
+
+    for layer in lm.layers:
+        attn = layer.self_attn
+        q, k, v = qkv(attn, layer.input_layernorm(h), cos, sin)
+        k, v = gather_seq(torch.stack([k, v]), dim=3, grad="sum", group=group, sizes=[chunk] * size).unbind(0)
+        o = prefix_causal_attention(q, expand(attn, k), expand(attn, v), lo, attn.scaling)
+        o = attn.o_proj(o.transpose(1, 2).reshape(1, chunk, -1))
+        if hr is not None:  # this rank's response rows over the prompt's keys (padding trimmed) + their own
+            qr, kr, vr = qkv(attn, layer.input_layernorm(hr), cos_r, sin_r)
+            keys = torch.cat([k[:, :, :lp_len].expand(g, -1, -1, -1), kr], dim=2)
+            vals = torch.cat([v[:, :, :lp_len].expand(g, -1, -1, -1), vr], dim=2)
+            orr = prefix_causal_attention(qr, expand(attn, keys), expand(attn, vals), lp_len, attn.scaling)
+            hr = hr + attn.o_proj(orr.transpose(1, 2).reshape(g, tr, -1))
+            hr = hr + layer.mlp(layer.post_attention_layernorm(hr))
+        h = h + o
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    h = lm.norm(h)
+
+    # under grad, every rank's graph must reach its K/V collectives in the backward, whatever it returns
+    anchor = 0.0 * h.sum() if h.requires_grad else None
+    owner = (lp_len - 1) // chunk
+    if rank == owner:  # the first response token, from the prompt's last position (one row of logits)
+        logits0 = model.lm_head(h[:, lp_len - 1 - lo])  # [1, V]
+        first = token_logprobs(logits0.unsqueeze(1).expand(n, 1, -1), response_ids[:, :1], temperature)
+    else:
+        first = h.new_zeros(n, 0, dtype=torch.float32)
+    if anchor is not None:
+        first = first + anchor
+    first = gather_seq(first, dim=1, grad="own", group=group, sizes=[1 if r == owner else 0 for r in range(size)])
+    if not tr:
+        return first
+    if hr is not None:
+        rest = token_logprobs(model.lm_head(lm.norm(hr)), response_ids[rows, 1:], temperature)
+    else:
+        rest = h.new_zeros(0, tr, dtype=torch.float32)
+    if anchor is not None:
+        rest = rest + anchor
+    rest = gather_seq(rest, dim=0, grad="own", group=group, sizes=row_sizes)
+    return torch.cat([first, rest], dim=1)
+
+
 def prefill_logprobs(model, prompt_ids: Tensor, response_ids: Tensor, response_mask: Tensor, *, features: Tensor,
                      positions: PromptPositions, temperature: float = 1.0, group=None,
                      sp_min_tokens: int = 3072, share_prompt: bool = True) -> Tensor:
@@ -217,7 +314,9 @@ def prefill_logprobs(model, prompt_ids: Tensor, response_ids: Tensor, response_m
     * one rank (``group`` ``None`` or of size 1): the plain stage-1 forward
       (:func:`trainer.mrsp.reuse.response_logprobs`; with ``share_prompt`` the prompt runs once for the ``N``
       rows);
-    * ``Lp + T >= sp_min_tokens``: sequence-parallel over ``group`` (:func:`sp_response_logprobs`);
+    * ``Lp + T >= sp_min_tokens``: sequence-parallel over ``group``; with ``share_prompt`` the prompt runs once
+      sequence-parallel and the rows are split over the ranks (:func:`sp_shared_prompt_logprobs`), else every
+      row's whole sequence is split (:func:`sp_response_logprobs`);
     * shorter sequences on a group of several ranks: the ``N`` rows are split in contiguous chunks over the
       ranks (each runs the plain forward on its rows, its prompt once with ``share_prompt``) and the log-probs
       are all-gathered, so the gradient convention is the same as under SP.
@@ -232,9 +331,8 @@ def prefill_logprobs(model, prompt_ids: Tensor, response_ids: Tensor, response_m
         return response_logprobs(model, prompt_ids, response_ids, response_mask, features=features,
                                  positions=positions, temperature=temperature, share_prompt=share_prompt)
     if not sp_enabled(total, group, sp_min_tokens):
-        per = -(-n // size)
-        sizes = [max(0, min(n, (r + 1) * per) - r * per) for r in range(size)]
-        lo = min(n, rank * per)
+        sizes = _split(n, size)
+        lo = sum(sizes[:rank])
         rows = slice(lo, lo + sizes[rank])
         if sizes[rank]:
             lp = response_logprobs(model, prompt_ids, response_ids[rows], response_mask[rows], features=features,
@@ -246,6 +344,9 @@ def prefill_logprobs(model, prompt_ids: Tensor, response_ids: Tensor, response_m
         if torch.is_grad_enabled() and features.requires_grad and not lp.requires_grad:
             lp = lp + 0.0 * features.sum()
         return gather_seq(lp, dim=0, grad="own", group=group, sizes=sizes)
+    if share_prompt:
+        return sp_shared_prompt_logprobs(model, prompt_ids, response_ids, features=features, positions=positions,
+                                         temperature=temperature, group=group)
     ids = torch.cat([prompt_ids.expand(n, -1), response_ids], dim=1)
     attn = torch.cat([torch.ones_like(prompt_ids).expand(n, -1), response_mask.to(prompt_ids.dtype)], dim=1)
     return sp_response_logprobs(model, ids, positions.with_responses(n, t), prompt_ids.shape[1], features=features,
