@@ -14,7 +14,9 @@ update (:mod:`~trainer.mrsp.reuse`).
 
 Stage 2 (sequence-parallel prefill): :func:`~trainer.mrsp.sp_prefill.sp_response_logprobs` splits the gathered
 input embeddings along the sequence across ranks, with exact causal attention over all-gathered K/V;
-:func:`~trainer.mrsp.sp_prefill.prefill_logprobs` switches it on above a length threshold.
+:func:`~trainer.mrsp.sp_prefill.prefill_logprobs` switches it on above a length threshold, by default as
+:func:`~trainer.mrsp.sp_prefill.sp_shared_prompt_logprobs` (the prompt split along the sequence and run once; the
+G response rows split over the ranks, attending to each layer's gathered prompt K/V).
 
 GPU rollouts with cached embeddings through vLLM: :mod:`~trainer.mrsp.vllm_embeds` (lazy import).
 
