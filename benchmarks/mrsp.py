@@ -30,7 +30,9 @@ Two text paths, measured separately (``text_path`` in the JSON):
   * ``reuse_frozen``: stage 1 with a frozen vision tower shared by policy and reference: 1 pass;
   * ``reuse_2ranks`` (2 gloo ranks): vision frames sharded across the ranks, rollouts split over the ranks
     (each rank prefills the prompt once for its rows), old/ref/update rows split over the ranks (each rank
-    shares the prompt over its rows; sequence parallelism off: one sequence is below the SP crossover).
+    shares the prompt over its rows; sequence parallelism off);
+  * ``reuse_sp2`` (stage 1+2, 2 gloo ranks): as ``reuse_2ranks``, but old/ref/update log-probs with the
+    prompt sequence-parallel, run once, and the rows split (``sp_shared_prompt_logprobs``).
 
 * ``per_sequence`` (secondary, the text path before the shared prefix): every pass runs G full sequences and
   every rollout request prefills its own prompt (G prefills); variants as before:
@@ -371,9 +373,10 @@ def role_step_sp(args) -> None:
         model.zero_grad(set_to_none=True)
         dist.barrier()
         with VisionCallCounter(model) as cp, VisionCallCounter(ref) as cr:
-            # per-sequence text: log-probs sequence-parallel (SP on from 0 tokens); shared prefix: rows split
-            parts = step_reuse(model, ref, x, *batch, vision="deferred", text=args.text,
-                               sp_min_tokens=0 if args.text == "per_sequence" else None)
+            # per-sequence text: log-probs sequence-parallel (SP on from 0 tokens); shared prefix: rows split,
+            # or with --sp-min-tokens 0 the prompt sequence-parallel once and the rows split
+            sp_min = args.sp_min_tokens if args.sp_min_tokens >= 0 else (0 if args.text == "per_sequence" else None)
+            parts = step_reuse(model, ref, x, *batch, vision="deferred", text=args.text, sp_min_tokens=sp_min)
         dist.barrier()
         parts["total"] = sum(parts.values())
         if rep:
@@ -481,6 +484,7 @@ def main(argv=None) -> int:
     # internal (the per-process roles)
     ap.add_argument("--text", default="shared_prefix", choices=["shared_prefix", "per_sequence"])
     ap.add_argument("--variants", default="no_reuse_per_pass,reuse,reuse_frozen")
+    ap.add_argument("--sp-min-tokens", type=int, default=-1, help="(step_sp role) SP threshold; -1: the role's default")
     args = ap.parse_args(argv)
     if args.quick:
         args.repeats, args.mem_frames = 1, "16,64"
@@ -514,14 +518,15 @@ def main(argv=None) -> int:
                   "--variants", variants, "--repeats", str(repeats), *common], 3000)
             return json.loads(out.read_text())
 
-        def two_ranks(text: str, repeats: int) -> dict:
-            out = work / f"step_sp_{text}.json"
+        def two_ranks(text: str, repeats: int, sp_min_tokens: int = -1) -> dict:
+            out = work / f"step_sp_{text}_{sp_min_tokens}.json"
             _run([*_torchrun(2), me, "--role", "step_sp", "--inputs", step_in, "--out", str(out), "--text", text,
-                  "--repeats", str(repeats), *common], 3000)
+                  "--repeats", str(repeats), "--sp-min-tokens", str(sp_min_tokens), *common], 3000)
             return json.loads(out.read_text())
 
         steps = one_rank("shared_prefix", "no_reuse_per_request,no_reuse_per_pass,reuse,reuse_frozen", args.repeats)
         steps["reuse_2ranks"] = two_ranks("shared_prefix", args.repeats)
+        steps["reuse_sp2"] = two_ranks("shared_prefix", args.repeats, sp_min_tokens=0)
         legacy_names = [v for v in args.per_sequence_variants.split(",") if v]
         legacy: dict = {}
         if [v for v in legacy_names if v != "reuse_sp2"]:
@@ -594,6 +599,7 @@ def main(argv=None) -> int:
                 "reuse_frozen_vs_no_reuse_per_pass": ratio(base, steps["reuse_frozen"]["total"]),
                 "reuse_2ranks_vs_no_reuse_per_pass": ratio(base, steps["reuse_2ranks"]["total"]),
                 "reuse_2ranks_vs_reuse": ratio(steps["reuse"]["total"], steps["reuse_2ranks"]["total"]),
+                "reuse_sp2_vs_reuse": ratio(steps["reuse"]["total"], steps["reuse_sp2"]["total"]),
             },
             "per_sequence_text_path": {
                 "note": "secondary: the text path before the shared prefix (G full sequences per pass, G rollout "
