@@ -208,7 +208,8 @@ def test_vllm_engine_is_imported_lazily(policy):
     from trainer.rollout import make_engine
 
     if importlib.util.find_spec("vllm") is not None:
-        pytest.skip("vllm is installed: the GPU check script covers it")
+        pytest.skip("vllm is installed here, so the missing-vllm error cannot be provoked "
+                    "(scripts/gpu_check_grpo_vllm.py runs the engine itself)")
     model, processor = policy
     with pytest.raises(RuntimeError, match="vllm"):
         make_engine("vllm", model, processor, model_path="/nonexistent")

@@ -50,8 +50,8 @@ from torch import Tensor
 
 from trainer import algorithms as A
 from trainer.config import TrainConfig
-from trainer.policy import (PromptInputs, VideoEmbeds, VideoTokenMismatch, encode_prompt, encode_video,
-                            sequence_logprobs, video_token_id)
+from trainer.policy import (PromptInputs, VideoEmbeds, VideoTokenMismatch, check_video_features, encode_prompt,
+                            encode_video, sequence_logprobs, video_token_id)
 from trainer.rewards import score
 from trainer.rollout import RolloutGroup, SamplingConfig, make_engine, pad_responses
 from trainer.runtime import DistInfo, TrainSession, all_gather_objects, all_reduce_sum, rollout_seed
@@ -188,10 +188,7 @@ class GRPOTrainer:
             except ValueError:  # the key names other pixels elsewhere in the batch: not one video, cache apart
                 key = f"{key}@{j}"
                 feats = self.cache.features(key, p.pixel_values_videos, p.video_grid_thw)
-            n_placeholders = int((p.input_ids == self.video_token_id).sum())
-            if feats.shape[0] != n_placeholders:
-                raise VideoTokenMismatch(f"sample {p.key!r}: the vision tower gave {feats.shape[0]} features for "
-                                         f"{n_placeholders} video placeholder tokens")
+            check_video_features(p, feats, self.sess.model, what="the vision tower gave")
             embeds.append(VideoEmbeds(features=feats, grid_thw=p.video_grid_thw))
             keys.append(key)
             positions.append(self.cache.positions(f"@{j}", p.input_ids, p.video_grid_thw, p.mm_token_type_ids,
@@ -412,23 +409,11 @@ class GRPOTrainer:
         return metrics
 
     def train(self) -> dict[str, Any]:
-        s = self.sess
-        last: dict[str, Any] = {}
         try:
-            while s.step < s.total_steps:
-                metrics = self.step()
-                metrics.update(s.maybe_eval())
-                last = metrics
-                if s.step % self.cfg.run.log_every == 0 or s.step == s.total_steps:
-                    s.logger.log(s.step, metrics)
-                s.logger.advance()
-                if s.maybe_save():
-                    return {"step": s.step, "stopped": True, **last}
-            final = s.finish() if self.cfg.run.save_final else None
-            return {"step": s.step, "final": final, **last}
+            return self.sess.run_steps(self.step)
         finally:
             self.engine.close()
-            s.close()
+            self.sess.close()
 
 
 def run_grpo(cfg: TrainConfig, items: list[dict] | None = None) -> dict[str, Any]:

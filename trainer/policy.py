@@ -29,7 +29,7 @@ from torch import Tensor
 __all__ = [
     "VideoTokenMismatch", "PromptInputs", "VideoEmbeds", "load_policy", "resolve_dtype", "resolve_device",
     "prompt_messages", "encode_prompt", "encode_video", "sequence_logprobs", "sft_inputs", "video_token_id",
-    "shared_prefix_logprobs", "can_share_prompt",
+    "shared_prefix_logprobs", "can_share_prompt", "token_logprobs", "check_video_features",
 ]
 
 log = logging.getLogger("longreel.trainer")
@@ -264,11 +264,7 @@ def encode_video(model, prompt: PromptInputs) -> VideoEmbeds:
     out = model.get_video_features(prompt.pixel_values_videos, prompt.video_grid_thw, return_dict=True)
     pooled = out.pooler_output
     feats = torch.cat(list(pooled), dim=0) if isinstance(pooled, (list, tuple)) else pooled
-    n_placeholders = int((prompt.input_ids == video_token_id(model)).sum())
-    if feats.shape[0] != n_placeholders:
-        raise VideoTokenMismatch(
-            f"sample {prompt.key!r}: the vision tower gave {feats.shape[0]} features for {n_placeholders} video "
-            f"placeholder tokens (video_grid_thw={prompt.video_grid_thw.tolist()})")
+    check_video_features(prompt, feats, model, what="the vision tower gave")
     extra = {}
     for name in ("deepstack_features", "deepstack_feature_lists"):
         if getattr(out, name, None) is not None:
@@ -276,19 +272,22 @@ def encode_video(model, prompt: PromptInputs) -> VideoEmbeds:
     return VideoEmbeds(features=feats, grid_thw=prompt.video_grid_thw, extra=extra)
 
 
-def _check_embeds(prompt: PromptInputs, embeds: VideoEmbeds, model) -> None:
+def check_video_features(prompt: PromptInputs, features: Tensor, model, *,
+                         what: str = "precomputed video features:") -> None:
+    """Raise ``VideoTokenMismatch`` naming the sample unless ``features`` ``[n, H]`` has one row per video
+    placeholder token of the prompt (never truncate or pad silently)."""
     n_placeholders = int((prompt.input_ids == video_token_id(model)).sum())
-    if embeds.features.shape[0] != n_placeholders:
+    if features.shape[0] != n_placeholders:
         raise VideoTokenMismatch(
-            f"sample {prompt.key!r}: {embeds.features.shape[0]} precomputed video features for {n_placeholders} "
-            f"video placeholder tokens")
+            f"sample {prompt.key!r}: {what} {features.shape[0]} features for {n_placeholders} video placeholder "
+            f"tokens (video_grid_thw={prompt.video_grid_thw.tolist()})")
 
 
 def _repeat_extra(extra: Mapping[str, Tensor], n: int) -> dict[str, Tensor]:
     return {k: v.repeat_interleave(n, dim=0) if v.dim() >= 1 and v.shape[0] == 1 else v for k, v in extra.items()}
 
 
-def _token_logprobs(logits: Tensor, labels: Tensor, temperature: float) -> Tensor:
+def token_logprobs(logits: Tensor, labels: Tensor, temperature: float = 1.0) -> Tensor:
     """``log softmax(logits / temperature)`` ``[N, T, V]`` gathered at ``labels`` ``[N, T]``; fp32."""
     logits = logits.float()
     if temperature != 1.0:
@@ -328,14 +327,14 @@ def shared_prefix_logprobs(model, prefix_inputs: Mapping[str, Any], response_ids
     out = model(**prefix_inputs, use_cache=True, logits_to_keep=1)
     first = out.logits[:, -1:].expand(n, -1, -1)
     if t == 1:
-        return _token_logprobs(first, response_ids, temperature)
+        return token_logprobs(first, response_ids, temperature)
     cache = out.past_key_values
     prefix_len = cache.get_seq_length()
     cache.batch_repeat_interleave(n)
     attn = torch.cat([response_mask.new_ones(n, prefix_len), response_mask[:, :-1]], dim=1)
     rest = model(input_ids=response_ids[:, :-1], attention_mask=attn, position_ids=response_position_ids[..., :-1],
                  past_key_values=cache, use_cache=True).logits
-    return _token_logprobs(torch.cat([first, rest], dim=1), response_ids, temperature)
+    return token_logprobs(torch.cat([first, rest], dim=1), response_ids, temperature)
 
 
 def _mrope_positions(model, prompt: PromptInputs):
@@ -373,7 +372,7 @@ def sequence_logprobs(model, prompt: PromptInputs, response_ids: Tensor, respons
     if video_embeds is None:
         video_embeds = encode_video(model, prompt)
     else:
-        _check_embeds(prompt, video_embeds, model)
+        check_video_features(prompt, video_embeds.features, model)
     positions = None
     if share_prompt and bool(prompt.attention_mask.all()) and can_share_prompt(model):
         positions = _mrope_positions(model, prompt)
@@ -395,7 +394,7 @@ def sequence_logprobs(model, prompt: PromptInputs, response_ids: Tensor, respons
     out = model(input_ids=ids, attention_mask=attn, video_grid_thw=prompt.video_grid_thw.repeat(n, 1),
                 mm_encoder_outputs=video_embeds.as_mm_encoder_outputs(n), logits_to_keep=t + 1, use_cache=False,
                 **kwargs)
-    return _token_logprobs(out.logits[:, :-1, :], response_ids, temperature)
+    return token_logprobs(out.logits[:, :-1, :], response_ids, temperature)
 
 
 def sft_inputs(processor, prompt: PromptInputs, target: str, eos_token_id: int) -> tuple[Tensor, Tensor]:

@@ -20,7 +20,7 @@ import math
 import os
 import random
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -471,6 +471,22 @@ class TrainSession:
         self.barrier()
         self.logger.close()
         return str(final)
+
+    def run_steps(self, step: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """Call ``step()`` until ``total_steps`` (evaluating, logging and checkpointing as configured); return the
+        last step's metrics with ``step`` and ``final`` (the save_pretrained dir), or ``stopped`` when
+        ``run.stop_after`` ended the run early. The caller closes the session."""
+        last: dict[str, Any] = {}
+        while self.step < self.total_steps:
+            last = step()
+            last.update(self.maybe_eval())
+            if self.step % self.cfg.run.log_every == 0 or self.step == self.total_steps:
+                self.logger.log(self.step, last)
+            self.logger.advance()
+            if self.maybe_save():
+                return {"step": self.step, "stopped": True, **last}
+        final = self.finish() if self.cfg.run.save_final else None
+        return {"step": self.step, "final": final, **last}
 
     def close(self) -> None:
         self.logger.close()

@@ -13,8 +13,6 @@ import math
 import time
 from typing import Any
 
-import torch
-
 from trainer.config import TrainConfig
 from trainer.policy import VideoTokenMismatch, encode_prompt, sequence_logprobs, sft_inputs, video_token_id
 from trainer.runtime import TrainSession, all_reduce_sum, load_items
@@ -72,21 +70,10 @@ class SFTTrainer:
                 "rejected_items": int(all_reduce_sum(self.rejected, s.info))}
 
     def train(self) -> dict[str, Any]:
-        s = self.sess
-        last: dict[str, Any] = {}
         try:
-            while s.step < s.total_steps:
-                last = self.step()
-                last.update(s.maybe_eval())
-                if s.step % self.cfg.run.log_every == 0 or s.step == s.total_steps:
-                    s.logger.log(s.step, last)
-                s.logger.advance()
-                if s.maybe_save():
-                    return {"step": s.step, "stopped": True, **last}
-            final = s.finish() if self.cfg.run.save_final else None
-            return {"step": s.step, "final": final, **last}
+            return self.sess.run_steps(self.step)
         finally:
-            s.close()
+            self.sess.close()
 
 
 def run_sft(cfg: TrainConfig, items: list[dict] | None = None) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from trainer.mrsp.positions import PromptPositions
+from trainer.policy import token_logprobs  # noqa: F401  (re-exported: one definition for every log-prob pass)
 
 __all__ = ["build_inputs_embeds", "response_logprobs", "generate_with_features", "token_logprobs",
            "mm_encoder_outputs", "policy_video_embeds"]
@@ -42,14 +43,6 @@ def build_inputs_embeds(model, input_ids: Tensor, features: Tensor) -> Tensor:
         raise ValueError(f"video placeholders per row {per_row.tolist()} != {features.shape[0]} video features")
     feats = features.to(embeds.dtype).repeat(input_ids.shape[0], 1)
     return embeds.masked_scatter(mask.unsqueeze(-1).expand_as(embeds), feats)
-
-
-def token_logprobs(logits: Tensor, labels: Tensor, temperature: float = 1.0) -> Tensor:
-    """``log softmax(logits / temperature)`` gathered at ``labels``; fp32."""
-    logits = logits.float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    return torch.log_softmax(logits, dim=-1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
 
 
 def response_logprobs(model, prompt_ids: Tensor, response_ids: Tensor, response_mask: Tensor, *,
