@@ -47,32 +47,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def load_config(args) -> CaptionConfig:
-    import yaml
-
-    data = {}
-    if args.config:
-        with open(args.config, encoding="utf-8") as fh:
-            loaded = yaml.safe_load(fh) or {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{args.config}: the top level must be a mapping")
-        data = loaded.get("caption", loaded) if "caption" in loaded else loaded
-    import os
-    import tempfile
-
-    overrides = [o.split("caption.", 1)[1] if o.startswith("caption.") else o for o in args.overrides]
+    """The ``caption`` section of ``--config`` (a caption file or a whole curate file) <- ``--set`` <- flags."""
+    overrides = list(args.overrides)
     if args.backend:
         overrides.append(f"backend={args.backend}")
     if args.model:
         overrides.append(f"model.path={args.model}")
     if args.trust_remote_code:
         overrides.append("model.trust_remote_code=true")
-    fd, tmp = tempfile.mkstemp(suffix=".yaml")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            yaml.safe_dump(data, fh)
-        return load_yaml(CaptionConfig, tmp, overrides)
-    finally:
-        os.unlink(tmp)
+    return load_yaml(CaptionConfig, args.config, overrides, section="caption")
 
 
 def run_caption(clips_dir: str, cfg: CaptionConfig, beam_args: list[str] | None = None, handler=None) -> dict:

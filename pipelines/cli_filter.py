@@ -96,7 +96,7 @@ def main(args, beam_args: list[str]) -> int:
     if args.backend:
         overrides.append(f"backend={args.backend}")
     try:
-        cfg = load_yaml(FilterConfig, args.config, overrides)
+        cfg = load_yaml(FilterConfig, args.config, overrides, section="filter")
     except (ConfigError, OSError) as e:
         print(f"longreel filter: bad config: {e}", file=sys.stderr)
         return 2

@@ -48,7 +48,7 @@ def main(args, beam_args: list[str]) -> int:
         print(f"longreel pack: unexpected arguments {unknown}", file=sys.stderr)
         return 2
     try:
-        cfg = load_yaml(PackConfig, args.config, args.overrides)
+        cfg = load_yaml(PackConfig, args.config, args.overrides, section="pack")
     except (ConfigError, OSError) as e:
         print(f"longreel pack: bad config: {e}", file=sys.stderr)
         return 2

@@ -46,30 +46,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def load_config(args) -> QRAConfig:
-    import os
-    import tempfile
-
-    import yaml
-
-    data = {}
-    if args.config:
-        with open(args.config, encoding="utf-8") as fh:
-            loaded = yaml.safe_load(fh) or {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{args.config}: the top level must be a mapping")
-        data = loaded.get("qra", loaded) if "qra" in loaded else loaded
-    overrides = [o.split("qra.", 1)[1] if o.startswith("qra.") else o for o in args.overrides]
+    """The ``qra`` section of ``--config`` (a qra file or a whole curate file) <- ``--set`` <- flags."""
+    overrides = list(args.overrides)
     if args.backend:
         overrides.append(f"backend={args.backend}")
     if args.model:
         overrides.append(f"model={args.model}")
-    fd, tmp = tempfile.mkstemp(suffix=".yaml")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            yaml.safe_dump(data, fh)
-        return load_yaml(QRAConfig, tmp, overrides)
-    finally:
-        os.unlink(tmp)
+    return load_yaml(QRAConfig, args.config, overrides, section="qra")
 
 
 def run_qra(out_dir: str, cfg: QRAConfig, beam_args: list[str] | None = None, backend_factory=None) -> dict:

@@ -133,15 +133,23 @@ def to_dict(obj) -> dict:
     return dataclasses.asdict(obj)
 
 
-def load_yaml(cls, path: str | None, overrides: list[str] | tuple[str, ...] = ()):
-    """Defaults <- YAML file <- ``key.sub=value`` overrides (values parsed as YAML scalars)."""
+def load_yaml(cls, path: str | None, overrides: list[str] | tuple[str, ...] = (), *, section: str | None = None):
+    """Defaults <- YAML file <- ``key.sub=value`` overrides (values parsed as YAML scalars).
+
+    ``section``: the name of this config inside a larger one (e.g. ``caption`` of a ``curate`` file), so that a
+    stage run alone takes the whole pipeline's file and its ``section.key=value`` overrides: a file with that
+    top-level key is read from under it, and the ``section.`` prefix is dropped from overrides."""
     data: dict = {}
     if path:
         with open(path, encoding="utf-8") as fh:
             loaded = yaml.safe_load(fh) or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping")
-        data = loaded
+        data = loaded.get(section, loaded) if section else loaded
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: {section!r} must be a mapping")
+    if section:
+        overrides = [o[len(section) + 1:] if o.startswith(section + ".") else o for o in overrides]
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like key.sub=value")

@@ -32,3 +32,21 @@ def test_bad_config_is_a_clear_error(overrides, message):
 def test_every_field_has_help():
     rows = describe(CurateConfig)
     assert rows and all(help_text for _, _, help_text in rows)
+
+
+def test_a_stage_reads_its_section_of_a_whole_pipeline_file(tmp_path):
+    """A stage run alone (``longreel caption --config curate.yaml``) takes its section of the curate file and the
+    ``caption.``-prefixed overrides; a file of the stage's own shape still works."""
+    from pipelines.caption_config import CaptionConfig
+
+    whole = tmp_path / "curate.yaml"
+    whole.write_text("stages: [caption]\ncaption:\n  prompt: mine\n  frames:\n    n: 3\n")
+    cfg = load_yaml(CaptionConfig, str(whole), ["caption.frames.n=5"], section="caption")
+    assert cfg.prompt == "mine" and cfg.frames.n == 5
+    own = tmp_path / "caption.yaml"
+    own.write_text("frames:\n  n: 2\n")
+    assert load_yaml(CaptionConfig, str(own), [], section="caption").frames.n == 2
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("caption: 3\n")
+    with pytest.raises(ConfigError, match="'caption' must be a mapping"):
+        load_yaml(CaptionConfig, str(bad), [], section="caption")
