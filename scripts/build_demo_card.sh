@@ -5,6 +5,7 @@
 # Usage: ./scripts/build_demo_card.sh [OUT_DIR]   (default: data_cards/demo)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-.venv/bin/python}
+# The card must be built in the locked env (the one the drift test runs in): tox -e py311 makes it.
+PY=${PYTHON:-.tox/py311/bin/python}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 exec "$PY" -m pipelines.card.demo "$@"
