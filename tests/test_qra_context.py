@@ -117,3 +117,23 @@ def test_bbb_windowed_generation_questions_stay_inside_their_window(bbb_captions
     assert len(used) > 1  # the questions of a video are spread over its windows
     assert counts[("qra", "in")] == counts[("qra", "out")] + sum(
         v for k, v in counts.items() if k[0] == "qra" and k[1].startswith("rejected:"))
+
+
+def test_default_token_counter_falls_back_to_bytes_with_a_warning(monkeypatch, caplog):
+    """A missing optional reader (e.g. the `gguf` package transformers needs for SmolLM2's GGUF) must not take
+    the run down: the default counter falls back to UTF-8 bytes and says so."""
+    import pipelines.qra.generate as generate
+    from pipelines.stages.qra import build_counter
+
+    real = generate.TokenCounter
+
+    def no_gguf(name):
+        if name == "smollm2":
+            raise ImportError("Please install torch and gguf>=0.10.0 to load a GGUF checkpoint")
+        return real(name)
+
+    monkeypatch.setattr(generate, "TokenCounter", no_gguf)
+    with caplog.at_level("WARNING"):
+        counter = build_counter(QRAConfig(), None)
+    assert counter.name == "bytes" and counter([{"role": "user", "content": "abc"}]) == 3 + 8
+    assert "SmolLM2 tokenizer is unavailable" in caplog.text and "gguf" in caplog.text

