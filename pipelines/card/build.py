@@ -37,7 +37,10 @@ TABLES = {"videos": "video", "clips": "clip", "clip_facts": "clip_facts", "capti
           "pass_rate": "pass_rate", "rejects": "reject", "pack_rejects": "reject"}
 REJECT_TABLES = ("rejects", "pack_rejects")
 REJECT_EXAMPLES = 3
-CARD_LIBRARIES = ("datasets", "matplotlib")
+# The libraries whose versions shape the bytes of a run's outputs and so of its card: PyAV and the FFmpeg it carries
+# (decoded frames, probe numbers), numpy and Pillow (resizing, PNG encoding), torch/torchvision/transformers (the
+# processor's resize rules in the frame cache), matplotlib (plots), datasets (front-matter features).
+CARD_LIBRARIES = ("av", "numpy", "pillow", "torch", "torchvision", "transformers", "matplotlib", "datasets")
 PLOTS = ("funnel.png", "category_balance.png", "pass_count.png", "duration.png")
 
 # SPDX-ish ids recorded by the inputs -> Hugging Face licence ids.
@@ -53,6 +56,24 @@ def _version(dist: str) -> str:
         return version(dist)
     except PackageNotFoundError:
         return "not installed"
+
+
+def ffmpeg_version() -> str:
+    """The FFmpeg that PyAV's wheel carries (its own build, not any system ffmpeg)."""
+    try:
+        import av
+    except ImportError:
+        return "not installed"
+    info = getattr(av, "ffmpeg_version_info", None)
+    codec = getattr(av, "library_versions", {}).get("libavcodec")
+    return f"{info or 'unknown'} (libavcodec {'.'.join(map(str, codec)) if codec else 'unknown'})"
+
+
+def card_libraries() -> dict[str, str]:
+    """{distribution: version} of :data:`CARD_LIBRARIES`, plus ``ffmpeg (PyAV)``: recorded in every card."""
+    out = {lib: _version(lib) for lib in CARD_LIBRARIES}
+    out["ffmpeg (PyAV)"] = ffmpeg_version()
+    return out
 
 
 def template_path() -> str:
@@ -260,8 +281,7 @@ def collect(run_dir: str, shards: str | None = None, *, name: str | None = None,
     c.add("card/schema", CARD_SCHEMA)
     c.add("card/template_sha256", template_sha256())
     c.add("card/plots", {"files": list(PLOTS)})
-    # The libraries whose versions shape the card's bytes (plots; features in the front matter).
-    c.add("card/libraries", {lib: _version(lib) for lib in CARD_LIBRARIES})
+    c.add("card/libraries", card_libraries())
     c.add("dataset/name", dataset)
     c.add("dataset/pretty_name", pretty_name or f"{dataset}: long-video reasoning questions")
     c.add("dataset/licenses", sorted({hf_license(x) for x in lic_names}), source="video licences")
