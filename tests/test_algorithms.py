@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-torch = pytest.importorskip("torch")
+import torch
 
 from trainer.algorithms import (  # noqa: E402
     ADV_ESTIMATORS,

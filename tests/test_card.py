@@ -461,7 +461,7 @@ def test_card_without_shards_describes_the_run(run, tmp_path):
 
 def test_datasets_library_loads_the_published_layout_with_the_cards_features(run, card_dir, tmp_path, monkeypatch):
     """README.md + data/ shards, as published: `datasets.load_dataset` reads every split with the declared features."""
-    datasets = pytest.importorskip("datasets")
+    import datasets
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
     repo = tmp_path / "repo"

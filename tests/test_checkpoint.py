@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("torchvision")
-pytest.importorskip("transformers")
+import torch
+import torchvision  # noqa: F401
+import transformers  # noqa: F401
 
 from safetensors.torch import load_file  # noqa: E402
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
+import torch
 
 from trainer import algorithms as A  # noqa: E402
 from trainer.config import OptimConfig, TrainConfig  # noqa: E402

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("torchvision")
-pytest.importorskip("transformers")
+import torch
+import torchvision  # noqa: F401
+import transformers  # noqa: F401
 
 from trainer.tiny_model import build_tiny_qwen2vl  # noqa: E402
 

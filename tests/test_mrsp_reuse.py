@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("torchvision")
-pytest.importorskip("transformers")
+import torch
+import torchvision  # noqa: F401
+import transformers  # noqa: F401
 
 from trainer.mrsp.embed_cache import StepEmbedCache, VisionCallCounter, encode_video_features  # noqa: E402
 from trainer.mrsp.positions import prompt_positions  # noqa: E402

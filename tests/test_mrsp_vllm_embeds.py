@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-torch = pytest.importorskip("torch")
+import torch
 
 from trainer.mrsp.vllm_embeds import embeds_request, video_embeds_item  # noqa: E402
 

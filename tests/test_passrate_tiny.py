@@ -7,9 +7,9 @@ import shutil
 import numpy as np
 import pytest
 
-pytest.importorskip("torch")
-pytest.importorskip("torchvision")
-pytest.importorskip("transformers")
+import torch  # noqa: F401
+import torchvision  # noqa: F401
+import transformers  # noqa: F401
 
 from pipelines.filter_config import FilterConfig  # noqa: E402
 from pipelines.passrate.answerers import (Loaded, TransformersAnswererHandler, question_seed,  # noqa: E402

@@ -78,7 +78,7 @@ def test_an_answer_written_as_instructed_scores_one(problem_type, options, answe
 
 
 def test_rendered_with_the_models_chat_template(tmp_path):
-    pytest.importorskip("transformers")
+    import transformers  # noqa: F401
     from transformers import AutoProcessor
 
     from trainer.tiny_model import build_tiny_qwen2vl
@@ -100,7 +100,7 @@ def test_qra_row_without_problem_type():
 
 
 def test_the_trainer_uses_this_prompt():
-    pytest.importorskip("torch")
-    policy = pytest.importorskip("trainer.policy")
+    import torch  # noqa: F401
+    import trainer.policy as policy
     item = {"question": "Which way?", "options": ["left", "right"], "problem_type": "multiple_choice"}
     assert policy.prompt_messages(item) == build_messages("Which way?", ["left", "right"])

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("torchvision")
-transformers = pytest.importorskip("transformers")
+import torch
+import torchvision  # noqa: F401
+import transformers
 
 from trainer.tiny_model import (  # noqa: E402
     MARKER_FILE,
@@ -26,7 +26,7 @@ def _files(d) -> dict[str, bytes]:
 
 
 def _decode_frames(path: Path, n: int = 8) -> np.ndarray:
-    av = pytest.importorskip("av")
+    import av
     with av.open(str(path)) as container:
         frames = [f.to_ndarray(format="rgb24") for _, f in zip(range(n), container.decode(video=0))]
     return np.stack(frames)  # (T, H, W, C) uint8

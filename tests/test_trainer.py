@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("torchvision")
-pytest.importorskip("transformers")
+import torch
+import torchvision  # noqa: F401
+import transformers  # noqa: F401
 
 from schemas.config import ConfigError, describe, load_yaml  # noqa: E402
 from trainer.config import TrainConfig  # noqa: E402
