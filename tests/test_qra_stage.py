@@ -31,7 +31,7 @@ def synth_video(vid: str, n: int, seed: int):
         caps.append({"clip_id": cid, "video_id": vid, "start_s": i * 10.0, "end_s": i * 10.0 + 10, "text":
                      f"Scene {i}: the {rng.choice(['rabbit', 'bird', 'squirrel'])} {rng.choice(['runs', 'eats'])}.",
                      "backend": "facts", "model": "m", "model_revision": None, "prompt_hash": "h", "sampling": "{}",
-                     "frame_timestamps": [i * 10.0 + 5], "latency_s": 0.0})
+                     "frame_timestamps": [i * 10.0 + 5]})
         facts.append({"clip_id": cid, "video_id": vid, "start_s": i * 10.0, "end_s": i * 10.0 + 10,
                       "frame_timestamps": [i * 10.0 + 5], "motion": rng.uniform(0, 30), "black_ratio": 0.0,
                       "brightness": rng.uniform(20, 220), "n_cuts": rng.choice([0, 1, 2]),

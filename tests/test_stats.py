@@ -25,3 +25,28 @@ def test_build_stats_balances_and_orders():
     assert b["balanced"] and b["rejected_total"] == 1 and b["extra"] == {"clips": 7} and b["unit"] == "item"
     bad = build_stats([(("c", "in"), 2), (("c", "out"), 0)], ["c"], {}, {})
     assert not bad["stages"][0]["balanced"]
+
+
+
+def test_run_pairs_go_to_the_run_key_never_into_the_funnel():
+    from pipelines.stats import NONDETERMINISTIC_KEYS, RUN_KEY, run_count
+    assert NONDETERMINISTIC_KEYS == (RUN_KEY,) == ("run",)
+    funnel = [(("caption", "in"), 2), (("caption", "out"), 2), (("frame_cache", "in"), 1), (("frame_cache", "out"), 1)]
+    plain = build_stats(funnel, ["caption", "frame_cache"], {}, {})
+    assert RUN_KEY not in plain  # nothing timed or reused: the document is unchanged
+    run = [run_count("caption", "timed"), run_count("caption", "latency_total_s", 0.125),
+           run_count("caption", "timed"), run_count("caption", "latency_total_s", 0.375),
+           run_count("frame_cache", "hit")]
+    doc = build_stats(sorted(funnel + run), ["caption", "frame_cache"], {}, {})
+    assert doc["run"] == {"caption": {"latency_mean_s": 0.25, "latency_total_s": 0.5, "timed": 2},
+                          "frame_cache": {"hit": 1}}
+    assert {k: v for k, v in doc.items() if k != RUN_KEY} == plain  # the funnel does not see them
+    # a stage re-run alone replaces its own entry and keeps the other stages'
+    again = merge_stats(doc, build_stats([(("caption", "in"), 1), (("caption", "out"), 1),
+                                          run_count("caption", "timed"), run_count("caption", "latency_total_s", 0.1)],
+                                         ["caption"], {}, {}), computed={"caption"})
+    assert again["run"] == {"caption": {"latency_mean_s": 0.1, "latency_total_s": 0.1, "timed": 1},
+                            "frame_cache": {"hit": 1}}
+    # a re-run that timed nothing drops the stage's old entry rather than keeping a stale one
+    none = merge_stats(doc, build_stats([(("caption", "in"), 0)], ["caption"], {}, {}), computed={"caption"})
+    assert none["run"] == {"frame_cache": {"hit": 1}}

@@ -6,7 +6,8 @@ Three funnel stages, each balanced (``in == out + rejected``):
   (``drop`` -> reject ``pass_rate_drop``, none -> ``no_pass_rate``), or ``default_split`` when
   there is no pass-rate table; a QRA whose video is not in the videos table -> ``unknown_video``.
 * ``frame_cache`` (unit: video): each video with at least one selected QRA is decoded once per
-  parameter set into the frame cache (``extra``: ``hit``, ``built``, ``rebuilt``, ``frames``);
+  parameter set into the frame cache (``extra``: ``frames``; whether its entry was a ``hit``, ``built``
+  or ``rebuilt`` depends on earlier runs and goes to ``stats.json["run"]["frame_cache"]``);
   a failure (decode error, timeout, too few frames, changed content) is a reject of the video.
 * ``pack_write`` (unit: qra): selected QRAs written into shards (``out`` is summed from what the
   shard writer reports); QRAs of a video that could not be cached -> ``video_not_cached``
@@ -33,6 +34,7 @@ from pipelines.pack.config import PackConfig
 from pipelines.pack.frame_cache import CacheError, FrameCache, FrameParams, load_video_processor
 from pipelines.pack.shards import SAMPLE_LAYOUT, WriteWebDatasetShards, ensure_dir, sample_bytes
 from pipelines.stages.base import Progress
+from pipelines.stats import run_count
 from schemas import reject
 
 log = logging.getLogger("longreel")
@@ -175,7 +177,8 @@ class _CacheAndBuild(beam.DoFn):
                               f"{q['qra_id']}: video {video_id} could not be cached ({e.reason})", video_id)
             return
         yield _count("frame_cache", "out")
-        yield _count("frame_cache", how)
+        # hit / built / rebuilt depends on what earlier runs left in the cache, not on the inputs: stats.json["run"]
+        yield TaggedOutput(COUNTS, run_count("frame_cache", how))
         yield _count("frame_cache", "frames", entry.meta["num_frames"])
         yield TaggedOutput("frames", entry.meta["num_frames"])
         self.progress.tick(f"{video_id} {how} {entry.meta['num_frames']} frames in {time.monotonic() - t0:.1f} s")
@@ -333,8 +336,17 @@ def add_pack_stage(p, videos_pcoll, qras_pcoll, passrate_pcoll_or_none, out_dir:
             "summary": summary, "samples": built.samples}
 
 
-def run_pack(out_dir: str, cfg: PackConfig, beam_args: list[str] | None = None) -> dict:
-    """Read ``out_dir``'s videos / qra (/ pass_rate) tables, pack them; return the stats document."""
+def run_pack(out_dir: str, cfg: PackConfig, beam_args: list[str] | None = None, command: str | None = None) -> dict:
+    """Read ``out_dir``'s videos / qra (/ pass_rate) tables, pack them (holding the directory's lock; see
+    :mod:`pipelines.io.run_dir`); return the stats document."""
+    from pipelines.io.run_dir import StageSession
+    from schemas.config import config_hash
+
+    with StageSession(out_dir, "pack", config_hash(cfg), command) as session:
+        return _run_pack(session, out_dir, cfg, beam_args)
+
+
+def _run_pack(session, out_dir: str, cfg: PackConfig, beam_args) -> dict:
     from pipelines.io.parquet_sink import read_table
     from pipelines.runner import make_pipeline
     from pipelines.stats import read_json
@@ -361,7 +373,9 @@ def run_pack(out_dir: str, cfg: PackConfig, beam_args: list[str] | None = None) 
             earlier = []
         frej = p | "FilterRejects" >> beam.Create(earlier)
     add_pack_stage(p, v, q, pr, out_dir, cfg, filter_rejects=frej)
+    session.begin_writes()
     p.run().wait_until_finish()
     stats = read_json(FileSystems.join(out_dir, "stats.json"))
+    session.finish()
     log.info("pack: done in %.1f s", time.monotonic() - t0)
     return stats
