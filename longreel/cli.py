@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import logging
+import re
 import sys
+import traceback
 
 
 class _DropBeamImportNoise(logging.Filter):
@@ -38,16 +41,40 @@ Beam options after their own, e.g. `--runner DataflowRunner --project P --region
 """
 
 
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_EMPTY = 0, 1, 2, 3
+
+EXIT_CODES = """\
+exit codes:
+  0  success
+  1  the run failed: an internal error (a traceback is printed; please report it), or the
+     machine refused (disk full, permission denied while writing: one line, no traceback);
+     an output directory is then left without _SUCCESS.json (unfinished). `card verify`
+     also exits 1 when a claim does not match.
+  2  usage or config error: bad arguments, config (YAML, keys, values), input specification
+     (a path that does not exist), or an output directory that another run holds or that
+     holds another run's outputs (see --resume / --overwrite). One line, no traceback.
+  3  the run finished but nothing survived: 0 videos came through, or 0 items out of a stage
+     that was asked for (captions, questions, kept or packed questions); its outputs, rejects
+     and stats.json are written.
+-v/--debug shows the traceback of any error.
+"""
+
+# errno values that mean "the machine refused", not "the code is wrong": reported in one line, exit 1.
+_ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.EMFILE,
+                       errno.ENFILE}
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="longreel", description=DESCRIPTION,
+    parser = argparse.ArgumentParser(prog="longreel", description=DESCRIPTION, epilog=EXIT_CODES,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("-v", "--verbose", action="store_true", help="Debug logging.")
+    parser.add_argument("-v", "--verbose", "--debug", action="store_true",
+                        help="Debug logging, and the traceback of any error.")
     parser.add_argument("-q", "--quiet", action="store_true", help="Warnings and errors only.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         mod = importlib.import_module(module)
         sp = sub.add_parser(name, help=help_text, description=getattr(mod, "DESCRIPTION", help_text),
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
+                            epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
         mod.add_arguments(sp)
         sp.set_defaults(_module=mod)
     return parser
@@ -59,6 +86,60 @@ def setup_logging(verbose: bool, quiet: bool) -> None:
     logging.getLogger("longreel").setLevel(level)
     # Beam is chatty at INFO about its own machinery; its warnings still show.
     logging.getLogger("apache_beam").setLevel(logging.WARNING if not verbose else logging.INFO)
+    if not verbose:
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_OneLineBeamErrors())
+
+
+class _OneLineBeamErrors(logging.Filter):
+    """A failing step makes Beam log its traceback before the run raises; the CLI reports the failure itself
+    (with the traceback for an internal error), so without -v Beam's record keeps only its first line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.startswith("apache_beam") and record.levelno >= logging.ERROR:
+            record.msg, record.args = record.getMessage().splitlines()[0] if record.getMessage() else "", ()
+            record.exc_info = record.exc_text = record.stack_info = None
+        return True
+
+
+def environment_error(exc: BaseException) -> str | None:
+    """``strerror: filename`` when ``exc`` is (or wraps, as Beam's runners do) an OSError of the machine."""
+    seen = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in _ENVIRONMENT_ERRNOS:
+            return f"{e.strerror}: {e.filename}" if e.filename else str(e.strerror)
+        e = e.__cause__ or e.__context__
+    # A runner that moves the failure between processes keeps only its text.
+    m = re.search(r"\[Errno (\d+)\] ([^\n]*?)(?: \[while running|\n|$)", str(exc))
+    if m and int(m.group(1)) in _ENVIRONMENT_ERRNOS:
+        return m.group(2)
+    return None
+
+
+def report_error(command: str, exc: BaseException, debug: bool) -> int:
+    """Turn an exception that reached the top into a message and an exit code (see EXIT_CODES)."""
+    from pipelines.io.inputs import InputError
+    from pipelines.io.run_dir import RunDirError
+    from schemas.config import ConfigError
+
+    prog = f"longreel {command}"
+    if isinstance(exc, (ConfigError, InputError, RunDirError)):
+        if debug:
+            traceback.print_exception(exc)
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    env = environment_error(exc)
+    if env is not None:
+        if debug:
+            traceback.print_exception(exc)
+        print(f"{prog}: failed: {env}", file=sys.stderr)
+        return EXIT_FAILED
+    traceback.print_exception(exc)
+    print(f"{prog}: internal error ({type(exc).__name__}): this is a bug; please report it with the traceback "
+          "above", file=sys.stderr)
+    return EXIT_FAILED
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,7 +150,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     setup_logging(args.verbose, args.quiet)
     args._argv = list(sys.argv[1:] if argv is None else argv)
-    return int(args._module.main(args, extra) or 0)
+    try:
+        return int(args._module.main(args, extra) or 0)
+    except KeyboardInterrupt:
+        print(f"longreel {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - the one place every error of every subcommand is reported
+        return report_error(args.command, e, args.verbose)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import sys
 import time
 
 from pipelines.caption_config import BACKENDS, CaptionConfig
+from pipelines.cli_common import command_line, exit_code
 from schemas.config import ConfigError, config_hash, describe, dump_yaml, load_yaml
 
 log = logging.getLogger("longreel")
@@ -58,8 +59,16 @@ def load_config(args) -> CaptionConfig:
     return load_yaml(CaptionConfig, args.config, overrides, section="caption")
 
 
-def run_caption(clips_dir: str, cfg: CaptionConfig, beam_args: list[str] | None = None, handler=None) -> dict:
-    """Caption ``clips_dir`` in place; return the merged stats document."""
+def run_caption(clips_dir: str, cfg: CaptionConfig, beam_args: list[str] | None = None, handler=None,
+                command: str | None = None) -> dict:
+    """Caption ``clips_dir`` in place (holding its lock; see :mod:`pipelines.io.run_dir`); return the merged stats."""
+    from pipelines.io.run_dir import StageSession
+
+    with StageSession(clips_dir, "caption", config_hash(cfg), command) as session:
+        return _run_caption(session, clips_dir, cfg, beam_args, handler)
+
+
+def _run_caption(session, clips_dir: str, cfg: CaptionConfig, beam_args, handler) -> dict:
     import apache_beam as beam
     from apache_beam.io.filesystems import FileSystems
 
@@ -72,6 +81,7 @@ def run_caption(clips_dir: str, cfg: CaptionConfig, beam_args: list[str] | None 
 
     videos = read_table(clips_dir, "videos").to_pylist()
     clips = read_table(clips_dir, "clips").to_pylist()
+    session.begin_writes()
     with FileSystems.create(FileSystems.join(clips_dir, "config_caption.yaml")) as fh:
         fh.write(dump_yaml(cfg).encode())
     log.info("caption: %d clips of %d videos in %s with backend %s (config %s)", len(clips), len(videos), clips_dir,
@@ -86,6 +96,7 @@ def run_caption(clips_dir: str, cfg: CaptionConfig, beam_args: list[str] | None 
                         cfg.parquet_shards)
     p.run().wait_until_finish()
     stats = read_json(FileSystems.join(clips_dir, "stats.json"))
+    session.finish()
     log.info("caption: done in %.1f s", time.monotonic() - t0)
     return stats
 
@@ -108,11 +119,11 @@ def main(args, beam_args: list[str]) -> int:
         print(f"longreel caption: bad config: {e}", file=sys.stderr)
         return 2
     try:
-        stats = run_caption(args.clips_dir, cfg, beam_args)
+        stats = run_caption(args.clips_dir, cfg, beam_args, command=command_line(args, "caption"))
     except FileNotFoundError as e:
         print(f"longreel caption: {e} (run `longreel curate --out {args.clips_dir}` first)", file=sys.stderr)
         return 2
     by = {s["stage"]: s for s in stats["stages"]}
     print(json.dumps({s: {k: by[s][k] for k in ("in", "out", "rejected", "balanced")} for s in
                       ("clip_facts", "clip_filter", "caption") if s in by}))
-    return 0
+    return exit_code("caption", stats, ["caption"], args.clips_dir)

@@ -15,12 +15,14 @@ Data cards.
       stats.json, config.yaml, the stage tables and the shards' wids index files (RUN_DIR/shards
       unless --shards is given).
 
-  longreel card verify CARD_DIR SHARDS_OR_INDEX [INDEX ...] [--run RUN_DIR]
+  longreel card verify CARD_DIR SHARDS_OR_INDEX [INDEX ...] [--run RUN_DIR] [--marker RUN_DIR]
       Re-reads the shards (a directory of *.index.json, or index files; local paths or URLs),
       recomputes every count and distribution the card states that the shards determine, checks
       shard sizes and sha256 against the index and each sample's members against its sums.json,
       re-renders README.md from card.json, and prints claim / card / recomputed / ok. Exits 1 on any
       mismatch. With --run, every claim is also recomputed from the run's outputs (tables, stats).
+      The run's completion marker (_SUCCESS.json: every file with size and sha256) is checked
+      when the card sits in the run directory, or that of --run, or --marker RUN_DIR.
 """
 
 
@@ -45,6 +47,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     v.add_argument("--json", dest="as_json", action="store_true", help="Print the rows as JSON instead of a table.")
     v.add_argument("--run", dest="run_dir", metavar="RUN_DIR",
                    help="Also recompute every claim from the run's outputs (stats.json, config.yaml, tables).")
+    v.add_argument("--marker", metavar="RUN_DIR",
+                   help="Check the run's _SUCCESS.json: every file it lists, size and sha256 (default: the marker of "
+                        "--run, or of the card's parent directory, when there is one).")
     v.add_argument("--no-loader", action="store_true",
                    help="Skip the second read of every split through the trainer's shard loader.")
     v.add_argument("--failures-only", action="store_true", help="Print only the rows that do not match.")
@@ -68,7 +73,8 @@ def main(args, extra: list[str]) -> int:
     if args.card_command == "verify":
         from pipelines.card.verify import verify
         try:
-            rep = verify(args.card_dir, args.shards, loader=not args.no_loader, run_dir=args.run_dir)
+            rep = verify(args.card_dir, args.shards, loader=not args.no_loader, run_dir=args.run_dir,
+                         marker=args.marker)
         except (FileNotFoundError, ValueError) as e:
             print(f"longreel card verify: {e}", file=sys.stderr)
             return 2

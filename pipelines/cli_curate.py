@@ -5,7 +5,6 @@ import argparse
 import json
 import logging
 import os
-import shlex
 import sys
 
 import yaml
@@ -43,7 +42,16 @@ records, per stage, in / out / rejected by reason.
 INPUT is a directory (its video files), a glob, a single path, or a manifest (.txt/.lst one
 path or URL per line; .jsonl/.json/.parquet with a `path` column and optional `license`,
 `attribution`). gs:// and s3:// work where Beam's gcp/aws extras are installed.
-With --demo (or no INPUT) the embedded sample corpus is used.
+With --demo (or no INPUT) the embedded sample corpus is used. An INPUT path that does not
+exist is an error (exit 2); a manifest entry that does not exist is a `not_found` reject, and
+an input listed twice is a `duplicate_input` reject naming its first listing.
+
+The output directory: a run holds its lock (OUT/.longreel.lock) throughout, so a second run on
+the same directory stops at once, naming the first; _SUCCESS.json is written last (config
+hash, stages, every file with size and sha256). A directory holding a finished run with the
+same config and inputs is re-run in place (idempotent); one holding another run, or an
+unfinished one, is refused unless --overwrite (or --resume for an unfinished run with the
+same config).
 """
 
 
@@ -55,6 +63,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="Override one config key, e.g. --set segment.clip_s=5 (repeatable).")
     p.add_argument("--show-config", action="store_true", help="Print every config key with default and help; exit.")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--resume", action="store_true",
+                      help="Continue an unfinished run in --out (no _SUCCESS.json) with the same config.")
+    mode.add_argument("--overwrite", action="store_true",
+                      help="Remove the run already in --out first: the files its _SUCCESS.json lists and longreel's "
+                           "own output names (tables, stats.json, config*.yaml, clips/, frame_cache/, shards/, "
+                           "card/); other files are left alone.")
 
 
 def main(args, beam_args: list[str]) -> int:
@@ -86,12 +101,22 @@ def main(args, beam_args: list[str]) -> int:
             from pipelines.sample_corpus import demo_items
             items = demo_items()
         else:
+            missing = [i for i in args.inputs if _missing_local_path(i)]
+            if missing:
+                raise InputError(f"no such file or directory: {', '.join(missing)}")
             items = expand_inputs(args.inputs)
     except (InputError, RuntimeError) as e:
         print(f"longreel curate: {e}", file=sys.stderr)
         return 2
+    from pipelines.cli_common import command_line, exit_code
     from pipelines.curate import run_curate
-    command = shlex.join(["longreel", *getattr(args, "_argv", ["curate"])])
-    stats = run_curate(items, args.out, cfg, beam_args, command=command)
+    if_exists = "overwrite" if args.overwrite else "resume" if args.resume else "error"
+    stats = run_curate(items, args.out, cfg, beam_args, command=command_line(args, "curate"), if_exists=if_exists)
     print(json.dumps(stats["totals"]))
-    return 0
+    products = ["segment"] + [s for s in ("caption", "qra") if s in cfg.stages]
+    products += ["passrate"] * ("filter" in cfg.stages) + ["pack_write"] * ("pack" in cfg.stages)
+    return exit_code("curate", stats, products, args.out)
+
+def _missing_local_path(spec: str) -> bool:
+    """A command-line INPUT naming a local path that does not exist: a typo, not a video to reject."""
+    return bool(spec) and "://" not in spec and not any(c in spec for c in "*?[") and not os.path.lexists(spec)

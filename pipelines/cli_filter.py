@@ -7,6 +7,7 @@ import logging
 import sys
 import time
 
+from pipelines.cli_common import command_line, exit_code
 from pipelines.filter_config import FilterConfig
 from schemas.config import ConfigError, config_hash, describe, dump_yaml, load_yaml
 
@@ -45,8 +46,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_filter(out_dir: str, cfg: FilterConfig, beam_args: list[str] | None = None, qra_table: str = "qras",
-               handler=None) -> dict:
-    """Run the filter on ``out_dir``'s tables; return the merged stats document."""
+               handler=None, command: str | None = None) -> dict:
+    """Run the filter on ``out_dir``'s tables (holding its lock; see :mod:`pipelines.io.run_dir`); return the merged
+    stats document."""
+    from pipelines.io.run_dir import StageSession
+
+    cfg.validate()
+    with StageSession(out_dir, "filter", config_hash(cfg), command) as session:
+        return _run_filter(session, out_dir, cfg, beam_args, qra_table, handler)
+
+
+def _run_filter(session, out_dir: str, cfg: FilterConfig, beam_args, qra_table: str, handler) -> dict:
     import apache_beam as beam
     from apache_beam.io.filesystems import FileSystems
 
@@ -56,9 +66,9 @@ def run_filter(out_dir: str, cfg: FilterConfig, beam_args: list[str] | None = No
     from pipelines.stages.passrate import STAGE, add_filter_stage, finish_filter_stats
     from pipelines.stats import read_json
 
-    cfg.validate()
     videos = read_table(out_dir, "videos").to_pylist()
     qras = read_table(out_dir, qra_table).to_pylist()
+    session.begin_writes()
     with FileSystems.create(FileSystems.join(out_dir, "filter_config.yaml")) as fh:
         fh.write(dump_yaml(cfg).encode())
     log.info("filter: %d questions over %d videos in %s (k=%d, backend %s)", len(qras), len(videos), out_dir, cfg.k,
@@ -74,6 +84,7 @@ def run_filter(out_dir: str, cfg: FilterConfig, beam_args: list[str] | None = No
     stats_path = FileSystems.join(out_dir, "stats.json")
     p.run().wait_until_finish()
     doc = read_json(stats_path)
+    session.finish()
     log.info("filter: done in %.1f s: %s", time.monotonic() - t0, json.dumps(doc.get("passrate", {}).get("kept")))
     return doc
 
@@ -101,11 +112,11 @@ def main(args, beam_args: list[str]) -> int:
         print(f"longreel filter: bad config: {e}", file=sys.stderr)
         return 2
     try:
-        doc = run_filter(args.out, cfg, beam_args, qra_table=args.qra_table)
+        doc = run_filter(args.out, cfg, beam_args, qra_table=args.qra_table, command=command_line(args, "filter"))
     except FileNotFoundError as e:
         print(f"longreel filter: {e}", file=sys.stderr)
         return 2
     section = doc.get("passrate", {})
     print(json.dumps({key: section.get(key) for key in ("questions_in", "kept", "kept_by_split", "dropped_by_reason",
                                                          "failed_by_reason", "pass_count_histogram", "balanced")}))
-    return 0
+    return exit_code("filter", doc, ["passrate"], args.out)

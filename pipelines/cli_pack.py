@@ -6,6 +6,7 @@ import json
 import logging
 import sys
 
+from pipelines.cli_common import command_line, exit_code
 from pipelines.pack.config import PackConfig
 from schemas.config import ConfigError, describe, load_yaml
 
@@ -54,11 +55,11 @@ def main(args, beam_args: list[str]) -> int:
         return 2
     from pipelines.pack.stage import run_pack
     try:
-        stats = run_pack(args.out, cfg, beam_args)
+        stats = run_pack(args.out, cfg, beam_args, command=command_line(args, "pack"))
     except FileNotFoundError as e:
         print(f"longreel pack: {e}", file=sys.stderr)
         return 2
     by = {s["stage"]: s for s in stats["stages"]}
     print(json.dumps({s: {k: by[s][k] for k in ("in", "out", "rejected_total", "balanced")}
                       for s in ("pack_select", "frame_cache", "pack_write") if s in by}))
-    return 0
+    return exit_code("pack", stats, ["pack_write"], args.out)

@@ -7,6 +7,7 @@ import logging
 import sys
 import time
 
+from pipelines.cli_common import command_line, exit_code
 from pipelines.qra_config import BACKENDS, QRAConfig
 from schemas.config import ConfigError, config_hash, describe, dump_yaml, load_yaml
 
@@ -55,8 +56,17 @@ def load_config(args) -> QRAConfig:
     return load_yaml(QRAConfig, args.config, overrides, section="qra")
 
 
-def run_qra(out_dir: str, cfg: QRAConfig, beam_args: list[str] | None = None, backend_factory=None) -> dict:
-    """Generate QRAs for ``out_dir`` in place; return the merged stats document."""
+def run_qra(out_dir: str, cfg: QRAConfig, beam_args: list[str] | None = None, backend_factory=None,
+            command: str | None = None) -> dict:
+    """Generate QRAs for ``out_dir`` in place (holding its lock; see :mod:`pipelines.io.run_dir`); return the merged
+    stats document."""
+    from pipelines.io.run_dir import StageSession
+
+    with StageSession(out_dir, "qra", config_hash(cfg), command) as session:
+        return _run_qra(session, out_dir, cfg, beam_args, backend_factory)
+
+
+def _run_qra(session, out_dir: str, cfg: QRAConfig, beam_args, backend_factory) -> dict:
     import apache_beam as beam
     from apache_beam.io.filesystems import FileSystems
 
@@ -74,6 +84,7 @@ def run_qra(out_dir: str, cfg: QRAConfig, beam_args: list[str] | None = None, ba
         facts = read_table(out_dir, "clip_facts").to_pylist()
     except FileNotFoundError:
         facts = []
+    session.begin_writes()
     with FileSystems.create(FileSystems.join(out_dir, "config_qra.yaml")) as fh:
         fh.write(dump_yaml(cfg).encode())
     log.info("qra: %d captions of %d videos in %s with backend %s (config %s)", len(captions), len(videos), out_dir,
@@ -89,6 +100,7 @@ def run_qra(out_dir: str, cfg: QRAConfig, beam_args: list[str] | None = None, ba
     write_rerun_outputs(p, out_dir, QRA_STAGES, QRA_UNITS, out["rejects"], out["counts"], meta, cfg.parquet_shards)
     p.run().wait_until_finish()
     stats = read_json(FileSystems.join(out_dir, "stats.json"))
+    session.finish()
     log.info("qra: done in %.1f s", time.monotonic() - t0)
     return stats
 
@@ -111,7 +123,7 @@ def main(args, beam_args: list[str]) -> int:
         print(f"longreel qra: bad config: {e}", file=sys.stderr)
         return 2
     try:
-        stats = run_qra(args.out, cfg, beam_args)
+        stats = run_qra(args.out, cfg, beam_args, command=command_line(args, "qra"))
     except FileNotFoundError as e:
         print(f"longreel qra: {e} (run `longreel curate` and `longreel caption` into {args.out} first)",
               file=sys.stderr)
@@ -119,4 +131,4 @@ def main(args, beam_args: list[str]) -> int:
     by = {s["stage"]: s for s in stats["stages"]}
     print(json.dumps({s: {k: by[s][k] for k in ("in", "out", "rejected", "balanced")} for s in by
                       if s.startswith("qra")}))
-    return 0
+    return exit_code("qra", stats, ["qra"], args.out)

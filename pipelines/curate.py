@@ -4,8 +4,9 @@ Outputs under ``out_dir``: ``videos-*.parquet``, ``clips-*.parquet``, ``rejects-
 ``stats.json`` (the funnel and the card's distributions), ``config.yaml`` (the resolved config), in
 materialize mode ``clips/<video_id>/NNNNN.<ext>``, and per optional stage its tables (``captions``,
 ``clip_facts``, ``qras``, ``pass_rate``), the frame cache and shards (``frame_cache/``, ``shards/``) and
-the data card (``card/``). Re-running into the same directory with the same inputs and config rewrites
-identical files.
+the data card (``card/``), and last ``_SUCCESS.json`` (the completion marker: config, stages, every file with
+its size and sha256). Re-running into the same directory with the same inputs and config rewrites identical
+files; the rules for a directory that holds another run are in :mod:`pipelines.io.run_dir`.
 """
 from __future__ import annotations
 
@@ -149,16 +150,38 @@ def build_curate(p: beam.Pipeline, items: list[dict], out_dir: str, cfg: CurateC
 
 
 def run_curate(items: list[dict], out_dir: str, cfg: CurateConfig, beam_args: list[str] | None = None,
-               command: str | None = None, handlers: dict | None = None) -> dict:
-    """Run the pipeline to completion (and build the data card when ``card`` is a stage); return the stats."""
+               command: str | None = None, handlers: dict | None = None, if_exists: str = "overwrite") -> dict:
+    """Run the pipeline to completion (and build the data card when ``card`` is a stage); return the stats.
+
+    The output directory's contract (:mod:`pipelines.io.run_dir`): the run holds ``out_dir``'s lock throughout
+    (another run there raises :class:`~pipelines.io.run_dir.RunDirBusy`), ``if_exists`` says what to do with a
+    previous run's outputs (``error``: refuse unless it is this same run; ``resume``: continue this same run, finished
+    or not; ``overwrite``: remove the previous run's files first), and ``_SUCCESS.json`` is written last. The CLI's
+    default is ``error``; a caller of this function names its directory, so the default here is ``overwrite``.
+    """
+    from pipelines.io.run_dir import RunIdentity, RunLock, digest_inputs, prepare, write_marker
+    from schemas.config import to_dict
+
+    ident = RunIdentity(config=to_dict(cfg), config_hash=config_hash(cfg), stages=list(cfg.stages),
+                        inputs_digest=digest_inputs(items), n_inputs=len(items))
+    with RunLock(out_dir, command):
+        action, old = prepare(out_dir, ident, if_exists)
+        stats = _run_locked(items, out_dir, cfg, beam_args, command, handlers)
+        steps = [{"step": "curate", "config_hash": ident.config_hash}]
+        if action == "resume" and old:  # steps run alone since (e.g. a caption pass) whose outputs are still there
+            steps += [s for s in old.get("steps") or [] if s.get("step") not in {"curate", *cfg.stages}]
+        write_marker(out_dir, ident, steps)
+    return stats
+
+
+def _run_locked(items: list[dict], out_dir: str, cfg: CurateConfig, beam_args, command, handlers) -> dict:
     import json
 
-    if "://" not in out_dir:
-        import os
-        os.makedirs(out_dir, exist_ok=True)
     with FileSystems.create(FileSystems.join(out_dir, "config.yaml")) as fh:
         fh.write(dump_yaml(cfg).encode())
-    log.info("curate: %d inputs -> %s (config %s)", len(items), out_dir, config_hash(cfg)[:12])
+    dups = sum(1 for it in items if it.get("duplicate_of"))
+    log.info("curate: %d inputs%s -> %s (config %s)", len(items), f" ({dups} listed twice)" if dups else "",
+             out_dir, config_hash(cfg)[:12])
     t0 = time.monotonic()
     p = make_pipeline(beam_args)
     build_curate(p, items, out_dir, cfg, command=command, handlers=handlers)

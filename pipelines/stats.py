@@ -7,6 +7,15 @@ with a schema version, so that ``in == out + sum(rejected)`` can be checked for 
 Distributions for the data card (:mod:`pipelines.card.distributions`) travel the same way as
 ``(("dist:<section>", key), n)`` pairs and are folded into ``stats.json["distributions"]``; a document
 without such pairs is unchanged.
+
+What depends on the execution rather than on the config and the inputs is kept out of every data table
+(and out of rejects' details), so that re-running the same config on the same inputs rewrites identical
+bytes: wall-clock time (a model's latency per clip) and reuse of what an earlier run left in the output
+directory (frame-cache hits). Stages report it as ``(("run:<stage>", metric), n)`` pairs (:func:`run_count`,
+:func:`timing_pairs`), folded into ``stats.json["run"][<stage>]``: summed per metric, plus
+``latency_mean_s = latency_total_s / timed`` for timed stages. ``run`` (:data:`RUN_KEY`) is the one part of
+``stats.json`` that differs between two runs of the same config and inputs (:data:`NONDETERMINISTIC_KEYS`);
+everything else in it, and every other output file, is the same bytes.
 """
 from __future__ import annotations
 
@@ -47,15 +56,55 @@ def extra_count(label: str, stage: str, metric: str, pcoll):
 
 
 DIST_PREFIX = "dist:"
+RUN_PREFIX = "run:"
+RUN_KEY = "run"
+#: The keys of ``stats.json`` whose values differ between two runs of the same config and inputs.
+NONDETERMINISTIC_KEYS = (RUN_KEY,)
+
+
+def run_count(stage: str, metric: str, n=1) -> tuple:
+    """A pair for ``stats.json["run"][stage][metric]`` (what this execution did, e.g. a frame-cache hit)."""
+    return ((RUN_PREFIX + stage, metric), n)
+
+
+def timing_pairs(label: str, stage: str, seconds):
+    """PCollection of wall-clock seconds (one float per timed item, e.g. a model call's latency per clip) ->
+    pairs that :class:`WriteStats` folds into ``stats.json["run"][stage]`` as ``timed``, ``latency_total_s``
+    and ``latency_mean_s`` (never into the funnel or a table)."""
+    return seconds | f"{label}TimingPairs" >> beam.FlatMap(
+        lambda s: [run_count(stage, "timed"), run_count(stage, "latency_total_s", float(s))])
+
+
+def fold_run(pairs: list) -> dict:
+    """``run:`` pairs -> ``{stage: {metric: n}}`` (sorted), with ``latency_mean_s`` for timed stages."""
+    acc: dict[str, dict] = {}
+    for (stage, metric), v in pairs:
+        st = acc.setdefault(stage[len(RUN_PREFIX):], {})
+        st[metric] = st.get(metric, 0) + v
+    out = {}
+    for stage in sorted(acc):
+        st = dict(sorted(acc[stage].items()))
+        if "latency_total_s" in st:
+            st["latency_total_s"] = round(float(st["latency_total_s"]), 6)
+            n = st.get("timed", 0)
+            st["latency_mean_s"] = round(st["latency_total_s"] / n, 6) if n else 0.0
+        out[stage] = st
+    return out
+
+
+def _is_side_pair(p) -> bool:
+    """A distribution or run pair (not a funnel count)."""
+    return str(p[0][0]).startswith((DIST_PREFIX, RUN_PREFIX))
 
 
 def build_stats(pairs: list, stage_order: list[str], units: dict[str, str], meta: dict) -> dict:
     """Fold summed pairs into the stats document (a pure function; tested directly).
 
     Pairs whose first element starts with ``dist:`` are distributions: they go to ``"distributions"``
-    (present only when there are any), never into the funnel."""
+    (present only when there are any), never into the funnel; ``run:`` pairs go to ``"run"`` (the same)."""
     dist_pairs = [p for p in pairs if str(p[0][0]).startswith(DIST_PREFIX)]
-    pairs = [p for p in pairs if not str(p[0][0]).startswith(DIST_PREFIX)]
+    run = [p for p in pairs if str(p[0][0]).startswith(RUN_PREFIX)]
+    pairs = [p for p in pairs if not _is_side_pair(p)]
     stages = {s: {"stage": s, "unit": units.get(s, "item"), "in": 0, "out": 0, "rejected": {}, "extra": {}}
               for s in stage_order}
     for (stage, metric), n in pairs:
@@ -77,6 +126,8 @@ def build_stats(pairs: list, stage_order: list[str], units: dict[str, str], meta
     if dist_pairs:
         from pipelines.card.distributions import fold_distributions
         doc["distributions"] = fold_distributions(dist_pairs)
+    if run:
+        doc[RUN_KEY] = fold_run(run)
     return doc
 
 
@@ -111,6 +162,12 @@ def merge_stats(old: dict | None, new: dict, stage_order: list[str] | None = Non
     if old.get("distributions") and new.get("distributions"):
         from pipelines.card.distributions import merge_distributions
         merged["distributions"] = merge_distributions(old["distributions"], new["distributions"])
+    # run: the stages this run computed replace (or drop) their old entries; the others keep theirs
+    run = {s: v for s, v in (old.get(RUN_KEY) or {}).items() if s not in replaced}
+    run.update(new.get(RUN_KEY) or {})
+    merged.pop(RUN_KEY, None)
+    if run:
+        merged[RUN_KEY] = dict(sorted(run.items()))
     return merged
 
 
@@ -145,7 +202,7 @@ class WriteStats(beam.PTransform):
         def fold(items, *extra_values):
             doc = build_stats(items, self.stage_order, self.units, self.meta)
             if self.merge:
-                computed = {stage for (stage, _), _ in items if not stage.startswith("dist:")}
+                computed = {stage for (stage, _), _ in items if not stage.startswith((DIST_PREFIX, RUN_PREFIX))}
                 doc = merge_stats(read_json(self.path), doc, self.stage_order, computed)
             doc.update(zip(extra_keys, extra_values))
             if finish is not None:
@@ -161,3 +218,30 @@ class WriteStats(beam.PTransform):
                 | "Collect" >> beam.combiners.ToList()
                 | "Fold" >> beam.Map(lambda items: sorted(items))
                 | "Write" >> beam.Map(fold, *side))
+
+
+# What a stage hands on, for the "nothing survived" check: (stage, what its ``out`` counts).
+PRODUCTS = {"segment": "videos with clips", "caption": "captions", "qra": "questions",
+            "passrate": "questions kept by the pass-rate filter", "pack_write": "questions packed into shards"}
+
+
+def nothing_survived(doc: dict, stages: list[str]) -> str | None:
+    """The first of ``stages`` (names of :data:`PRODUCTS`) whose output is empty, described for a person; None
+    when each has at least one. The CLI exits 3 on it: the run finished, but left nothing to use."""
+    by = {s["stage"]: s for s in doc.get("stages", [])}
+    for name in stages:
+        st = by.get(name)
+        if st is None or st["out"] > 0:
+            continue
+        if name == "segment" and "totals" in doc:
+            reasons: dict[str, int] = {}
+            for s in doc["stages"]:
+                if s["stage"] in ("ingest", "dedup", "segment"):
+                    for r, n in s["rejected"].items():
+                        reasons[r] = reasons.get(r, 0) + n
+            n_in = doc["totals"]["videos_in"]
+        else:
+            reasons, n_in = st["rejected"], st["in"]
+        why = ", ".join(f"{r} {n}" for r, n in sorted(reasons.items())) or "none rejected"
+        return f"0 {PRODUCTS.get(name, name + ' outputs')} from {n_in} in ({why})"
+    return None

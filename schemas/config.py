@@ -142,7 +142,12 @@ def load_yaml(cls, path: str | None, overrides: list[str] | tuple[str, ...] = ()
     data: dict = {}
     if path:
         with open(path, encoding="utf-8") as fh:
-            loaded = yaml.safe_load(fh) or {}
+            try:
+                loaded = yaml.safe_load(fh) or {}
+            except yaml.YAMLError as e:
+                raise ConfigError(f"{path}: not valid YAML: {_yaml_problem(e)}") from None
+            except UnicodeDecodeError as e:
+                raise ConfigError(f"{path}: not a text file ({e.reason} at byte {e.start})") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping")
         data = loaded.get(section, loaded) if section else loaded
@@ -160,8 +165,21 @@ def load_yaml(cls, path: str | None, overrides: list[str] | tuple[str, ...] = ()
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {item!r}: {part!r} is not a section")
-        node[parts[-1]] = yaml.safe_load(raw) if raw != "" else ""
+        try:
+            node[parts[-1]] = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError as e:
+            raise ConfigError(f"--set {key.strip()}: the value {raw!r} is not valid YAML ({_yaml_problem(e)}); "
+                              "quote the strings in it, e.g. --set '" + key.strip() + "=[\"dir/ds-{000..009}.tar\"]'") from None
     return from_dict(cls, data)
+
+
+def _yaml_problem(e: "yaml.YAMLError") -> str:
+    """One line: what PyYAML found wrong and where (1-based line and column)."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    context = getattr(e, "context", None)
+    return f"{problem}{where}" + (f" ({context})" if context else "")
 
 
 def dump_yaml(obj) -> str:

@@ -20,6 +20,10 @@ With ``--run RUN_DIR`` every claim is also recomputed from the run's own outputs
 the card's options) and compared, so the claims the shards cannot determine (sources, models, stage
 parameters, funnel, distributions of the stage tables) are checked against the pipeline's tables too.
 
+When the card sits in a run directory that has a completion marker (``OUT/card`` beside ``OUT/_SUCCESS.json``),
+or with ``--run RUN_DIR`` / ``--marker RUN_DIR``, every file the marker lists is also checked (size and sha256), so
+a run that did not finish, or whose files changed since, does not pass.
+
 The result is a table ``claim | card | recomputed | ok``; any mismatch makes the command exit 1.
 """
 from __future__ import annotations
@@ -278,7 +282,34 @@ def check_run(card: dict, run_dir: str, shards: str | list[str], rep: Report) ->
     rep.add("run: claims recomputed from the run's outputs", len(cl), n_ok, n_ok == len(cl) == len(got))
 
 
-def verify(card_dir: str, shards: str | list[str], loader: bool = True, run_dir: str | None = None) -> Report:
+def find_marker_dir(card_dir: str, run_dir: str | None = None) -> str | None:
+    """The run directory whose ``_SUCCESS.json`` to check: ``run_dir`` if it has one, else the card's parent (a
+    card built by ``longreel curate`` sits in ``OUT/card``); None when neither has one."""
+    from schemas.run_marker import MARKER_NAME
+    for d in ([run_dir] if run_dir else []) + [os.path.dirname(os.path.abspath(card_dir))]:
+        if "://" not in d and os.path.isfile(os.path.join(d, MARKER_NAME)):
+            return d
+    return None
+
+
+def check_marker(marker_dir: str, rep: Report) -> None:
+    """Every file the run's completion marker lists is there with its size and sha256 (see schemas.run_marker)."""
+    from schemas.run_marker import MARKER_NAME, check_run_marker
+    if os.path.basename(marker_dir.rstrip("/")) == MARKER_NAME:
+        marker_dir = os.path.dirname(marker_dir.rstrip("/"))
+    marker, problems = check_run_marker(marker_dir)
+    listed = len(marker["files"]) if marker else 0
+    rep.add(f"run marker: {os.path.join(marker_dir, MARKER_NAME)}", f"{listed} files listed",
+            f"{listed - len([p for p in problems if p['path'] != MARKER_NAME])} match" if marker else "no marker",
+            not problems)
+    for p in problems:
+        rep.add(f"run marker: {p['path']}", p["expected"], p["found"], False)
+
+
+def verify(card_dir: str, shards: str | list[str], loader: bool = True, run_dir: str | None = None,
+           marker: str | None = None) -> Report:
+    """``marker``: a run directory (or its ``_SUCCESS.json``) whose completion marker to check; by default the
+    one of ``run_dir`` or of the card's parent directory, when there is one."""
     with open(os.path.join(card_dir, "card.json"), encoding="utf-8") as fh:
         card = json.load(fh)
     rep = Report()
@@ -292,4 +323,7 @@ def verify(card_dir: str, shards: str | list[str], loader: bool = True, run_dir:
         check_loader(card, data, rep)
     if run_dir is not None:
         check_run(card, run_dir, shards, rep)
+    marker_dir = marker or find_marker_dir(card_dir, run_dir)
+    if marker_dir is not None:
+        check_marker(marker_dir, rep)
     return rep

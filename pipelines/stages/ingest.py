@@ -3,11 +3,13 @@
 Each input is hashed (sha256 of its bytes, read through Beam FileSystems) and probed by
 PyAV inside a killable worker process. The content hash is the video's identity: the same
 bytes under two names are one video, and every other name is a ``duplicate`` reject that
-names the kept one (the kept one is the smallest uri, so the choice is deterministic).
+names the kept one (the kept one is the smallest uri, so the choice is deterministic). A uri the
+inputs list twice is probed once: its later listings are ``duplicate_input`` rejects naming the first.
 """
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import stat
@@ -75,6 +77,12 @@ class ProbeVideo(beam.DoFn):
 
     def process(self, item: dict):
         uri = item["uri"]
+        if item.get("duplicate_of"):  # the same uri listed again (see pipelines.io.inputs.expand_inputs)
+            yield rejected(STAGE, uri, "duplicate_input",
+                           f"{item.get('source') or 'a later listing'} repeats {uri}, first listed at "
+                           f"{item['duplicate_of']}: the first listing is the input",
+                           details=json.dumps({"first": item["duplicate_of"], "again": item.get("source")}))
+            return
         t0 = time.monotonic()
         try:
             local, sha, size, is_temp = hash_and_localize(uri, self.tmpdir)

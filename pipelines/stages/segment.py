@@ -135,13 +135,18 @@ def materialize_clips(src: str, clips: list[PlannedClip], out_dir: str, cut: str
         listing = os.path.join(out_dir, "segments.csv")
         args = list(base) + codec
         if cut == "exact" and cuts:
-            args += ["-force_key_frames", cuts]
+            # A keyframe is forced on the first frame at or after each time, so the times go a quarter frame early:
+            # a frame time rounded *up* by its 6 decimals (frame 59 at 30 fps = 1.9666... -> "1.966667") would
+            # otherwise force the next frame and cut one frame late (tests/test_curate.py, clip_s=59/30 and 7.9 s).
+            args += ["-force_key_frames", ",".join(_fmt(c.start_s - 0.25 / fps) for c in clips[1:])]
         # A quarter frame of slack so that float rounding of a frame-grid time cannot skip its keyframe.
         args += ["-f", "segment", "-segment_time_delta", _fmt(0.25 / fps), "-reset_timestamps", "1", "-segment_list", listing, "-segment_list_type", "csv"]
         if cuts:
             args += ["-segment_times", cuts]
         else:
-            args += ["-segment_time", "1e9"]
+            # One clip: a segment time no video reaches. Written as a plain integer: ffmpeg parses it as a
+            # duration, and refuses exponent notation ("1e9" made every single-clip video a cut_failed reject).
+            args += ["-segment_time", "1000000000"]
         args.append(os.path.join(out_dir, "%05d" + ext))
         _run(args, timeout_s)
         with open(listing, newline="") as fh:

