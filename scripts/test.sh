@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 if ! "$PY" -m tox --version >/dev/null 2>&1; then
-  "$PY" -m pip install -q "tox>=4.11"
+  "$PY" -m pip install -q "tox==4.67.15"  # the version CI and the lock were made with
 fi
 "$PY" -m tox -e py311 -- "$@"
 if [ $# -eq 0 ] && [ "${LONGREEL_SKIP_VLLM:-0}" != "1" ]; then
