@@ -60,8 +60,9 @@ exit codes:
 """
 
 # errno values that mean "the machine refused", not "the code is wrong": reported in one line, exit 1.
+# EISDIR/ENOTDIR: something the user put in OUT (a directory where a file is written, or the reverse).
 _ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.EMFILE,
-                       errno.ENFILE}
+                       errno.ENFILE, errno.EISDIR, errno.ENOTDIR}
 
 
 def build_parser() -> argparse.ArgumentParser:
