@@ -84,6 +84,7 @@ class Case:
     marker: bool | None = None  # _SUCCESS.json there afterwards (None: not checked)
     unchanged: bool = False  # the --out path that existed before is byte-identical afterwards
     check: Callable[[Ctx], None] | None = None  # anything else
+    note: str = ""  # for the README: what ``check`` checks
 
     @property
     def outcome(self) -> str:
@@ -329,18 +330,21 @@ CASES = [
     Case("out_locked", "--out held by another running process (its lock)", _held_by_another_run, 2,
          message="is in use by another longreel run", unchanged=True),
     Case("out_stale_lock", "--out with a lock file its process no longer holds (killed run)", _stale_lock, 0,
-         message="taking over the lock", marker=True, check=_check_took_over),
+         message="taking over the lock", marker=True, check=_check_took_over,
+         note="a warning, and the run goes on"),
     Case("out_other_config", "--out holding another config's finished run", _other_config, 2,
          message="holds a finished run with a different configuration", unchanged=True),
     Case("out_other_config_overwrite", "the same, with --overwrite", _other_config_overwrite, 0, marker=True,
-         check=_check_overwritten),
+         check=_check_overwritten, note="the old run's files replaced by this config's"),
     Case("out_other_inputs", "--out holding a finished run of other inputs", _other_inputs, 2,
          message="holds a finished run with different inputs", unchanged=True),
     Case("out_unfinished", "--out holding an unfinished run (no _SUCCESS.json)", _unfinished_run, 2,
          message="unfinished run", unchanged=True),
-    Case("out_unfinished_resume", "the same, with --resume", _unfinished_run_resume, 0, marker=True),
+    Case("out_unfinished_resume", "the same, with --resume", _unfinished_run_resume, 0, marker=True,
+         note="the run is finished in place"),
     Case("out_not_a_run", "--out holding files with longreel's names but no run, with --overwrite", _not_a_run, 2,
-         message="no sign of a longreel run", unchanged=True, check=_check_not_a_run_left_alone),
+         message="no sign of a longreel run", unchanged=True, check=_check_not_a_run_left_alone,
+         note="nothing removed"),
     # the machine refuses
     Case("enospc_parquet", "disk full while writing a table (ENOSPC)", _enospc("parquet"), 1,
          message="failed: No space left on device", marker=False),
@@ -471,11 +475,13 @@ def _first(out: Path, pred: Callable[[str], bool]) -> bool:
 # is built and ingest/probe runs), videos-/clips-*.parquet (segment done; the caption model runs), captions-,
 # qras-*.parquet, frame_cache/**.npy (pack writing the frame cache; shards and rejects follow), stats.json, card/,
 # _SUCCESS.json. Each point below is seconds away from the next, so a 20 ms poll hits it.
+# The third element: a path that must not be there yet when the kill has landed (the run was inside that phase).
 KILL_POINTS = [
-    ("ingest/segment", lambda p: p == "shards"),
-    ("caption", lambda p: p.startswith("clips-")),
-    ("pack", lambda p: p.startswith("frame_cache" + os.sep) and p.endswith(".npy")),
-    ("card", lambda p: p == "card"),
+    ("ingest/segment", lambda p: p == "shards", lambda p: p.startswith("videos-")),
+    ("caption", lambda p: p.startswith("clips-"), lambda p: p.startswith("captions-")),
+    ("pack", lambda p: p.startswith("frame_cache" + os.sep) and p.endswith(".npy"),
+     lambda p: p.startswith("shards" + os.sep) and p.endswith(".index.json")),
+    ("card", lambda p: p == "card", lambda p: p == MARKER),
 ]
 
 
@@ -484,13 +490,16 @@ def test_sigkill_then_resume_gives_the_same_bytes(tmp_path):
     """The demo killed with SIGKILL when each kill point's first file appears (polled every 20 ms), then
     ``--resume``: exit 0, no refusal (the dead run's lock is taken over), ``_SUCCESS.json`` there, and every file
     byte-identical to an uninterrupted run's (``stats.json`` but its ``run`` key; the marker but the stats digest).
-    A run that finishes before its kill point appears fails the test (it never silently skips)."""
-    ref = _demo(tmp_path / "ref")
+    A run that finishes before its kill point appears fails the test (it never silently skips). The data card
+    and stats.json record the command as typed, so the uninterrupted reference is typed with ``--resume`` too."""
+    # The command as typed is recorded (stats.json, card), so the reference is typed with --resume too (on a new
+    # directory that is a fresh run): the one difference a resumed run may show is the flag in that string.
+    ref = _demo(tmp_path / "ref", "--resume")
     assert ref.returncode == 0, ref.stderr[-3000:]
     reference = _files(tmp_path / "ref" / "out")
     assert MARKER in reference
 
-    for i, (name, seen) in enumerate(KILL_POINTS):
+    for i, (name, seen, not_yet) in enumerate(KILL_POINTS):
         cwd = tmp_path / f"kill{i}"
         proc = _demo_proc(cwd)
         out = cwd / "out"
@@ -501,12 +510,16 @@ def test_sigkill_then_resume_gives_the_same_bytes(tmp_path):
         proc.send_signal(signal.SIGKILL)
         proc.communicate()
         killed_at = time.monotonic() - t0
+        assert not _first(out, not_yet), f"{name}: killed too late ({killed_at:.1f} s): {sorted(_files(out))}"
         assert not (out / MARKER).exists(), name
         assert (out / LOCK).exists(), name  # left behind by the killed run
 
+        # the next run takes the dead run's lock over (with a warning), and refuses the unfinished directory
         plain = _demo(cwd)
-        if (out / "config.yaml").exists():  # an unfinished run with this config: refused without --resume
-            assert plain.returncode == 2 and "--resume" in plain.stderr, (name, plain.stderr[-2000:])
+        assert "taking over the lock" in plain.stderr, (name, plain.stderr[-2000:])
+        assert plain.returncode == 2 and "unfinished run" in plain.stderr and "--resume" in plain.stderr, \
+            (name, plain.stderr[-2000:])
+        assert not (out / MARKER).exists()
         resumed = _demo(cwd, "--resume")
         assert resumed.returncode == 0, (name, killed_at, resumed.stderr[-3000:])
         assert "is in use" not in resumed.stderr
@@ -538,10 +551,10 @@ def render_markdown(cases: list[Case] = CASES) -> str:
             "Checked by `tests/test_reliability.py` (one row = one test case; `longreel curate`).", "",
             "| Case | Exit | Reject reason / message |", "|---|---:|---|"]
     for c in cases:
-        extra = " (output left byte-identical)" if c.unchanged else ""
-        extra += "" if c.marker is None else (", `_SUCCESS.json` written" if c.marker else ", no `_SUCCESS.json`")
-        rows.append(f"| {c.what} | {c.exit} | {c.outcome}{extra} |")
-    rows.append(f"| `kill -9` during {', '.join(n for n, _ in KILL_POINTS)}, then `--resume` | 0 | the dead run's "
+        parts = [c.outcome, c.note, "what was there left byte-identical" if c.unchanged else "",
+                 "" if c.marker is None else "`_SUCCESS.json` written" if c.marker else "no `_SUCCESS.json`"]
+        rows.append(f"| {c.what} | {c.exit} | {'; '.join(p for p in parts if p)} |")
+    rows.append(f"| `kill -9` during {', '.join(n for n, *_ in KILL_POINTS)}, then `--resume` | 0 | the dead run's "
                 "lock is taken over; every output byte-identical to an uninterrupted run (without `--resume`: 2) |")
     return EXIT_TABLE + "\n" + "\n".join(rows) + "\n"
 
