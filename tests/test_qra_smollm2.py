@@ -70,7 +70,9 @@ def test_smollm2_constrained_generation_parses_and_balances(captioned):
     qra = by["qra"]
     assert qra["extra"]["requested"] == 2 and qra["extra"]["generated"] == 2
     rows = read_table(captioned, "qras").to_pylist()
-    assert len(rows) == qra["out"]
+    # Parsing is not enough: at least one generated item must pass the validators (greedy decoding under the lock
+    # keeps 1 of 2 here; the other fails reasoning_no_timespan).
+    assert qra["out"] >= 1 and len(rows) == qra["out"], qra
     for r in rows:
         validate_row("qra", r)
         assert r["generator"] == "transformers" and r["model"] == "smollm2" and r["model_revision"]
