@@ -559,6 +559,13 @@ def render_markdown(cases: list[Case] = CASES) -> str:
     return EXIT_TABLE + "\n" + "\n".join(rows) + "\n"
 
 
+
+def test_readme_tables_are_the_case_table():
+    """The README's exit-code and reliability tables are rendered from :data:`CASES`, so they say what is tested;
+    after a change to the cases, ``python tests/test_reliability.py README-part.md`` writes the new text."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert render_markdown() in readme, "README.md's reliability tables differ from tests/test_reliability.py's CASES"
+
 if __name__ == "__main__":
     target = sys.argv[1] if len(sys.argv) > 1 else "/tmp/reliability_section.md"
     Path(target).write_text(render_markdown())
