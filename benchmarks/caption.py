@@ -25,11 +25,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from pipelines.inference.base import fit_pixels  # noqa: E402
-from pipelines.media import facts as F  # noqa: E402
-from pipelines.media.decode import decode_in_worker, sample_timestamps  # noqa: E402
-from pipelines.media.worker import IsolatedWorker  # noqa: E402
-from pipelines.stages.segment import plan_clips  # noqa: E402
+from longreel.pipelines.inference.base import fit_pixels  # noqa: E402
+from longreel.pipelines.media import facts as F  # noqa: E402
+from longreel.pipelines.media.decode import decode_in_worker, sample_timestamps  # noqa: E402
+from longreel.pipelines.media.worker import IsolatedWorker  # noqa: E402
+from longreel.pipelines.stages.segment import plan_clips  # noqa: E402
 
 DEFAULT_VIDEO = "moviepy__bbb_full.mp4"  # a sample video (longreel.testing.sample_videos)
 

@@ -1,4 +1,4 @@
-"""GRPO step time of the real trainer (``trainer.grpo.GRPOTrainer.step``) with MR-SP off and on.
+"""GRPO step time of the real trainer (``longreel.trainer.grpo.GRPOTrainer.step``) with MR-SP off and on.
 
 ``benchmarks/mrsp.py`` times the phases of a step in isolation; this runs whole trainer steps, sampling
 included, on the same benchmark-sized model (``mrsp.build_model``) and real frames of Big Buck Bunny:
@@ -45,7 +45,7 @@ def make_items(n_items: int, frames: int) -> list[dict]:
     import torch
 
     from mrsp import SHARED, VIDEO
-    from pipelines.media.decode import decode_frames, sample_timestamps
+    from longreel.pipelines.media.decode import decode_frames, sample_timestamps
 
     items = []
     for i in range(n_items):
@@ -65,9 +65,9 @@ def make_items(n_items: int, frames: int) -> list[dict]:
 def run_variant(name: str, model_dir: str, items: list[dict], args, work: Path) -> dict:
     import torch
 
-    from schemas.config import load_yaml
-    from trainer.config import TrainConfig
-    from trainer.grpo import GRPOTrainer
+    from longreel.schemas.config import load_yaml
+    from longreel.trainer.config import TrainConfig
+    from longreel.trainer.grpo import GRPOTrainer
 
     torch.set_num_threads(1)
     cfg = load_yaml(TrainConfig, None, [

@@ -36,17 +36,17 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from schemas.config import load_yaml  # noqa: E402
-from trainer.config import TrainConfig  # noqa: E402
-from trainer.eval import evaluate  # noqa: E402
-from trainer.grpo import run_grpo  # noqa: E402
-from trainer.logging_utils import read_metrics  # noqa: E402
-from trainer.policy import load_policy  # noqa: E402
-from trainer.sft import run_sft  # noqa: E402
-from trainer.config import DataConfig  # noqa: E402
-from trainer.runtime import load_items  # noqa: E402
-from trainer.synthetic_task import make_items, write_shards  # noqa: E402
-from trainer.tiny_model import build_tiny_qwen2vl  # noqa: E402
+from longreel.schemas.config import load_yaml  # noqa: E402
+from longreel.trainer.config import TrainConfig  # noqa: E402
+from longreel.trainer.eval import evaluate  # noqa: E402
+from longreel.trainer.grpo import run_grpo  # noqa: E402
+from longreel.trainer.logging_utils import read_metrics  # noqa: E402
+from longreel.trainer.policy import load_policy  # noqa: E402
+from longreel.trainer.sft import run_sft  # noqa: E402
+from longreel.trainer.config import DataConfig  # noqa: E402
+from longreel.trainer.runtime import load_items  # noqa: E402
+from longreel.trainer.synthetic_task import make_items, write_shards  # noqa: E402
+from longreel.testing.tiny_model import build_tiny_qwen2vl  # noqa: E402
 
 
 def _cfg(overrides: list[str]) -> TrainConfig:
@@ -234,8 +234,8 @@ def main(argv=None) -> int:
     min_gain = min(r["gain_points"] for r in results)
     summary = {
         "benchmark": "learn",
-        "task": {"kinds": args.kinds.split(","), "generator": "trainer.synthetic_task",
-                 "data_path": "synthetic_task.write_shards (pipelines.pack.shards writer) -> trainer.data loader", "train_items": args.train_items,
+        "task": {"kinds": args.kinds.split(","), "generator": "longreel.trainer.synthetic_task",
+                 "data_path": "synthetic_task.write_shards (longreel.task.shard_format writer) -> trainer.data loader", "train_items": args.train_items,
                  "eval_items": args.eval_items, "frames": args.frames, "size": args.size, "radius": args.radius},
         "settings": {k: v for k, v in vars(args).items() if k not in ("out", "work", "replot", "notes")},
         "per_seed": results,

@@ -40,14 +40,14 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import torch  # noqa: E402
 
 import learn as L  # noqa: E402
-from trainer import algorithms as A  # noqa: E402
-from trainer.grpo import run_grpo  # noqa: E402
-from trainer.logging_utils import read_metrics  # noqa: E402
-from trainer.policy import encode_prompt, encode_video, load_policy, sequence_logprobs, video_token_id  # noqa: E402
-from trainer.rewards import score  # noqa: E402
-from trainer.rollout import SamplingConfig, TransformersEngine  # noqa: E402
-from trainer.sft import run_sft  # noqa: E402
-from trainer.synthetic_task import COLOURS, make_items  # noqa: E402
+from longreel.trainer import algorithms as A  # noqa: E402
+from longreel.trainer.grpo import run_grpo  # noqa: E402
+from longreel.trainer.logging_utils import read_metrics  # noqa: E402
+from longreel.trainer.policy import encode_prompt, encode_video, load_policy, sequence_logprobs, video_token_id  # noqa: E402
+from longreel.task.rewards import score  # noqa: E402
+from longreel.trainer.rollout import SamplingConfig, TransformersEngine  # noqa: E402
+from longreel.trainer.sft import run_sft  # noqa: E402
+from longreel.trainer.synthetic_task import COLOURS, make_items  # noqa: E402
 
 NAMES = list(COLOURS)
 LETTER = dict(zip(NAMES, "ABCD"))

@@ -4,7 +4,7 @@ prefill memory per rank (1 rank vs 2 ranks), and the length where the SP prefill
     python benchmarks/mrsp.py                       # writes benchmarks/results/mrsp.json
     python benchmarks/mrsp.py --quick --out /tmp/mrsp.json   # a few minutes: 1 repeat, 2 sweep points
 
-Model: the offline tiny Qwen2-VL tokenizer/processor (trainer.tiny_model) with a benchmark-sized random model:
+Model: the offline tiny Qwen2-VL tokenizer/processor (longreel.testing.tiny_model) with a benchmark-sized random model:
 text 4 layers / hidden 128 (8 heads, 4 KV heads), vision tower depth 4 / width 128 (4 heads). Video: frames of
 ``moviepy__bbb_full.mp4`` (``longreel.testing.sample_videos``: ../shared/videos, else fetched from moviepy's sdist;
 real frames, processor-resized). Every process runs with one torch thread, so "2 ranks" means twice the cores of
@@ -76,7 +76,7 @@ def build_model(work: Path) -> str:
     import torch
     from transformers import AutoConfig, AutoProcessor, Qwen2VLForConditionalGeneration
 
-    from trainer.tiny_model import build_tiny_qwen2vl
+    from longreel.testing.tiny_model import build_tiny_qwen2vl
 
     base = build_tiny_qwen2vl(work / "tiny", seed=0, hidden_size=128, num_layers=4, vision_depth=4)
     cfg = AutoConfig.from_pretrained(base)
@@ -98,7 +98,7 @@ def prepare_inputs(model_dir: str, frames: int, path: Path) -> dict:
     from transformers import AutoProcessor
 
     from longreel.testing.sample_videos import ensure_videos
-    from pipelines.media.decode import decode_frames, sample_timestamps
+    from longreel.pipelines.media.decode import decode_frames, sample_timestamps
 
     proc = AutoProcessor.from_pretrained(model_dir)
     dec = decode_frames(str(ensure_videos([VIDEO]) / VIDEO), sample_timestamps(30.0, 30.0 + frames / 8.0, frames))
@@ -166,8 +166,8 @@ def _plain_logprobs(model, x, resp, mask, *, per_sequence: bool):
     """No reuse: the model encodes pixels itself (once per sequence, or once for the pass) and ropes itself."""
     import torch
 
-    from trainer.mrsp.embed_cache import encode_video_features
-    from trainer.mrsp.reuse import mm_encoder_outputs, token_logprobs
+    from longreel.trainer.mrsp.embed_cache import encode_video_features
+    from longreel.trainer.mrsp.reuse import mm_encoder_outputs, token_logprobs
 
     n, t = resp.shape
     prompt = x["input_ids"]
@@ -205,7 +205,7 @@ def _prefill_rows(model, rows: int, head: dict, last_id, last_pos) -> None:
 def _prompt_inputs(x):
     import torch
 
-    from trainer.policy import PromptInputs
+    from longreel.trainer.policy import PromptInputs
 
     ids = x["input_ids"]
     return PromptInputs("bench", ids, torch.ones_like(ids), x["pixel_values_videos"], x["video_grid_thw"],
@@ -219,8 +219,8 @@ def step_no_reuse(model, ref, x, resp, mask, adv, *, per_sequence: bool, text: s
     ``generate(num_return_sequences=G)``; otherwise (shared prefix) one request per group."""
     import torch
 
-    from trainer.mrsp.positions import prompt_positions
-    from trainer.policy import sequence_logprobs
+    from longreel.trainer.positions import prompt_positions
+    from longreel.trainer.policy import sequence_logprobs
 
     g = resp.shape[0]
     ids, mmt = x["input_ids"], x["mm_token_type_ids"]
@@ -263,11 +263,11 @@ def step_reuse(model, ref, x, resp, mask, adv, *, vision: str, group=None, sp_mi
     sequence-parallel above ``sp_min_tokens``)."""
     import torch
 
-    from trainer.mrsp.dist_ops import allreduce_grads_, world
-    from trainer.mrsp.embed_cache import StepEmbedCache
-    from trainer.mrsp.reuse import build_inputs_embeds
-    from trainer.mrsp.sp_prefill import prefill_logprobs
-    from trainer.mrsp.vision_shard import make_sharded_encoder
+    from longreel.trainer.mrsp.dist_ops import allreduce_grads_, world
+    from longreel.trainer.mrsp.embed_cache import StepEmbedCache
+    from longreel.trainer.mrsp.reuse import build_inputs_embeds
+    from longreel.trainer.mrsp.sp_prefill import prefill_logprobs
+    from longreel.trainer.mrsp.vision_shard import make_sharded_encoder
 
     rank, size = world(group)
     enc = make_sharded_encoder(model, group=group) if size > 1 else None
@@ -316,7 +316,7 @@ def role_step(args) -> None:
 
     import torch
 
-    from trainer.mrsp.embed_cache import VisionCallCounter
+    from longreel.trainer.mrsp.embed_cache import VisionCallCounter
 
     model, x = load(args.model, args.inputs)
     ref = copy.deepcopy(model).requires_grad_(False)
@@ -362,7 +362,7 @@ def role_step_sp(args) -> None:
     import torch
     import torch.distributed as dist
 
-    from trainer.mrsp.embed_cache import VisionCallCounter
+    from longreel.trainer.mrsp.embed_cache import VisionCallCounter
 
     dist.init_process_group("gloo")
     model, x = load(args.model, args.inputs)
@@ -404,10 +404,10 @@ def role_mem(args) -> None:
     import torch
     import torch.distributed as dist
 
-    from trainer.mrsp.dist_ops import allreduce_grads_, world
-    from trainer.mrsp.embed_cache import encode_video_features
-    from trainer.mrsp.positions import prompt_positions
-    from trainer.mrsp.sp_prefill import prefill_logprobs
+    from longreel.trainer.mrsp.dist_ops import allreduce_grads_, world
+    from longreel.trainer.mrsp.embed_cache import encode_video_features
+    from longreel.trainer.positions import prompt_positions
+    from longreel.trainer.mrsp.sp_prefill import prefill_logprobs
 
     if "RANK" in os.environ:
         dist.init_process_group("gloo")

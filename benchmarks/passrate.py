@@ -50,13 +50,13 @@ def main() -> int:
     import torch
     import transformers
 
-    from pipelines.filter_config import FilterConfig
-    from pipelines.media.decode import decode_frames
-    from pipelines.passrate.answerers import TransformersAnswererHandler, question_seed
-    from pipelines.media.probe import probe_file
-    from pipelines.stages.passrate import frame_size, uniform_timestamps
-    from trainer.prompting import build_messages
-    from trainer.tiny_model import build_tiny_qwen2vl
+    from longreel.pipelines.filter_config import FilterConfig
+    from longreel.pipelines.media.decode import decode_frames
+    from longreel.pipelines.passrate.answerers import TransformersAnswererHandler, question_seed
+    from longreel.pipelines.media.probe import probe_file
+    from longreel.pipelines.stages.passrate import frame_size, uniform_timestamps
+    from longreel.task.prompting import build_messages
+    from longreel.testing.tiny_model import build_tiny_qwen2vl
 
     torch.set_num_threads(a.threads)
     work = tempfile.mkdtemp(prefix="longreel-bench-passrate-")

@@ -25,12 +25,12 @@ def main() -> int:
     ap.add_argument("--out", default=os.path.join(HERE, "results", "qra_constrained.json"))
     args = ap.parse_args()
 
-    from pipelines.inference.text_base import TextRequest
-    from pipelines.inference.text_transformers import TransformersTextBackend
-    from pipelines.qra.json_schema import check_instance, generation_schema
-    from pipelines.qra.parse import ParseError, extract_json
-    from pipelines.qra.prompting import generation_messages
-    from schemas.records import CATEGORIES
+    from longreel.pipelines.inference.text_base import TextRequest
+    from longreel.pipelines.inference.text_transformers import TransformersTextBackend
+    from longreel.pipelines.qra.json_schema import check_instance, generation_schema
+    from longreel.pipelines.qra.parse import ParseError, extract_json
+    from longreel.pipelines.qra.prompting import generation_messages
+    from longreel.schemas.records import CATEGORIES
 
     backend = TransformersTextBackend("smollm2")
     backend.setup()

@@ -28,7 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
-from pipelines.media.ffmpeg_bin import ffmpeg_exe  # noqa: E402
+from longreel.pipelines.media.ffmpeg_bin import ffmpeg_exe  # noqa: E402
 
 DEFAULT_VIDEO = "moviepy__bbb_full.mp4"  # a sample video (longreel.testing.sample_videos)
 

@@ -21,14 +21,14 @@ logging.getLogger().addFilter(_DropBeamImportNoise())
 
 # name -> (module, one-line help). Modules expose add_arguments(parser) and main(args, extra_args) -> int.
 COMMANDS = {
-    "curate": ("pipelines.cli_curate", "Run the curation pipeline (ingest, probe, segment, ...) on videos."),
-    "card": ("pipelines.cli_card", "Data card: build (README.md, card.json, plots) or verify it against shards."),
-    "caption": ("pipelines.cli_caption", "Caption the clips of a curate output (facts, transformers, openai, vllm)."),
-    "qra": ("pipelines.cli_qra", "Question-reasoning-answer generation from the captions of an output directory."),
-    "pack": ("pipelines.cli_pack", "Frame cache + WebDataset shards + wids index from an output directory."),
-    "filter": ("pipelines.cli_filter", "Pass-rate filter: answer each question k times, keep the medium ones."),
-    "train": ("trainer.cli_train", "Train the policy: CoT-SFT (sft), GRPO (grpo), or plot a run's curves (plot)."),
-    "eval": ("trainer.cli_eval", "Greedy accuracy of a model on held-out shards, per category and problem type."),
+    "curate": ("longreel.pipelines.cli_curate", "Run the curation pipeline (ingest, probe, segment, ...) on videos."),
+    "card": ("longreel.pipelines.cli_card", "Data card: build (README.md, card.json, plots) or verify it against shards."),
+    "caption": ("longreel.pipelines.cli_caption", "Caption the clips of a curate output (facts, transformers, openai, vllm)."),
+    "qra": ("longreel.pipelines.cli_qra", "Question-reasoning-answer generation from the captions of an output directory."),
+    "pack": ("longreel.pipelines.cli_pack", "Frame cache + WebDataset shards + wids index from an output directory."),
+    "filter": ("longreel.pipelines.cli_filter", "Pass-rate filter: answer each question k times, keep the medium ones."),
+    "train": ("longreel.trainer.cli_train", "Train the policy: CoT-SFT (sft), GRPO (grpo), or plot a run's curves (plot)."),
+    "eval": ("longreel.trainer.cli_eval", "Greedy accuracy of a model on held-out shards, per category and problem type."),
 }
 
 DESCRIPTION = """\
@@ -121,9 +121,9 @@ def environment_error(exc: BaseException) -> str | None:
 
 def report_error(command: str, exc: BaseException, debug: bool) -> int:
     """Turn an exception that reached the top into a message and an exit code (see EXIT_CODES)."""
-    from pipelines.io.inputs import InputError
-    from pipelines.io.run_dir import RunDirError
-    from schemas.config import ConfigError
+    from longreel.pipelines.io.inputs import InputError
+    from longreel.pipelines.io.run_dir import RunDirError
+    from longreel.schemas.config import ConfigError
 
     prog = f"longreel {command}"
     if isinstance(exc, (ConfigError, InputError, RunDirError)):

@@ -1,6 +1,6 @@
 """Configuration of the clip captioning stage (``longreel caption`` and the ``caption`` section of curate).
 
-Loaded like every longreel config (:func:`schemas.config.load_yaml`): defaults <- YAML <- ``--set
+Loaded like every longreel config (:func:`longreel.schemas.config.load_yaml`): defaults <- YAML <- ``--set
 key=value``. ``CaptionConfig`` is self-contained so that the curate config can hold it as a
 section (``caption: CaptionConfig``) and ``longreel caption`` can load it alone.
 """
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipelines.media import facts as F
-from schemas.config import ConfigError, cfg
+from longreel.pipelines.media import facts as F
+from longreel.schemas.config import ConfigError, cfg
 
 BACKENDS = ("facts", "transformers", "openai", "vllm")
 

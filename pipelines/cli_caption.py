@@ -7,9 +7,9 @@ import logging
 import sys
 import time
 
-from pipelines.caption_config import BACKENDS, CaptionConfig
-from pipelines.cli_common import command_line, exit_code
-from schemas.config import ConfigError, config_hash, describe, dump_yaml, load_yaml
+from longreel.pipelines.caption_config import BACKENDS, CaptionConfig
+from longreel.pipelines.cli_common import command_line, exit_code
+from longreel.schemas.config import ConfigError, config_hash, describe, dump_yaml, load_yaml
 
 log = logging.getLogger("longreel")
 
@@ -61,8 +61,8 @@ def load_config(args) -> CaptionConfig:
 
 def run_caption(clips_dir: str, cfg: CaptionConfig, beam_args: list[str] | None = None, handler=None,
                 command: str | None = None) -> dict:
-    """Caption ``clips_dir`` in place (holding its lock; see :mod:`pipelines.io.run_dir`); return the merged stats."""
-    from pipelines.io.run_dir import StageSession
+    """Caption ``clips_dir`` in place (holding its lock; see :mod:`longreel.pipelines.io.run_dir`); return the merged stats."""
+    from longreel.pipelines.io.run_dir import StageSession
 
     with StageSession(clips_dir, "caption", config_hash(cfg), command) as session:
         return _run_caption(session, clips_dir, cfg, beam_args, handler)
@@ -72,12 +72,12 @@ def _run_caption(session, clips_dir: str, cfg: CaptionConfig, beam_args, handler
     import apache_beam as beam
     from apache_beam.io.filesystems import FileSystems
 
-    from pipelines.io.parquet_sink import read_table
-    from pipelines.provenance import code_version
-    from pipelines.runner import make_pipeline
-    from pipelines.stages.caption import CAPTION_STAGES, CAPTION_UNITS, add_caption_stage
-    from pipelines.stage_rerun import write_rerun_outputs
-    from pipelines.stats import read_json
+    from longreel.pipelines.io.parquet_sink import read_table
+    from longreel.pipelines.provenance import code_version
+    from longreel.pipelines.runner import make_pipeline
+    from longreel.pipelines.stages.caption import CAPTION_STAGES, CAPTION_UNITS, add_caption_stage
+    from longreel.pipelines.stage_rerun import write_rerun_outputs
+    from longreel.pipelines.stats import read_json
 
     videos = read_table(clips_dir, "videos").to_pylist()
     clips = read_table(clips_dir, "clips").to_pylist()

@@ -60,7 +60,7 @@ def main(args, extra: list[str]) -> int:
         print(f"longreel card: unexpected arguments {extra}", file=sys.stderr)
         return 2
     if args.card_command == "build":
-        from pipelines.card.build import build_card
+        from longreel.pipelines.card.build import build_card
         try:
             card = build_card(args.run_dir, args.out, args.shards, name=args.name, pretty_name=args.pretty_name,
                               command=args.run_command, data_prefix=args.data_prefix,
@@ -71,7 +71,7 @@ def main(args, extra: list[str]) -> int:
         print(f"card: {args.out}/README.md ({len(card['claims'])} claims in card.json)")
         return 0
     if args.card_command == "verify":
-        from pipelines.card.verify import verify
+        from longreel.pipelines.card.verify import verify
         try:
             rep = verify(args.card_dir, args.shards, loader=not args.no_loader, run_dir=args.run_dir,
                          marker=args.marker)

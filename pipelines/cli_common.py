@@ -13,9 +13,9 @@ def command_line(args, name: str) -> str:
 
 
 def exit_code(name: str, doc: dict, products: list[str], out_dir: str) -> int:
-    """0, or 3 with a message when one of ``products`` (stages of :data:`pipelines.stats.PRODUCTS`) put out
+    """0, or 3 with a message when one of ``products`` (stages of :data:`longreel.pipelines.stats.PRODUCTS`) put out
     nothing."""
-    from pipelines.stats import nothing_survived
+    from longreel.pipelines.stats import nothing_survived
 
     empty = nothing_survived(doc, products)
     if empty is None:

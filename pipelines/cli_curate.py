@@ -9,9 +9,9 @@ import sys
 
 import yaml
 
-from pipelines.config import CurateConfig
-from pipelines.io.inputs import InputError, expand_inputs
-from schemas.config import ConfigError, describe, load_yaml
+from longreel.pipelines.config import CurateConfig
+from longreel.pipelines.io.inputs import InputError, expand_inputs
+from longreel.schemas.config import ConfigError, describe, load_yaml
 
 log = logging.getLogger("longreel")
 
@@ -98,7 +98,7 @@ def main(args, beam_args: list[str]) -> int:
         return 2
     try:
         if args.demo or not args.inputs:
-            from pipelines.sample_corpus import demo_items
+            from longreel.pipelines.sample_corpus import demo_items
             items = demo_items()
         else:
             missing = [i for i in args.inputs if _missing_local_path(i)]
@@ -108,8 +108,8 @@ def main(args, beam_args: list[str]) -> int:
     except (InputError, RuntimeError) as e:
         print(f"longreel curate: {e}", file=sys.stderr)
         return 2
-    from pipelines.cli_common import command_line, exit_code
-    from pipelines.curate import run_curate
+    from longreel.pipelines.cli_common import command_line, exit_code
+    from longreel.pipelines.curate import run_curate
     if_exists = "overwrite" if args.overwrite else "resume" if args.resume else "error"
     stats = run_curate(items, args.out, cfg, beam_args, command=command_line(args, "curate"), if_exists=if_exists)
     print(json.dumps(stats["totals"]))

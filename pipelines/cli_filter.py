@@ -7,9 +7,9 @@ import logging
 import sys
 import time
 
-from pipelines.cli_common import command_line, exit_code
-from pipelines.filter_config import FilterConfig
-from schemas.config import ConfigError, config_hash, describe, dump_yaml, load_yaml
+from longreel.pipelines.cli_common import command_line, exit_code
+from longreel.pipelines.filter_config import FilterConfig
+from longreel.schemas.config import ConfigError, config_hash, describe, dump_yaml, load_yaml
 
 log = logging.getLogger("longreel")
 
@@ -36,7 +36,7 @@ OUT/rejects-*.parquet (too_easy, too_hard, out_of_band, and failures by reason),
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="Output directory of a curation run (local path or gs://, s3://). Required.")
     p.add_argument("--model", help="Answerer model directory (shortcut for --set model=DIR).")
-    p.add_argument("--backend", choices=("transformers", "vllm", "scripted"),
+    p.add_argument("--backend", choices=("transformers", "vllm"),
                    help="Answerer backend (shortcut for --set backend=NAME).")
     p.add_argument("--qra-table", default="qras", help="Name of the questions table in --out (default: qras).")
     p.add_argument("--config", help="YAML config file (FilterConfig); see --show-config for every key.")
@@ -47,9 +47,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_filter(out_dir: str, cfg: FilterConfig, beam_args: list[str] | None = None, qra_table: str = "qras",
                handler=None, command: str | None = None) -> dict:
-    """Run the filter on ``out_dir``'s tables (holding its lock; see :mod:`pipelines.io.run_dir`); return the merged
+    """Run the filter on ``out_dir``'s tables (holding its lock; see :mod:`longreel.pipelines.io.run_dir`); return the merged
     stats document."""
-    from pipelines.io.run_dir import StageSession
+    from longreel.pipelines.io.run_dir import StageSession
 
     cfg.validate()
     with StageSession(out_dir, "filter", config_hash(cfg), command) as session:
@@ -60,11 +60,11 @@ def _run_filter(session, out_dir: str, cfg: FilterConfig, beam_args, qra_table: 
     import apache_beam as beam
     from apache_beam.io.filesystems import FileSystems
 
-    from pipelines.io.parquet_sink import read_table
-    from pipelines.runner import make_pipeline
-    from pipelines.stage_rerun import write_rerun_outputs
-    from pipelines.stages.passrate import STAGE, add_filter_stage, finish_filter_stats
-    from pipelines.stats import read_json
+    from longreel.pipelines.io.parquet_sink import read_table
+    from longreel.pipelines.runner import make_pipeline
+    from longreel.pipelines.stage_rerun import write_rerun_outputs
+    from longreel.pipelines.stages.passrate import STAGE, add_filter_stage, finish_filter_stats
+    from longreel.pipelines.stats import read_json
 
     videos = read_table(out_dir, "videos").to_pylist()
     qras = read_table(out_dir, qra_table).to_pylist()

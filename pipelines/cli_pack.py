@@ -6,9 +6,9 @@ import json
 import logging
 import sys
 
-from pipelines.cli_common import command_line, exit_code
-from pipelines.pack.config import PackConfig
-from schemas.config import ConfigError, describe, load_yaml
+from longreel.pipelines.cli_common import command_line, exit_code
+from longreel.pipelines.pack.config import PackConfig
+from longreel.schemas.config import ConfigError, describe, load_yaml
 
 log = logging.getLogger("longreel")
 
@@ -53,7 +53,7 @@ def main(args, beam_args: list[str]) -> int:
     except (ConfigError, OSError) as e:
         print(f"longreel pack: bad config: {e}", file=sys.stderr)
         return 2
-    from pipelines.pack.stage import run_pack
+    from longreel.pipelines.stages.pack import run_pack
     try:
         stats = run_pack(args.out, cfg, beam_args, command=command_line(args, "pack"))
     except FileNotFoundError as e:

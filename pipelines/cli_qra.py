@@ -7,9 +7,9 @@ import logging
 import sys
 import time
 
-from pipelines.cli_common import command_line, exit_code
-from pipelines.qra_config import BACKENDS, QRAConfig
-from schemas.config import ConfigError, config_hash, describe, dump_yaml, load_yaml
+from longreel.pipelines.cli_common import command_line, exit_code
+from longreel.pipelines.qra_config import BACKENDS, QRAConfig
+from longreel.schemas.config import ConfigError, config_hash, describe, dump_yaml, load_yaml
 
 log = logging.getLogger("longreel")
 
@@ -58,9 +58,9 @@ def load_config(args) -> QRAConfig:
 
 def run_qra(out_dir: str, cfg: QRAConfig, beam_args: list[str] | None = None, backend_factory=None,
             command: str | None = None) -> dict:
-    """Generate QRAs for ``out_dir`` in place (holding its lock; see :mod:`pipelines.io.run_dir`); return the merged
+    """Generate QRAs for ``out_dir`` in place (holding its lock; see :mod:`longreel.pipelines.io.run_dir`); return the merged
     stats document."""
-    from pipelines.io.run_dir import StageSession
+    from longreel.pipelines.io.run_dir import StageSession
 
     with StageSession(out_dir, "qra", config_hash(cfg), command) as session:
         return _run_qra(session, out_dir, cfg, beam_args, backend_factory)
@@ -70,13 +70,13 @@ def _run_qra(session, out_dir: str, cfg: QRAConfig, beam_args, backend_factory) 
     import apache_beam as beam
     from apache_beam.io.filesystems import FileSystems
 
-    from pipelines.io.parquet_sink import read_table
-    from pipelines.provenance import code_version
-    from pipelines.qra.prompting import template_hashes
-    from pipelines.runner import make_pipeline
-    from pipelines.stages.qra import QRA_STAGES, QRA_UNITS, add_qra_stage
-    from pipelines.stage_rerun import write_rerun_outputs
-    from pipelines.stats import read_json
+    from longreel.pipelines.io.parquet_sink import read_table
+    from longreel.pipelines.provenance import code_version
+    from longreel.pipelines.qra.prompting import template_hashes
+    from longreel.pipelines.runner import make_pipeline
+    from longreel.pipelines.stages.qra import QRA_STAGES, QRA_UNITS, add_qra_stage
+    from longreel.pipelines.stage_rerun import write_rerun_outputs
+    from longreel.pipelines.stats import read_json
 
     videos = read_table(out_dir, "videos").to_pylist()
     captions = read_table(out_dir, "captions").to_pylist()

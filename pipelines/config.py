@@ -1,13 +1,13 @@
-"""Configuration of the curation pipeline (YAML + validation, see :mod:`schemas.config`)."""
+"""Configuration of the curation pipeline (YAML + validation, see :mod:`longreel.schemas.config`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipelines.caption_config import CaptionConfig
-from pipelines.filter_config import FilterConfig
-from pipelines.pack.config import PackConfig
-from pipelines.qra_config import QRAConfig
-from schemas.config import ConfigError, cfg
+from longreel.pipelines.caption_config import CaptionConfig
+from longreel.pipelines.filter_config import FilterConfig
+from longreel.pipelines.pack.config import PackConfig
+from longreel.pipelines.qra_config import QRAConfig
+from longreel.schemas.config import ConfigError, cfg
 
 
 @dataclass

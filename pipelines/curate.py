@@ -6,7 +6,7 @@ materialize mode ``clips/<video_id>/NNNNN.<ext>``, and per optional stage its ta
 ``clip_facts``, ``qras``, ``pass_rate``), the frame cache and shards (``frame_cache/``, ``shards/``) and
 the data card (``card/``), and last ``_SUCCESS.json`` (the completion marker: config, stages, every file with
 its size and sha256). Re-running into the same directory with the same inputs and config rewrites identical
-files; the rules for a directory that holds another run are in :mod:`pipelines.io.run_dir`.
+files; the rules for a directory that holds another run are in :mod:`longreel.pipelines.io.run_dir`.
 """
 from __future__ import annotations
 
@@ -16,15 +16,15 @@ import time
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from pipelines.config import CurateConfig
-from pipelines.io.parquet_sink import WriteSortedParquet
-from pipelines.provenance import code_version
-from pipelines.runner import make_pipeline
-from pipelines.stages.base import MAIN, REJECTS
-from pipelines.stages.ingest import DedupVideos, ProbeVideos
-from pipelines.stages.segment import SegmentVideos
-from pipelines.stats import WriteStats, extra_count, stage_counts
-from schemas.config import config_hash, dump_yaml
+from longreel.pipelines.config import CurateConfig
+from longreel.pipelines.io.parquet_sink import WriteSortedParquet
+from longreel.pipelines.provenance import code_version
+from longreel.pipelines.runner import make_pipeline
+from longreel.pipelines.stages.base import MAIN, REJECTS
+from longreel.pipelines.stages.ingest import DedupVideos, ProbeVideos
+from longreel.pipelines.stages.segment import SegmentVideos
+from longreel.pipelines.stats import WriteStats, extra_count, stage_counts
+from longreel.schemas.config import config_hash, dump_yaml
 
 log = logging.getLogger("longreel")
 
@@ -37,19 +37,19 @@ def stage_layout(cfg: CurateConfig) -> tuple[list[str], dict[str, str]]:
     """The funnel's stage order and units for the stages this config runs."""
     order, units = list(BASE_STAGES), dict(BASE_UNITS)
     if "caption" in cfg.stages:
-        from pipelines.stages.caption import CAPTION_STAGES, CAPTION_UNITS
+        from longreel.pipelines.stages.caption import CAPTION_STAGES, CAPTION_UNITS
         order += CAPTION_STAGES
         units.update(CAPTION_UNITS)
     if "qra" in cfg.stages:
-        from pipelines.stages.qra import QRA_STAGES, QRA_UNITS
+        from longreel.pipelines.stages.qra import QRA_STAGES, QRA_UNITS
         order += QRA_STAGES
         units.update(QRA_UNITS)
     if "filter" in cfg.stages:
-        from pipelines.stages.passrate import STAGE as FILTER_STAGE
+        from longreel.pipelines.stages.passrate import STAGE as FILTER_STAGE
         order.append(FILTER_STAGE)
         units[FILTER_STAGE] = "question"
     if "pack" in cfg.stages:
-        from pipelines.pack.stage import STAGE_ORDER as PACK_STAGES, STAGE_UNITS as PACK_UNITS
+        from longreel.pipelines.stages.pack import STAGE_ORDER as PACK_STAGES, STAGE_UNITS as PACK_UNITS
         order += PACK_STAGES
         units.update(PACK_UNITS)
     return order, units
@@ -95,13 +95,13 @@ def build_curate(p: beam.Pipeline, items: list[dict], out_dir: str, cfg: CurateC
     finishers = []
 
     if "caption" in cfg.stages:
-        from pipelines.stages.caption import add_caption_stage
+        from longreel.pipelines.stages.caption import add_caption_stage
         cap = add_caption_stage(p, videos, clips, out_dir, cfg.caption, handler=handlers.get("caption"))
         rejects.append(cap["rejects"])
         counts.append(cap["counts"])
         tables.update(captions=cap["captions"], clip_facts=cap["facts"])
     if "qra" in cfg.stages:
-        from pipelines.stages.qra import add_qra_stage
+        from longreel.pipelines.stages.qra import add_qra_stage
         qra = add_qra_stage(p, tables["captions"], tables["clip_facts"], videos, out_dir, cfg.qra,
                             backend_factory=handlers.get("qra"))
         rejects.append(qra["rejects"])
@@ -109,7 +109,7 @@ def build_curate(p: beam.Pipeline, items: list[dict], out_dir: str, cfg: CurateC
         tables["qras"] = qra["qras"]
     passrates = None
     if "filter" in cfg.stages:
-        from pipelines.stages.passrate import add_filter_stage, finish_filter_stats
+        from longreel.pipelines.stages.passrate import add_filter_stage, finish_filter_stats
         flt = add_filter_stage(p, videos, tables["qras"], out_dir, cfg.filter, handler=handlers.get("filter"))
         rejects.append(flt["rejects"])
         counts.append(flt["counts"])
@@ -118,14 +118,14 @@ def build_curate(p: beam.Pipeline, items: list[dict], out_dir: str, cfg: CurateC
         k, prov = cfg.filter.k, flt["provenance"]
         finishers.append(lambda d: finish_filter_stats(d, k, prov))
     if "pack" in cfg.stages:
-        from pipelines.pack.stage import add_pack_stage
+        from longreel.pipelines.stages.pack import add_pack_stage
         pack = add_pack_stage(p, videos, tables["qras"], passrates, out_dir, cfg.pack, standalone=False,
                               filter_rejects=flt["rejects"] if passrates is not None else None)
         rejects.append(pack["rejects"])
         counts.append(pack["counts"])
         tables.update(pack_samples=pack["samples"], shards=pack["shards"])
 
-    from pipelines.card.distributions import add_distributions
+    from longreel.pipelines.distributions import add_distributions
     counts.append(add_distributions({k: v for k, v in tables.items() if k != "clip_facts"}))
 
     all_rejects = tuple(rejects) | "AllRejects" >> beam.Flatten()
@@ -153,14 +153,14 @@ def run_curate(items: list[dict], out_dir: str, cfg: CurateConfig, beam_args: li
                command: str | None = None, handlers: dict | None = None, if_exists: str = "overwrite") -> dict:
     """Run the pipeline to completion (and build the data card when ``card`` is a stage); return the stats.
 
-    The output directory's contract (:mod:`pipelines.io.run_dir`): the run holds ``out_dir``'s lock throughout
-    (another run there raises :class:`~pipelines.io.run_dir.RunDirBusy`), ``if_exists`` says what to do with a
+    The output directory's contract (:mod:`longreel.pipelines.io.run_dir`): the run holds ``out_dir``'s lock throughout
+    (another run there raises :class:`~longreel.pipelines.io.run_dir.RunDirBusy`), ``if_exists`` says what to do with a
     previous run's outputs (``error``: refuse unless it is this same run; ``resume``: continue this same run, finished
     or not; ``overwrite``: remove the previous run's files first), and ``_SUCCESS.json`` is written last. The CLI's
     default is ``error``; a caller of this function names its directory, so the default here is ``overwrite``.
     """
-    from pipelines.io.run_dir import RunIdentity, RunLock, digest_inputs, prepare, write_marker
-    from schemas.config import to_dict
+    from longreel.pipelines.io.run_dir import RunIdentity, RunLock, digest_inputs, prepare, write_marker
+    from longreel.schemas.config import to_dict
 
     ident = RunIdentity(config=to_dict(cfg), config_hash=config_hash(cfg), stages=list(cfg.stages),
                         inputs_digest=digest_inputs(items), n_inputs=len(items))
@@ -191,7 +191,7 @@ def _run_locked(items: list[dict], out_dir: str, cfg: CurateConfig, beam_args, c
         stats = json.loads(fh.read())
     log.info("curate: pipeline done in %.1f s: %s", time.monotonic() - t0, stats.get("totals"))
     if "card" in cfg.stages:
-        from pipelines.card.build import build_card
+        from longreel.pipelines.card.build import build_card
         card_dir = FileSystems.join(out_dir, "card")
         shards = None
         if "pack" in cfg.stages:

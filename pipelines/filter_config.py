@@ -3,7 +3,7 @@
 Rules, stated once (the stage's docstring repeats them):
 
 * **pass**: a sample passes when its accuracy is 1.0 (``pass_threshold: null``, the default: fully correct, format
-  included, since :func:`trainer.rewards.score` gates accuracy on the format), or, with ``pass_threshold: t``, when
+  included, since :func:`longreel.task.rewards.score` gates accuracy on the format), or, with ``pass_threshold: t``, when
   its reward is ``>= t`` (for graded types such as open-ended ROUGE-L or grounding IoU).
 * **label**: ``easy`` when all k samples pass, ``hard`` when none does, ``medium`` otherwise.
 * **policy** ``medium`` (default): keep medium questions; easy ones are rejects ``too_easy``, hard ones ``too_hard``.
@@ -19,19 +19,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from schemas.config import ConfigError, cfg
+from longreel.schemas.config import ConfigError, cfg
 
-BACKENDS = ("transformers", "vllm", "scripted")
+BACKENDS = ("transformers", "vllm")
 
 
 @dataclass
 class FilterConfig:
     backend: str = cfg("transformers", "Answerer backend: transformers (AutoModelForImageTextToText, CPU or GPU), "
-                                       "vllm (GPU, n=k per request) or scripted (tests: known correctness).",
+                                       "or vllm (GPU, n=k per request).",
                        choices=BACKENDS)
     model: str = cfg("", "Local directory of the answering VLM (the policy's base model). Nothing is downloaded.")
-    model_revision: str | None = cfg(None, "Revision to record; null records sha256 of the model's safetensors "
-                                           "files ('sha256:<hex>').")
+    model_revision: str | None = cfg(None, "Revision to record; null records the model's weights revision "
+                                           "('sha256:<hex>' over its weight files, or the snapshot commit of a "
+                                           "Hugging Face cache directory), as every longreel backend does.")
     k: int = cfg(8, "Samples per question.")
     temperature: float = cfg(1.0, "Sampling temperature (> 0: the k samples must differ).")
     top_p: float = cfg(1.0, "Nucleus sampling mass.")
@@ -78,9 +79,6 @@ class FilterConfig:
                                         "104K).")
     split_seed: int = cfg(0, "split_rule hash: salt of the hash.")
     sft_min_pass_rate: float = cfg(0.5, "split_rule pass_rate: lowest pass rate that goes to sft.")
-    scripted_correct: dict = cfg(default_factory=dict, help="backend scripted: qra_id -> how many of the k samples "
-                                                             "answer correctly.")
-    scripted_default: int = cfg(0, "backend scripted: correct samples for a question not in scripted_correct.")
     parquet_shards: int = cfg(1, "Parquet files for the pass_rate table.")
 
     def validate(self):
@@ -108,9 +106,6 @@ class FilterConfig:
             raise ConfigError("need 0 <= band_min <= band_max <= 1")
         if not 0 <= self.sft_fraction <= 1 or not 0 <= self.sft_min_pass_rate <= 1:
             raise ConfigError("sft_fraction and sft_min_pass_rate must be in [0, 1]")
-        if self.backend in ("transformers", "vllm") and not self.model:
+        if not self.model:
             raise ConfigError(f"backend {self.backend} needs model (a local model directory)")
-        bad = {q: n for q, n in self.scripted_correct.items()
-               if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= self.k}
-        if bad or not 0 <= self.scripted_default <= self.k:
-            raise ConfigError(f"scripted counts must be integers in [0, k={self.k}]: {bad or self.scripted_default}")
+

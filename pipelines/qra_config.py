@@ -1,11 +1,11 @@
-"""Configuration of the QRA (question-reasoning-answer) generation stage (see :mod:`pipelines.stages.qra`)."""
+"""Configuration of the QRA (question-reasoning-answer) generation stage (see :mod:`longreel.pipelines.stages.qra`)."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-from schemas.config import ConfigError, cfg
-from schemas.records import CATEGORIES
+from longreel.schemas.config import ConfigError, cfg
+from longreel.schemas.records import CATEGORIES
 
 BACKENDS = ("template", "transformers", "openai", "vllm")
 LLM_BACKENDS = ("transformers", "openai", "vllm")

@@ -18,7 +18,3 @@ def make_pipeline(beam_args: list[str] | None = None) -> beam.Pipeline:
         return beam.Pipeline(runner=FnApiRunner(), options=options)
     return beam.Pipeline(options=options)
 
-
-def is_local(beam_args: list[str] | None) -> bool:
-    runner = PipelineOptions(list(beam_args or [])).view_as(StandardOptions).runner
-    return runner is None or "Direct" in str(runner) or "FnApi" in str(runner)

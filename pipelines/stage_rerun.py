@@ -8,15 +8,15 @@ from __future__ import annotations
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from pipelines.io.parquet_sink import WriteSortedParquet, read_table
-from pipelines.stats import WriteStats, read_json
+from longreel.pipelines.io.parquet_sink import WriteSortedParquet, read_table
+from longreel.pipelines.stats import WriteStats, read_json
 
 
 def write_rerun_outputs(p, out_dir: str, stages: list[str], units: dict[str, str], rejects, counts, meta: dict,
                         shards: int = 1, *, finish=None, extras: dict | None = None) -> None:
     """Add to ``p`` the rejects table (earlier rows of other stages + ``rejects``) and the merged ``stats.json``.
 
-    ``finish`` / ``extras``: as in :class:`~pipelines.stats.WriteStats` (totals from the folded document;
+    ``finish`` / ``extras``: as in :class:`~longreel.pipelines.stats.WriteStats` (totals from the folded document;
     singleton PCollections put under their keys)."""
     try:
         earlier = [r for r in read_table(out_dir, "rejects").to_pylist() if r["stage"] not in stages]

@@ -4,7 +4,7 @@ Each stage contributes ``((stage, metric), count)`` pairs: ``in``, ``out`` and o
 ``rejected:<reason>`` per reason. They are summed per key and folded into one ``stats.json``
 with a schema version, so that ``in == out + sum(rejected)`` can be checked for every stage.
 
-Distributions for the data card (:mod:`pipelines.card.distributions`) travel the same way as
+Distributions for the data card (:mod:`longreel.pipelines.distributions`) travel the same way as
 ``(("dist:<section>", key), n)`` pairs and are folded into ``stats.json["distributions"]``; a document
 without such pairs is unchanged.
 
@@ -23,6 +23,8 @@ import json
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
+
+from longreel.schemas.atomic import write_atomic
 
 STATS_VERSION = "1.0"
 
@@ -124,7 +126,7 @@ def build_stats(pairs: list, stage_order: list[str], units: dict[str, str], meta
         st["balanced"] = st["in"] == st["out"] + st["rejected_total"]
     doc = {"schema_version": STATS_VERSION, "kind": "longreel-funnel", **meta, "stages": ordered}
     if dist_pairs:
-        from pipelines.card.distributions import fold_distributions
+        from longreel.pipelines.distributions import fold_distributions
         doc["distributions"] = fold_distributions(dist_pairs)
     if run:
         doc[RUN_KEY] = fold_run(run)
@@ -160,7 +162,7 @@ def merge_stats(old: dict | None, new: dict, stage_order: list[str] | None = Non
             stages.sort(key=lambda s: rank[s["stage"]])
     merged = {**old, **{k: v for k, v in new.items() if k != "stages"}, "stages": stages}
     if old.get("distributions") and new.get("distributions"):
-        from pipelines.card.distributions import merge_distributions
+        from longreel.pipelines.distributions import merge_distributions
         merged["distributions"] = merge_distributions(old["distributions"], new["distributions"])
     # run: the stages this run computed replace (or drop) their old entries; the others keep theirs
     run = {s: v for s, v in (old.get(RUN_KEY) or {}).items() if s not in replaced}
@@ -172,14 +174,7 @@ def merge_stats(old: dict | None, new: dict, stage_order: list[str] | None = Non
 
 
 def write_json(path: str, doc: dict) -> str:
-    blob = (json.dumps(doc, indent=2, sort_keys=False) + "\n").encode()
-    tmp = path + ".tmp"
-    with FileSystems.create(tmp) as fh:
-        fh.write(blob)
-    if FileSystems.exists(path):
-        FileSystems.delete([path])
-    FileSystems.rename([tmp], [path])
-    return path
+    return write_atomic(path, json.dumps(doc, indent=2, sort_keys=False) + "\n")
 
 
 class WriteStats(beam.PTransform):

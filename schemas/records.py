@@ -2,14 +2,14 @@
 
 Each record kind is a pyarrow schema plus the few rules pyarrow cannot express
 (required fields, allowed values). Stages pass rows as plain dicts; they are
-checked with :func:`schemas.validate.validate_row` before they leave a stage
-and written to Parquet with :func:`schemas.validate.to_table`.
+checked with :func:`longreel.schemas.validate.validate_row` before they leave a stage
+and written to Parquet with :func:`longreel.schemas.validate.to_table`.
 
 Bump ``SCHEMA_VERSION`` when a field changes meaning or is removed; adding a
 nullable field is backwards compatible and only bumps the minor number.
 
 No record holds wall-clock time or anything else that differs between two runs of the same
-config on the same inputs: wall-clock times go to ``stats.json["run"]`` (:mod:`pipelines.stats`).
+config on the same inputs: wall-clock times go to ``stats.json["run"]`` (:mod:`longreel.pipelines.stats`).
 2.0 removed ``caption.latency_s`` for that reason.
 """
 from __future__ import annotations
@@ -191,7 +191,7 @@ PASS_RATE = RecordKind(
         _f("temperature", _f64, False),
         _f("seed", _i64, False),
         # 1.3: provenance and per-sample detail of the pass-rate filter (nullable)
-        _f("backend", _str),               # transformers | vllm | scripted
+        _f("backend", _str),               # transformers | vllm (a test double records its own name)
         _f("top_p", _f64),
         _f("top_k", _i32),
         _f("max_new_tokens", _i32),

@@ -9,7 +9,7 @@ inputs writes the same bytes.
 It lives at the bottom of the import graph (stdlib only) so that a consumer outside the pipelines, such as the
 trainer or an auditor, can refuse a half-written dataset before reading it::
 
-    from schemas.run_marker import require_complete_run
+    from longreel.schemas.run_marker import require_complete_run
     require_complete_run("out/")  # raises IncompleteRun naming what is missing or changed
 """
 from __future__ import annotations

@@ -6,7 +6,7 @@ from typing import Iterable
 
 import pyarrow as pa
 
-from schemas.records import KINDS, RecordKind
+from longreel.schemas.records import KINDS, RecordKind
 
 
 class SchemaError(ValueError):

@@ -8,4 +8,4 @@ cd "$(dirname "$0")/.."
 # The card must be built in the locked env (the one the drift test runs in): tox -e py311 makes it.
 PY=${PYTHON:-.tox/py311/bin/python}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-exec "$PY" -m pipelines.card.demo "$@"
+exec "$PY" -m longreel.demo_card "$@"

@@ -28,7 +28,7 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 LR=$V/bin/longreel
 $LR curate --demo --out "$OUT"
 INDEX="$OUT/shards/longreel_demo-train.index.json"
-$V/bin/python -m trainer.tiny_model "$OUT/models/tiny-qwen2vl"
+$V/bin/python -m longreel.testing.tiny_model "$OUT/models/tiny-qwen2vl"
 COMMON=(--set "data.train_urls=[$INDEX]" --set data.batch_size=2 --set run.threads=2 --set run.save_every=0)
 $LR train sft "${COMMON[@]}" --set "model.path=$OUT/models/tiny-qwen2vl" --set "run.out_dir=$OUT/runs/sft" \
   --set run.steps=6 --set optim.lr=1e-3

@@ -49,20 +49,20 @@ def main() -> int:
     import vllm
     print(f"vllm {vllm.__version__}")
 
-    from pipelines.caption_config import CaptionConfig
-    from pipelines.cli_caption import run_caption
-    from pipelines.config import CurateConfig
-    from pipelines.curate import run_curate
-    from pipelines.io.inputs import expand_inputs
-    from pipelines.io.parquet_sink import read_table
-    from schemas.config import load_yaml
+    from longreel.pipelines.caption_config import CaptionConfig
+    from longreel.pipelines.cli_caption import run_caption
+    from longreel.pipelines.config import CurateConfig
+    from longreel.pipelines.curate import run_curate
+    from longreel.pipelines.io.inputs import expand_inputs
+    from longreel.pipelines.io.parquet_sink import read_table
+    from longreel.schemas.config import load_yaml
 
     out = args.clips_dir
     if not out:
         out = tempfile.mkdtemp(prefix="longreel-vllm-check-")
         videos = args.videos or [v for v in DEFAULT_VIDEOS if os.path.exists(v)]
         if not videos:
-            from pipelines.sample_corpus import demo_items
+            from longreel.pipelines.sample_corpus import demo_items
             items = demo_items()
         else:
             items = expand_inputs(videos)
@@ -75,9 +75,9 @@ def main() -> int:
     cfg = load_yaml(CaptionConfig, None, overrides)
 
     # one direct request first: errors show with their traceback
-    from pipelines.inference.base import GenerationParams, Request, fit_pixels
-    from pipelines.media.decode import decode_frames, sample_timestamps
-    from pipelines.stages.caption import client_spec
+    from longreel.pipelines.inference.base import GenerationParams, Request, fit_pixels
+    from longreel.pipelines.media.decode import decode_frames, sample_timestamps
+    from longreel.pipelines.stages.caption import client_spec
 
     videos = read_table(out, "videos").to_pylist()
     v = videos[0]

@@ -5,7 +5,7 @@ the trainer into vLLM after every update.
     python scripts/gpu_check_grpo_vllm.py --model /models/Qwen2.5-VL-3B-Instruct [--steps 3] [--out /tmp/vllm-check]
 
 Needs a CUDA GPU, ``pip install 'longreel[gpu]'`` (vllm) and a local model directory (nothing is downloaded). The
-prompts are the procedural video task of ``trainer.synthetic_task`` rendered at 224 px.
+prompts are the procedural video task of ``longreel.trainer.synthetic_task`` rendered at 224 px.
 
 What it prints per step: reward/format/accuracy, step time split, and ``behav_logp_absdiff`` = mean |log-prob under
 the trainer's weights - log-prob reported by vLLM| on the sampled tokens. With the weight sync working this stays at
@@ -42,10 +42,10 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("no CUDA device: this check needs a GPU", file=sys.stderr)
         return 2
-    from schemas.config import load_yaml
-    from trainer.config import TrainConfig
-    from trainer.grpo import GRPOTrainer
-    from trainer.synthetic_task import make_items
+    from longreel.schemas.config import load_yaml
+    from longreel.trainer.config import TrainConfig
+    from longreel.trainer.grpo import GRPOTrainer
+    from longreel.trainer.synthetic_task import make_items
 
     items = make_items(16, seed=0, kinds=("colour", "exit_side", "count"), size=224, n_frames=8)
     cfg = load_yaml(TrainConfig, None, [

@@ -38,16 +38,16 @@ def main() -> int:
     import torch
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    from trainer.mrsp.embed_cache import StepEmbedCache, VisionCallCounter
-    from trainer.mrsp.reuse import generate_with_features, response_logprobs
-    from trainer.mrsp.vllm_embeds import count_vllm_vision_calls, embeds_request, make_llm
+    from longreel.trainer.mrsp.embed_cache import StepEmbedCache, VisionCallCounter
+    from longreel.trainer.mrsp.reuse import generate_with_features, response_logprobs
+    from longreel.trainer.mrsp.vllm_embeds import count_vllm_vision_calls, embeds_request, make_llm
 
     if not torch.cuda.is_available():
         print(json.dumps({"ok": False, "error": "no CUDA device"}))
         return 1
     model_dir = args.model
     if not model_dir:
-        from trainer.tiny_model import build_tiny_qwen2vl
+        from longreel.testing.tiny_model import build_tiny_qwen2vl
 
         model_dir = build_tiny_qwen2vl(Path(tempfile.mkdtemp(prefix="mrsp-vllm-")) / "tiny", seed=0)
     proc = AutoProcessor.from_pretrained(model_dir)
@@ -55,7 +55,7 @@ def main() -> int:
 
     report: dict = {"model": model_dir}
     if os.path.exists(args.video):
-        from pipelines.media.decode import decode_frames, sample_timestamps
+        from longreel.pipelines.media.decode import decode_frames, sample_timestamps
 
         dec = decode_frames(args.video, sample_timestamps(0.0, 4.0, args.frames))
         frames, fps, indices = dec.frames, dec.fps, dec.indices

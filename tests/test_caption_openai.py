@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipelines.cli_caption import run_caption
-from pipelines.inference.base import GenerationParams, Request
-from pipelines.inference.openai_client import OpenAIChatClient
+from longreel.pipelines.cli_caption import run_caption
+from longreel.pipelines.inference.base import GenerationParams, Request
+from longreel.pipelines.inference.openai_client import OpenAIChatClient
 from test_caption_common import assert_caption_funnel, caption_cfg, copy_out, curate_dir, stage, tables
 
 START = re.compile(r"from (\d+(?:\.\d+)?) s to")

@@ -5,15 +5,15 @@ import os
 
 import pytest
 
-from pipelines.cli_caption import run_caption
-from pipelines.inference.hf_client import processor_pixel_budget
-from pipelines.prompts import load_template
+from longreel.pipelines.cli_caption import run_caption
+from longreel.pipelines.inference.hf_client import processor_pixel_budget
+from longreel.pipelines.prompts import load_template
 from test_caption_common import SMALL, assert_caption_funnel, caption_cfg, copy_out, curate_dir, stage, tables
 
 
 @pytest.fixture(scope="module")
 def tiny_vlm(tmp_path_factory):
-    from trainer.tiny_model import build_tiny_qwen2vl
+    from longreel.testing.tiny_model import build_tiny_qwen2vl
     return build_tiny_qwen2vl(tmp_path_factory.mktemp("tiny") / "qwen2vl")
 
 

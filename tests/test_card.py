@@ -19,13 +19,14 @@ import numpy as np
 import pytest
 import yaml
 
-from pipelines.card import distributions as D
-from pipelines.card.build import build_card, claims_by_id, collect, render_readme
-from pipelines.card.verify import verify
-from pipelines.pack import fixtures
-from pipelines.pack.shards import SAMPLE_LAYOUT, WriteWebDatasetShards, sample_bytes
-from pipelines.stats import WriteStats, build_stats, merge_stats, stage_counts
-from schemas import reject, validate_row
+from longreel.pipelines import distributions as D
+from longreel.pipelines.card.build import build_card, claims_by_id, collect, render_readme
+from longreel.pipelines.card.verify import verify
+from longreel.testing import pack_tables as fixtures
+from longreel.pipelines.pack.shards import WriteWebDatasetShards, sample_bytes
+from longreel.task.shard_format import SAMPLE_LAYOUT
+from longreel.pipelines.stats import WriteStats, build_stats, merge_stats, stage_counts
+from longreel.schemas import reject, validate_row
 
 DATASET = "cardtest"
 LICENSES = [("CC-BY-3.0", "Big Buck Bunny (c) copyright 2008, Blender Foundation, www.bigbuckbunny.org"),
@@ -103,7 +104,7 @@ class _Select(beam.DoFn):
 
 def make_run(run_dir: str, n_videos: int = 6, per_video: int = 5) -> dict:
     """Write a small run (tables, config.yaml, stats.json with funnel + distributions, shards) into ``run_dir``."""
-    from pipelines.runner import make_pipeline
+    from longreel.pipelines.runner import make_pipeline
 
     os.makedirs(run_dir, exist_ok=True)
     videos = [_video(i) for i in range(n_videos)]
@@ -546,7 +547,7 @@ def test_histogram_bins_and_answer_letters():
 
 
 def test_source_file_names_keep_no_paths_or_url_tokens():
-    from pipelines.card.build import _basename, redact_urls
+    from longreel.pipelines.card.build import _basename, redact_urls
     msg = "cannot read 'https://h/b/v.mp4?X-Amz-Signature=secret&e=1': 403; also s3://b/k.mp4?versionId=7"
     assert redact_urls(msg) == "cannot read 'https://h/b/v.mp4?…': 403; also s3://b/k.mp4?…"
     assert redact_urls("/local/path.mp4") == "/local/path.mp4"

@@ -17,9 +17,9 @@ import os
 
 import pytest
 
-from pipelines.card.build import card_libraries, claims_by_id, dump_card_json, render_readme
-from pipelines.card.demo import DEMO_CARD_DIR, demo_card, pin_code_version, run_demo
-from pipelines.card.verify import Report, check_funnel, check_readme
+from longreel.pipelines.card.build import card_libraries, claims_by_id, dump_card_json, render_readme
+from longreel.demo_card import DEMO_CARD_DIR, demo_card, pin_code_version, run_demo
+from longreel.pipelines.card.verify import Report, check_funnel, check_readme
 
 pytestmark = pytest.mark.slow
 
@@ -61,7 +61,7 @@ def test_committed_demo_card_json_and_readme_match_a_rebuild(rebuilt):
 
 
 def test_committed_demo_plots_match_a_rebuild(rebuilt, tmp_path):
-    from pipelines.card.plots import write_plots
+    from longreel.pipelines.card.plots import write_plots
     card, _ = rebuilt
     for path in write_plots(card, str(tmp_path)):
         name = os.path.basename(path)

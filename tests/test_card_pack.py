@@ -9,21 +9,21 @@ import os
 
 import pytest
 
-from pipelines.card.build import build_card, claims_by_id
-from pipelines.card.verify import verify
+from longreel.pipelines.card.build import build_card, claims_by_id
+from longreel.pipelines.card.verify import verify
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory):
-    from pipelines.config import CurateConfig
-    from pipelines.curate import run_curate
-    from pipelines.io.parquet_sink import read_table
-    from pipelines.pack import fixtures
-    from pipelines.pack.config import PackConfig
-    from pipelines.pack.stage import run_pack
-    from pipelines.sample_corpus import demo_items
+    from longreel.pipelines.config import CurateConfig
+    from longreel.pipelines.curate import run_curate
+    from longreel.pipelines.io.parquet_sink import read_table
+    from longreel.testing import pack_tables as fixtures
+    from longreel.pipelines.pack.config import PackConfig
+    from longreel.pipelines.stages.pack import run_pack
+    from longreel.pipelines.sample_corpus import demo_items
 
     run_dir = str(tmp_path_factory.mktemp("packed") / "run")
     run_curate(demo_items(), run_dir, CurateConfig(stages=[]))

@@ -12,11 +12,11 @@ import transformers  # noqa: F401
 
 from safetensors.torch import load_file  # noqa: E402
 
-from schemas.config import load_yaml  # noqa: E402
-from trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint  # noqa: E402
-from trainer.config import TrainConfig  # noqa: E402
-from trainer.logging_utils import read_metrics  # noqa: E402
-from trainer.tiny_model import build_tiny_qwen2vl  # noqa: E402
+from longreel.schemas.config import load_yaml  # noqa: E402
+from longreel.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint  # noqa: E402
+from longreel.trainer.config import TrainConfig  # noqa: E402
+from longreel.trainer.logging_utils import read_metrics  # noqa: E402
+from longreel.testing.tiny_model import build_tiny_qwen2vl  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +48,8 @@ def _assert_bitwise_equal(a: dict, b: dict) -> None:
 
 @pytest.mark.parametrize("stage", ["grpo", "sft"])
 def test_resume_is_exact(tiny, tmp_path, stage):
-    from trainer.grpo import run_grpo
-    from trainer.sft import run_sft
+    from longreel.trainer.grpo import run_grpo
+    from longreel.trainer.sft import run_sft
 
     run = run_grpo if stage == "grpo" else run_sft
     extra = ("grpo.mix_policy=true", "grpo.beta=0.05") if stage == "grpo" else ()
@@ -76,8 +76,8 @@ def test_resume_is_exact(tiny, tmp_path, stage):
 
 
 def test_checkpoint_files_are_pickle_free_and_atomic(tiny, tmp_path):
-    from trainer.policy import load_policy
-    from trainer.runtime import build_optimizer, build_scheduler
+    from longreel.trainer.policy import load_policy
+    from longreel.trainer.runtime import build_optimizer, build_scheduler
 
     cfg = _cfg(tiny, tmp_path)
     model, _ = load_policy(tiny)

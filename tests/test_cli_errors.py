@@ -118,7 +118,7 @@ def test_help_lists_the_exit_codes(capsys):
 
 
 def test_a_full_disk_is_one_line_and_exit_1(tmp_path, video, capsys, monkeypatch):
-    import pipelines.io.parquet_sink as sink
+    import longreel.pipelines.io.parquet_sink as sink
 
     def full(path, table):
         raise OSError(errno.ENOSPC, "No space left on device", path)
@@ -131,7 +131,7 @@ def test_a_full_disk_is_one_line_and_exit_1(tmp_path, video, capsys, monkeypatch
 
 
 def test_an_internal_error_shows_its_traceback(tmp_path, video, capsys, monkeypatch):
-    import pipelines.curate as curate
+    import longreel.pipelines.curate as curate
 
     def bug(*a, **k):
         raise ZeroDivisionError("a bug")

@@ -1,7 +1,7 @@
 import pytest
 
-from pipelines.config import CurateConfig
-from schemas.config import ConfigError, config_hash, describe, load_yaml
+from longreel.pipelines.config import CurateConfig
+from longreel.schemas.config import ConfigError, config_hash, describe, load_yaml
 
 
 def test_defaults_yaml_and_overrides(tmp_path):
@@ -37,7 +37,7 @@ def test_every_field_has_help():
 def test_a_stage_reads_its_section_of_a_whole_pipeline_file(tmp_path):
     """A stage run alone (``longreel caption --config curate.yaml``) takes its section of the curate file and the
     ``caption.``-prefixed overrides; a file of the stage's own shape still works."""
-    from pipelines.caption_config import CaptionConfig
+    from longreel.pipelines.caption_config import CaptionConfig
 
     whole = tmp_path / "curate.yaml"
     whole.write_text("stages: [caption]\ncaption:\n  prompt: mine\n  frames:\n    n: 3\n")

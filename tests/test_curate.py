@@ -10,11 +10,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import run_ffmpeg
-from pipelines.config import CurateConfig
-from pipelines.curate import run_curate
-from pipelines.io.inputs import InputError, expand_inputs
-from pipelines.io.parquet_sink import read_table
-from schemas.config import load_yaml
+from longreel.pipelines.config import CurateConfig
+from longreel.pipelines.curate import run_curate
+from longreel.pipelines.io.inputs import InputError, expand_inputs
+from longreel.pipelines.io.parquet_sink import read_table
+from longreel.schemas.config import load_yaml
 
 
 def curate(inputs, out, overrides=()):

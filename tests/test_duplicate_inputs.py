@@ -2,11 +2,11 @@
 defect 6): three manifest lines, one repeated, are three inputs, and the funnel still adds up."""
 import json
 
-from pipelines.config import CurateConfig
-from pipelines.curate import run_curate
-from pipelines.io.inputs import expand_inputs
-from pipelines.io.parquet_sink import read_table
-from schemas.config import load_yaml
+from longreel.pipelines.config import CurateConfig
+from longreel.pipelines.curate import run_curate
+from longreel.pipelines.io.inputs import expand_inputs
+from longreel.pipelines.io.parquet_sink import read_table
+from longreel.schemas.config import load_yaml
 
 
 def test_a_repeated_manifest_line_is_a_duplicate_input_reject(tmp_path, copy_video):

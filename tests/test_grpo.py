@@ -5,10 +5,10 @@ import pytest
 
 import torch
 
-from trainer import algorithms as A  # noqa: E402
-from trainer.config import OptimConfig, TrainConfig  # noqa: E402
-from trainer.grpo import GroupBatch, grpo_group_loss  # noqa: E402
-from trainer.runtime import ItemStream, lr_factor, rollout_seed  # noqa: E402
+from longreel.trainer import algorithms as A  # noqa: E402
+from longreel.trainer.config import OptimConfig, TrainConfig  # noqa: E402
+from longreel.trainer.grpo import GroupBatch, grpo_group_loss  # noqa: E402
+from longreel.trainer.runtime import ItemStream, lr_factor, rollout_seed  # noqa: E402
 
 
 def _group(g: int, t: int, seed: int, tied: bool = False) -> tuple[GroupBatch, torch.Tensor]:

@@ -16,8 +16,8 @@ import transformers  # noqa: F401
 
 from safetensors.torch import load_file  # noqa: E402
 
-from trainer.logging_utils import read_metrics  # noqa: E402
-from trainer.tiny_model import build_tiny_qwen2vl  # noqa: E402
+from longreel.trainer.logging_utils import read_metrics  # noqa: E402
+from longreel.testing.tiny_model import build_tiny_qwen2vl  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 

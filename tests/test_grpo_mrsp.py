@@ -18,10 +18,10 @@ import transformers  # noqa: F401
 
 from safetensors.torch import load_file  # noqa: E402
 
-from schemas.config import ConfigError, load_yaml  # noqa: E402
-from trainer.config import TrainConfig  # noqa: E402
-from trainer.grpo import grpo_group_loss as _GROUP_LOSS  # noqa: E402  (unpatched, for the spy)
-from trainer.tiny_model import build_tiny_qwen2vl  # noqa: E402
+from longreel.schemas.config import ConfigError, load_yaml  # noqa: E402
+from longreel.trainer.config import TrainConfig  # noqa: E402
+from longreel.trainer.grpo import grpo_group_loss as _GROUP_LOSS  # noqa: E402  (unpatched, for the spy)
+from longreel.testing.tiny_model import build_tiny_qwen2vl  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TOL = 1e-5
@@ -50,8 +50,8 @@ def _cfg(model: str, out: Path, *extra: str) -> TrainConfig:
 
 def _one_step(cfg: TrainConfig, items, monkeypatch):
     """One GRPO step; returns (metrics, per-chunk records of the update's inputs, tower call counts)."""
-    import trainer.grpo as grpo
-    from trainer.mrsp.embed_cache import VisionCallCounter
+    import longreel.trainer.grpo as grpo
+    from longreel.trainer.mrsp.embed_cache import VisionCallCounter
 
     records = []
     real = _GROUP_LOSS
@@ -126,7 +126,7 @@ def test_recompute_and_two_ppo_epochs_match_plain(tiny, items, tmp_path, monkeyp
     outs = {}
     for name, sets in {"deferred": ("mrsp.vision=deferred",), "recompute": ("mrsp.vision=recompute",),
                        "off": ("mrsp.enabled=false",)}.items():
-        from trainer.grpo import run_grpo
+        from longreel.trainer.grpo import run_grpo
 
         run_grpo(_cfg(tiny, tmp_path / name, *common, *sets), items=items)
         outs[name] = load_file(str(tmp_path / name / "final" / "model.safetensors"))
@@ -155,7 +155,7 @@ def test_mrsp_config_validation():
 
 
 def test_sp_size_without_torchrun_is_a_clear_error(tiny, items, tmp_path):
-    from trainer.grpo import GRPOTrainer
+    from longreel.trainer.grpo import GRPOTrainer
 
     with pytest.raises(ValueError, match="sp_size=2 needs torchrun"):
         GRPOTrainer(_cfg(tiny, tmp_path / "x", "mrsp.sp_size=2"), items=items)
@@ -188,7 +188,7 @@ def test_torchrun_sequence_parallel_matches_one_process(tiny, shared_videos, tmp
           "--master_port", str(_free_port()), worker, str(two), str(tmp_path / "g2.safetensors"), *common,
           "mrsp.sp_size=2"])
 
-    from trainer.logging_utils import read_metrics
+    from longreel.trainer.logging_utils import read_metrics
 
     g1, g2 = load_file(str(tmp_path / "g1.safetensors")), load_file(str(tmp_path / "g2.safetensors"))
     assert g1.keys() == g2.keys() and len(g1) > 10
@@ -224,7 +224,7 @@ def test_sp_groups_share_prompts_and_split_the_batch_over_replicas():
     prompts and the replicas together get the global batch once."""
     from types import SimpleNamespace
 
-    from trainer.runtime import DistInfo, ItemStream, TrainSession
+    from longreel.trainer.runtime import DistInfo, ItemStream, TrainSession
 
     items = [{"key": str(i)} for i in range(8)]
     shares = []

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from pipelines.media.decode import DecodedFrames
-from pipelines.pack.frame_cache import FrameCache, FrameParams, load_video_processor
-from pipelines.pack.shards import build_index, index_name, shard_name, write_shard_atomic
-from pipelines.pack.stage import sample_descriptor
-from trainer.data import ShardDataset, ShardError, UnsafeMemberError, processor_inputs, resolve_shards
+from longreel.pipelines.media.decode import DecodedFrames
+from longreel.pipelines.pack.frame_cache import FrameCache, FrameParams, load_video_processor
+from longreel.task.shard_format import build_index, index_name, shard_name, write_shard_atomic
+from longreel.pipelines.stages.pack import sample_descriptor
+from longreel.trainer.data import ShardDataset, ShardError, UnsafeMemberError, processor_inputs, resolve_shards
 
 N_VIDEOS = 6
 QUESTIONS = (1, 2, 3, 2, 1, 3)

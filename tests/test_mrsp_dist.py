@@ -15,7 +15,7 @@ import torch
 import torchvision  # noqa: F401
 import transformers  # noqa: F401
 
-from trainer.tiny_model import build_tiny_qwen2vl  # noqa: E402
+from longreel.testing.tiny_model import build_tiny_qwen2vl  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = REPO / "tests" / "mrsp_dist_worker.py"
@@ -26,7 +26,7 @@ def _inputs(model_dir: str, video: Path, out: Path) -> dict:
     from safetensors.torch import save_file
     from transformers import AutoProcessor
 
-    from pipelines.media.decode import decode_frames, sample_timestamps
+    from longreel.pipelines.media.decode import decode_frames, sample_timestamps
 
     proc = AutoProcessor.from_pretrained(model_dir)
     dec = decode_frames(str(video), sample_timestamps(0.0, 5.0, 8))

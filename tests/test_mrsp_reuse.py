@@ -8,12 +8,12 @@ import torch
 import torchvision  # noqa: F401
 import transformers  # noqa: F401
 
-from trainer.mrsp.embed_cache import StepEmbedCache, VisionCallCounter, encode_video_features  # noqa: E402
-from trainer.mrsp.positions import prompt_positions  # noqa: E402
-from trainer.mrsp.reuse import generate_with_features, response_logprobs, token_logprobs  # noqa: E402
-from trainer.mrsp.sp_prefill import prefill_logprobs  # noqa: E402
-from trainer.mrsp.vision_shard import plan_temporal_shards, sharded_video_features  # noqa: E402
-from trainer.tiny_model import build_tiny_qwen2vl  # noqa: E402
+from longreel.trainer.mrsp.embed_cache import StepEmbedCache, VisionCallCounter, encode_video_features  # noqa: E402
+from longreel.trainer.positions import prompt_positions  # noqa: E402
+from longreel.trainer.mrsp.reuse import generate_with_features, response_logprobs, token_logprobs  # noqa: E402
+from longreel.trainer.mrsp.sp_prefill import prefill_logprobs  # noqa: E402
+from longreel.trainer.mrsp.vision_shard import plan_temporal_shards, sharded_video_features  # noqa: E402
+from longreel.testing.tiny_model import build_tiny_qwen2vl  # noqa: E402
 
 TOL = 1e-5
 G = 4
@@ -227,10 +227,10 @@ def test_sharded_encoder_single_process_is_the_plain_encode(setup):
 
 
 def test_cache_plugs_into_the_trainers_policy_functions(setup):
-    """trainer.policy.sequence_logprobs fed StepEmbedCache features: same values, and in deferred mode the
+    """longreel.trainer.policy.sequence_logprobs fed StepEmbedCache features: same values, and in deferred mode the
     vision gradients arrive through backward_vision() with one tower pass for the whole step."""
-    from trainer.mrsp.reuse import policy_video_embeds
-    from trainer.policy import PromptInputs, sequence_logprobs
+    from longreel.trainer.mrsp.reuse import policy_video_embeds
+    from longreel.trainer.policy import PromptInputs, sequence_logprobs
 
     model, enc, resp, mask, weights = setup
     prompt = PromptInputs("k", enc["input_ids"], enc["attention_mask"], enc["pixel_values_videos"],

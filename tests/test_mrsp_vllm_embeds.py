@@ -9,7 +9,7 @@ import pytest
 
 import torch
 
-from trainer.mrsp.vllm_embeds import embeds_request, video_embeds_item  # noqa: E402
+from longreel.trainer.mrsp.vllm_embeds import embeds_request, video_embeds_item  # noqa: E402
 
 
 def test_item_carries_embeds_and_grid_on_cpu():

@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from pipelines.media.decode import decode_frames, decode_in_worker
-from pipelines.media.worker import IsolatedWorker
-from pipelines.pack.frame_cache import (FrameCache, FrameParams, effective_max_pixels, load_video_processor,
+from longreel.pipelines.media.decode import decode_frames, decode_in_worker
+from longreel.pipelines.media.worker import IsolatedWorker
+from longreel.pipelines.pack.frame_cache import (FrameCache, FrameParams, effective_max_pixels, load_video_processor,
                                         processor_resize)
-from pipelines.pack.fixtures import video_rows
+from longreel.testing.pack_tables import video_rows
 
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from trainer.tiny_model import build_tiny_qwen2vl
+    from longreel.testing.tiny_model import build_tiny_qwen2vl
     return build_tiny_qwen2vl(tmp_path_factory.mktemp("tiny") / "qwen2vl")
 
 

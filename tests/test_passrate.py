@@ -9,12 +9,12 @@ import os
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.filter_config import FilterConfig
-from pipelines.io.parquet_sink import read_table
-from pipelines.stages.passrate import (finish_filter_stats, keep_decision, label_for, sample_passes, split_for,
+from longreel.pipelines.filter_config import FilterConfig
+from longreel.pipelines.io.parquet_sink import read_table
+from longreel.pipelines.stages.passrate import (finish_filter_stats, keep_decision, label_for, sample_passes, split_for,
                                        split_unit)
-from schemas import KINDS, reject, to_table
-from schemas.config import ConfigError, load_yaml
+from longreel.schemas import KINDS, reject, to_table
+from longreel.schemas.config import ConfigError, load_yaml
 
 # ------------------------------------------------------------------------------------------------------------
 # fixtures shared with test_passrate_tiny.py: real video rows and valid QRA rows built here
@@ -22,7 +22,7 @@ from schemas.config import ConfigError, load_yaml
 
 
 def video_row(path) -> dict:
-    from pipelines.media.probe import probe_file
+    from longreel.pipelines.media.probe import probe_file
 
     data = open(path, "rb").read()
     sha = hashlib.sha256(data).hexdigest()
@@ -74,11 +74,11 @@ def test_labels_and_pass_rule():
     ("band", 1, 0.124, "out_of_band"), ("band", 7, 0.9, "out_of_band"),
 ])
 def test_keep_decision(policy, n, mean, expected):
-    assert keep_decision(n, 8, mean, FilterConfig(backend="scripted", policy=policy)) == expected
+    assert keep_decision(n, 8, mean, FilterConfig(model="m", policy=policy)) == expected
 
 
 def test_hash_split_is_deterministic_and_has_the_stated_fraction():
-    cfg = FilterConfig(backend="scripted")
+    cfg = FilterConfig(model="m")
     ids = [f"q{i:05d}" for i in range(6000)]
     splits = [split_for(i, 3, 8, cfg) for i in ids]
     assert splits == [split_for(i, 5, 8, cfg) for i in ids]  # independent of the pass count
@@ -87,14 +87,14 @@ def test_hash_split_is_deterministic_and_has_the_stated_fraction():
     assert all(0 <= split_unit(i) < 1 for i in ids[:100])
     # a question's split depends on its id and the salt only, not on the others
     assert split_for("q00042", 3, 8, cfg) == splits[42]
-    salted = FilterConfig(backend="scripted", split_seed=7)
+    salted = FilterConfig(model="m", split_seed=7)
     assert [split_for(i, 3, 8, salted) for i in ids] != splits
-    assert {split_for(i, 3, 8, FilterConfig(backend="scripted", sft_fraction=0.0)) for i in ids[:200]} == {"rl"}
-    assert {split_for(i, 3, 8, FilterConfig(backend="scripted", sft_fraction=1.0)) for i in ids[:200]} == {"sft"}
+    assert {split_for(i, 3, 8, FilterConfig(model="m", sft_fraction=0.0)) for i in ids[:200]} == {"rl"}
+    assert {split_for(i, 3, 8, FilterConfig(model="m", sft_fraction=1.0)) for i in ids[:200]} == {"sft"}
 
 
 def test_pass_rate_split_rule():
-    cfg = FilterConfig(backend="scripted", split_rule="pass_rate", sft_min_pass_rate=0.5)
+    cfg = FilterConfig(model="m", split_rule="pass_rate", sft_min_pass_rate=0.5)
     assert [split_for("q", n, 8, cfg) for n in (1, 3, 4, 7)] == ["rl", "rl", "sft", "sft"]
 
 
@@ -102,12 +102,12 @@ def test_config_validation():
     with pytest.raises(ConfigError):
         load_yaml(FilterConfig, None, ["backend=transformers"])  # no model
     with pytest.raises(ConfigError):
-        load_yaml(FilterConfig, None, ["backend=scripted", "temperature=0"])
+        load_yaml(FilterConfig, None, ["model=m", "temperature=0"])
     with pytest.raises(ConfigError):
-        load_yaml(FilterConfig, None, ["backend=scripted", "band_min=0.9", "band_max=0.1"])
-    with pytest.raises(ConfigError):
-        load_yaml(FilterConfig, None, ["backend=scripted", "scripted_correct={q: 9}"])
-    cfg = load_yaml(FilterConfig, None, ["backend=scripted", "k=4", "policy=band"])
+        load_yaml(FilterConfig, None, ["model=m", "band_min=0.9", "band_max=0.1"])
+    with pytest.raises(ConfigError):  # the test double is not a backend a config can name
+        load_yaml(FilterConfig, None, ["model=m", "backend=scripted"])
+    cfg = load_yaml(FilterConfig, None, ["model=m", "k=4", "policy=band"])
     assert (cfg.k, cfg.policy, cfg.sft_fraction) == (4, "band", 36 / 104)
 
 
@@ -173,13 +173,15 @@ def curated_dir(tmp_path_factory, shared_videos):
 
 
 def scripted_cfg(**kw) -> FilterConfig:
-    return FilterConfig(backend="scripted", k=8, n_frames=4, scripted_correct=dict(SCRIPT), **kw)
+    return FilterConfig(model="scripted", k=8, n_frames=4, **kw)
 
 
-def run(out, cfg):
-    from pipelines.cli_filter import run_filter
+def run(out, cfg, script=SCRIPT):
+    """The filter on ``out`` with the answerer of known correctness (``script``: qra_id -> right samples of k)."""
+    from longreel.pipelines.cli_filter import run_filter
+    from longreel.testing.answerers import ScriptedAnswerer
 
-    return run_filter(str(out), cfg)
+    return run_filter(str(out), cfg, handler=ScriptedAnswerer(cfg, dict(script)))
 
 
 def test_scripted_filter_labels_splits_rejects_and_funnel(curated_dir):
@@ -261,11 +263,14 @@ def test_scripted_filter_band_policy(curated_dir, tmp_path):
 def test_scripted_answerer_known_correctness_whatever_the_answer_form():
     import numpy as np
 
-    from pipelines.passrate.answerers import Loaded, ScriptedAnswererHandler, question_seed
-    from trainer.rewards import score
+    from longreel.pipelines.passrate.answerers import Loaded, question_seed
+    from longreel.testing.answerers import ScriptedAnswerer
+    from longreel.task.rewards import score
 
-    cfg = FilterConfig(backend="scripted", k=8, scripted_correct={"q-text": 3, "q-open": 5})
-    handler = ScriptedAnswererHandler(cfg)
+    cfg = FilterConfig(model="scripted", k=8)
+    handler = ScriptedAnswerer(cfg, {"q-text": 3, "q-open": 5})
+    with pytest.raises(ValueError):  # a count outside [0, k]
+        ScriptedAnswerer(cfg, {"q-text": 9})
     frames = np.zeros((2, 28, 28, 3), np.uint8)
     opts = ["It moves left", "It moves right", "It stops", "It turns around"]
     cases = [({"qra_id": "q-text", "problem_type": "multiple_choice", "answer": "It stops", "options": opts}, 3),
@@ -280,23 +285,28 @@ def test_scripted_answerer_known_correctness_whatever_the_answer_form():
         handler.answer(Loaded(), {"qra": cases[0][0], "frames": None, "seed": 1})
 
 
-def test_longreel_filter_command(curated_dir, tmp_path, capsys):
+def test_longreel_filter_command(curated_dir, tmp_path, capsys, monkeypatch):
     import shutil
 
+    import longreel.pipelines.stages.passrate as stage
     from longreel.cli import main
+    from longreel.testing.answerers import ScriptedAnswerer
 
+    # the command builds its answerer from the config; here the stand-in of known correctness (2 of k right)
+    monkeypatch.setattr(stage, "make_handler", lambda cfg: ScriptedAnswerer(cfg, default=2))
     out = tmp_path / "cli"
     shutil.copytree(curated_dir, out)
-    rc = main(["filter", "--out", str(out), "--backend", "scripted", "--set", "k=4", "--set", "n_frames=2",
-               "--set", "scripted_default=2"])
+    rc = main(["filter", "--out", str(out), "--model", "scripted", "--set", "k=4", "--set", "n_frames=2"])
     assert rc == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["pass_count_histogram"] == [0, 0, 7, 0, 0] and summary["kept"] == 7 and summary["balanced"]
     assert summary["failed_by_reason"] == {"invalid_reference": 1, "not_a_video": 1, "video_missing": 1}
     assert "k: 4" in (out / "filter_config.yaml").read_text()
     assert {r["k"] for r in rows_by_id(out, "pass_rate", "qra_id").values()} == {4}
-    assert main(["filter", "--out", str(tmp_path / "empty"), "--backend", "scripted"]) == 2  # no tables there
-    assert main(["filter", "--out", str(out), "--set", "k=0", "--backend", "scripted"]) == 2  # bad config
+    assert main(["filter", "--out", str(tmp_path / "empty"), "--model", "scripted"]) == 2  # no tables there
+    assert main(["filter", "--out", str(out), "--set", "k=0", "--model", "scripted"]) == 2  # bad config
+    assert main(["filter", "--out", str(out)]) == 2  # no model
+    assert "needs model" in capsys.readouterr().err
     assert main(["filter", "--show-config"]) == 0
     assert "sft_fraction" in capsys.readouterr().out
 
@@ -305,7 +315,7 @@ def test_frames_from_the_pack_frame_cache(curated_dir, tmp_path):
     """frame_source cache: the answerer gets the pack stage's cached frames (built once, reused on a re-run)."""
     import shutil
 
-    from pipelines.pack.frame_cache import FrameCache, FrameParams, load_video_processor
+    from longreel.pipelines.pack.frame_cache import FrameCache, FrameParams, load_video_processor
 
     out = tmp_path / "cache-run"
     shutil.copytree(curated_dir, out)

@@ -11,12 +11,12 @@ import torch  # noqa: F401
 import torchvision  # noqa: F401
 import transformers  # noqa: F401
 
-from pipelines.filter_config import FilterConfig  # noqa: E402
-from pipelines.passrate.answerers import (Loaded, TransformersAnswererHandler, question_seed,  # noqa: E402
-                                         weights_sha256)
+from longreel.pipelines.filter_config import FilterConfig  # noqa: E402
+from longreel.pipelines.inference.base import weights_revision  # noqa: E402
+from longreel.pipelines.passrate.answerers import Loaded, TransformersAnswererHandler, question_seed  # noqa: E402
 from test_passrate import qra_row, rows_by_id, video_row, write_table  # noqa: E402
-from trainer.prompting import SYSTEM_PROMPT, build_messages  # noqa: E402
-from trainer.tiny_model import build_tiny_qwen2vl  # noqa: E402
+from longreel.task.prompting import SYSTEM_PROMPT, build_messages  # noqa: E402
+from longreel.testing.tiny_model import build_tiny_qwen2vl  # noqa: E402
 
 K = 8
 
@@ -45,7 +45,7 @@ def curated(tmp_path_factory, shared_videos):
 
 
 def _run(curated, tmp_path, name, cfg):
-    from pipelines.cli_filter import run_filter
+    from longreel.pipelines.cli_filter import run_filter
 
     out = tmp_path / name
     shutil.copytree(curated, out)
@@ -67,7 +67,7 @@ def test_tiny_vlm_filter_is_reproducible_with_a_seed(curated, tiny_dir, tmp_path
                                                                         b[q]["label"])
         # the k samples are k draws, not one answer repeated
         assert len(set(a[q]["completions"])) > 1
-        assert a[q]["answerer_revision"] == weights_sha256(tiny_dir) and a[q]["backend"] == "transformers"
+        assert a[q]["answerer_revision"] == weights_revision(tiny_dir) and a[q]["backend"] == "transformers"
     assert doc_a["passrate"]["pass_count_histogram"] == doc_b["passrate"]["pass_count_histogram"]
     assert doc_a["passrate"]["balanced"] and sum(doc_a["passrate"]["pass_count_histogram"]) == 3
 
@@ -78,7 +78,7 @@ def test_tiny_vlm_filter_is_reproducible_with_a_seed(curated, tiny_dir, tmp_path
 
 
 def test_one_generate_call_encodes_the_video_once(tiny_dir, shared_videos):
-    from pipelines.media.decode import decode_frames, sample_timestamps
+    from longreel.pipelines.media.decode import decode_frames, sample_timestamps
 
     handler = TransformersAnswererHandler(tiny_cfg(tiny_dir))
     model, processor = handler.load_model()
@@ -116,11 +116,11 @@ def test_curate_with_filter_and_pack_lists_each_dropped_question_once(tiny_dir, 
     ends (pack_select in == passrate out), and a question the filter rejected is not rejected again by the pack."""
     from collections import Counter
 
-    from pipelines.config import CurateConfig
-    from pipelines.curate import run_curate
-    from pipelines.io.inputs import expand_inputs
-    from pipelines.io.parquet_sink import read_table
-    from schemas.config import load_yaml
+    from longreel.pipelines.config import CurateConfig
+    from longreel.pipelines.curate import run_curate
+    from longreel.pipelines.io.inputs import expand_inputs
+    from longreel.pipelines.io.parquet_sink import read_table
+    from longreel.schemas.config import load_yaml
 
     src = tmp_path / "in"
     src.mkdir()

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from trainer import prompting
-from trainer.prompting import (ANSWER_INSTRUCTIONS, SYSTEM_PROMPT, build_messages, format_options, messages_for_qra,
+from longreel.task import prompting
+from longreel.task.prompting import (ANSWER_INSTRUCTIONS, SYSTEM_PROMPT, build_messages, format_options, messages_for_qra,
                                prompt_hash, question_text, render_prompt)
-from trainer.rewards import registered_types, score
+from longreel.task.rewards import registered_types, score
 
 
 def test_messages_layout():
@@ -81,7 +81,7 @@ def test_rendered_with_the_models_chat_template(tmp_path):
     import transformers  # noqa: F401
     from transformers import AutoProcessor
 
-    from trainer.tiny_model import build_tiny_qwen2vl
+    from longreel.testing.tiny_model import build_tiny_qwen2vl
 
     proc = AutoProcessor.from_pretrained(build_tiny_qwen2vl(tmp_path / "tiny"))
     text = render_prompt(proc, build_messages("Which way?", ["left", "right"]))
@@ -101,6 +101,6 @@ def test_qra_row_without_problem_type():
 
 def test_the_trainer_uses_this_prompt():
     import torch  # noqa: F401
-    import trainer.policy as policy
+    import longreel.trainer.policy as policy
     item = {"question": "Which way?", "options": ["left", "right"], "problem_type": "multiple_choice"}
     assert policy.prompt_messages(item) == build_messages("Which way?", ["left", "right"])

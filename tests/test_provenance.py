@@ -5,7 +5,7 @@ import subprocess
 import pytest
 
 import longreel
-from pipelines.provenance import code_version
+from longreel.pipelines.provenance import code_version
 
 
 def _git(repo, *args) -> str:

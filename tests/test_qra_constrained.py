@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from pipelines.qra.constrained import Matcher, TokenMasker, UnsupportedSchema, compile_schema
-from pipelines.qra.json_schema import check_instance, generation_schema, refinement_schema
+from longreel.pipelines.inference.constrained import Matcher, TokenMasker, UnsupportedSchema, compile_schema
+from longreel.pipelines.qra.json_schema import check_instance, generation_schema, refinement_schema
 
 MC = {"question": "Which comes first?", "problem_type": "multiple_choice", "options": ["a", "b", "c", "d"],
       "reasoning": "At [00:10-00:20] x. So the answer is B.", "answer": "B"}

@@ -1,10 +1,10 @@
 """Per-video caption context: rendering, ordering, and the long-video fallback on Big Buck Bunny (60 clips)."""
 import pytest
 
-from pipelines.qra.context import ContextError, caption_line, fmt_ts, order_captions, plan_context
-from pipelines.qra.generate import TokenCounter, VideoQRAWriter
-from pipelines.qra_config import QRAConfig
-from pipelines.stages.segment import plan_clips
+from longreel.pipelines.qra.context import ContextError, caption_line, fmt_ts, order_captions, plan_context
+from longreel.pipelines.qra.generate import TokenCounter, VideoQRAWriter
+from longreel.pipelines.qra_config import QRAConfig
+from longreel.pipelines.stages.segment import plan_clips
 
 
 def test_timestamps_and_lines():
@@ -27,7 +27,7 @@ def test_no_captions_is_a_reject_reason():
 @pytest.fixture(scope="module")
 def bbb_captions(shared_videos):
     """Captions of the 60 clips of the full 10-minute Big Buck Bunny, synthesized from its real clip ranges."""
-    from pipelines.media.probe import probe_file
+    from longreel.pipelines.media.probe import probe_file
 
     info = probe_file(str(shared_videos / "moviepy__bbb_full.mp4"))
     clips, _ = plan_clips(info["duration_s"], info.get("fps_avg") or 24.0)
@@ -102,7 +102,7 @@ def test_bbb_windowed_generation_questions_stay_inside_their_window(bbb_captions
     n_windows = counts[("qra_context", "windows")]
     assert n_windows > 1 and counts[("qra_context", "windowed_videos")] == 1
     assert rows
-    from pipelines.qra.validate import time_refs_s
+    from longreel.pipelines.qra.validate import time_refs_s
     import json
     used = set()
     for r in rows:
@@ -122,8 +122,8 @@ def test_bbb_windowed_generation_questions_stay_inside_their_window(bbb_captions
 def test_default_token_counter_falls_back_to_bytes_with_a_warning(monkeypatch, caplog):
     """A missing optional reader (e.g. the `gguf` package transformers needs for SmolLM2's GGUF) must not take
     the run down: the default counter falls back to UTF-8 bytes and says so."""
-    import pipelines.qra.generate as generate
-    from pipelines.stages.qra import build_counter
+    import longreel.pipelines.qra.generate as generate
+    from longreel.pipelines.stages.qra import build_counter
 
     real = generate.TokenCounter
 

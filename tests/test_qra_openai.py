@@ -6,9 +6,9 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from pipelines.inference.text_base import TextRequest
-from pipelines.inference.text_openai import OpenAITextBackend
-from pipelines.qra.json_schema import generation_schema
+from longreel.pipelines.inference.text_base import TextRequest
+from longreel.pipelines.inference.text_openai import OpenAITextBackend
+from longreel.pipelines.qra.json_schema import generation_schema
 
 
 @pytest.fixture
@@ -43,7 +43,7 @@ def test_schema_and_sampling_are_sent(server, mode):
     url, bodies, replies = server
     schema = generation_schema(["open_ended"], min_questions=1, max_questions=1)
     replies += [(200, '{"questions": []}'), (400, "bad request")]
-    b = OpenAITextBackend(url, "served-model", guided_mode=mode, max_retries=0)
+    b = OpenAITextBackend(url, "served-model", guided_mode=mode, max_retries=0, concurrency=1)  # replies in order
     msgs = [{"role": "system", "content": "sys"}, {"role": "user", "content": "write"}]
     res = b.generate([TextRequest(messages=msgs, schema=schema, seed=7, temperature=0.5, top_p=0.9,
                                   repetition_penalty=1.1, max_new_tokens=50),
@@ -61,3 +61,46 @@ def test_schema_and_sampling_are_sent(server, mode):
     else:
         assert body["guided_json"] == schema and body["structured_outputs"] == {"json": schema}
     assert "response_format" not in bodies[1][1] and "guided_json" not in bodies[1][1]
+
+
+def test_a_videos_requests_are_in_flight_together_up_to_the_limit():
+    """The backend is handed all of a video's calls: they overlap, at most ``concurrency`` at a time (the server
+    holds each request until `concurrency` of them have arrived, or 10 s; it counts how many it held at once)."""
+    from http.server import ThreadingHTTPServer
+
+    limit, n = 3, 7
+    state = {"now": 0, "most": 0}
+    lock = threading.Condition()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            with lock:
+                state["now"] += 1
+                state["most"] = max(state["most"], state["now"])
+                lock.notify_all()
+                lock.wait_for(lambda: state["now"] >= limit or state["most"] >= limit, timeout=10)
+            payload = json.dumps({"choices": [{"message": {"content": str(body["seed"])},
+                                               "finish_reason": "stop"}]}).encode()
+            with lock:
+                state["now"] -= 1
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *a):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        b = OpenAITextBackend(f"http://127.0.0.1:{httpd.server_address[1]}/v1", "m", concurrency=limit, max_retries=0)
+        msgs = [{"role": "user", "content": "write"}]
+        res = b.generate([TextRequest(messages=msgs, schema=None, seed=s) for s in range(n)])
+        b.close()
+    finally:
+        httpd.shutdown()
+    assert [r.text for r in res] == [str(s) for s in range(n)]  # each answer back in its request's place
+    assert state["most"] == limit  # overlapping, and never more than the limit

@@ -18,10 +18,10 @@ VIDEO = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture(scope="module")
 def captioned(tmp_path_factory):
-    from pipelines.caption_config import CaptionConfig
-    from pipelines.cli_caption import run_caption
-    from pipelines.config import CurateConfig
-    from pipelines.curate import run_curate
+    from longreel.pipelines.caption_config import CaptionConfig
+    from longreel.pipelines.cli_caption import run_caption
+    from longreel.pipelines.config import CurateConfig
+    from longreel.pipelines.curate import run_curate
 
     out = str(tmp_path_factory.mktemp("qra_smollm2") / "run")
     run_curate([{"uri": VIDEO, "license": "LPPL-1.3c", "attribution": "mwe example-movie"}], out, CurateConfig(stages=[]))
@@ -30,13 +30,13 @@ def captioned(tmp_path_factory):
 
 
 def test_smollm2_constrained_generation_parses_and_balances(captioned):
-    from pipelines.inference.text_transformers import TransformersTextBackend
-    from pipelines.io.parquet_sink import read_table
-    from pipelines.qra.json_schema import check_instance, generation_schema
-    from pipelines.qra.parse import extract_json
-    from pipelines.qra_config import QRAConfig
-    from pipelines.cli_qra import run_qra
-    from schemas import validate_row
+    from longreel.pipelines.inference.text_transformers import TransformersTextBackend
+    from longreel.pipelines.io.parquet_sink import read_table
+    from longreel.pipelines.qra.json_schema import check_instance, generation_schema
+    from longreel.pipelines.qra.parse import extract_json
+    from longreel.pipelines.qra_config import QRAConfig
+    from longreel.pipelines.cli_qra import run_qra
+    from longreel.schemas import validate_row
 
     captions = read_table(captioned, "captions").to_pylist()
     assert len(captions) >= 5 and all(c["backend"] == "facts" for c in captions)

@@ -7,15 +7,15 @@ import random
 import apache_beam as beam
 import pytest
 
-from pipelines.inference.text_base import TextBackend, TextResult
-from pipelines.io.parquet_sink import WriteSortedParquet, read_table
-from pipelines.qra.generate import VideoQRAWriter
-from pipelines.qra_config import QRAConfig
-from pipelines.runner import make_pipeline
-from pipelines.stages.qra import add_qra_stage
-from pipelines.stats import WriteStats, read_json
-from schemas import KINDS, to_table
-from schemas.records import CATEGORIES
+from longreel.pipelines.inference.text_base import TextBackend, TextResult
+from longreel.pipelines.io.parquet_sink import WriteSortedParquet, read_table
+from longreel.pipelines.qra.generate import VideoQRAWriter
+from longreel.pipelines.qra_config import QRAConfig
+from longreel.pipelines.runner import make_pipeline
+from longreel.pipelines.stages.qra import add_qra_stage
+from longreel.pipelines.stats import WriteStats, read_json
+from longreel.schemas import KINDS, to_table
+from longreel.schemas.records import CATEGORIES
 
 
 def synth_video(vid: str, n: int, seed: int):
@@ -42,7 +42,7 @@ def synth_video(vid: str, n: int, seed: int):
 def write_tables(out, rows_by_table):
     import os
     os.makedirs(out, exist_ok=True)
-    from pipelines.io.parquet_sink import shard_name, write_parquet_atomic
+    from longreel.pipelines.io.parquet_sink import shard_name, write_parquet_atomic
     for table, (kind, rows) in rows_by_table.items():
         write_parquet_atomic(shard_name(str(out), table, 0, 1), to_table(KINDS[kind], rows))
 

@@ -5,11 +5,11 @@ import re
 
 import pytest
 
-from pipelines.qra.context import fmt_span
-from pipelines.qra.targets import OPTION_LETTERS
-from pipelines.qra.template_generator import template_questions
-from pipelines.qra.validate import validate_item
-from schemas.records import CATEGORIES
+from longreel.pipelines.qra.context import fmt_span
+from longreel.pipelines.qra.targets import OPTION_LETTERS
+from longreel.pipelines.qra.template_generator import template_questions
+from longreel.pipelines.qra.validate import validate_item
+from longreel.schemas.records import CATEGORIES
 
 COLORS = ["green", "blue", "grey", "white", "black", "red"]
 
@@ -102,7 +102,7 @@ def test_answers_are_correct_by_construction_and_valid():
                 kept, reason, msg = validate_item(item, category=cat, video_span_s=duration, seen_questions=seen)
                 assert reason is None, (item, reason, msg)
                 assert kept["answer"] == item["answer"]
-                from pipelines.qra.targets import normalize_question
+                from longreel.pipelines.qra.targets import normalize_question
                 seen.add(normalize_question(item["question"]))
     # every kind of question was produced and checked at least once
     assert kinds == {"first_scene", "scene_before", "cuts_between", "first_cut", "most_motion", "brightest",

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from pipelines.qra.json_schema import (GENERATION_SCHEMA, SCHEMA_KEYWORDS, check_instance, generation_schema,
+from longreel.pipelines.qra.json_schema import (GENERATION_SCHEMA, SCHEMA_KEYWORDS, check_instance, generation_schema,
                                        refinement_schema, schema_json, schema_keywords)
-from pipelines.qra.parse import ParseError, extract_json, parse_generation, strip_think
-from pipelines.qra.targets import make_target, normalize_question, problem_type_of, qra_id
-from pipelines.qra.validate import REASONS, concluded_letter, has_time_ref, validate_generation, validate_item
+from longreel.pipelines.qra.parse import ParseError, extract_json, parse_generation, strip_think
+from longreel.pipelines.qra.targets import make_target, normalize_question, problem_type_of, qra_id
+from longreel.pipelines.qra.validate import REASONS, concluded_letter, has_time_ref, validate_generation, validate_item
 
 SPAN = 120.0
 

@@ -28,13 +28,13 @@ def _captions(n=6):
 
 
 def test_vllm_cpu_generates_schema_valid_qras(tmp_path):
-    from pipelines.inference.text_models import dequantize_to_dir
-    from pipelines.inference.text_vllm import VLLMTextBackend
-    from pipelines.qra.generate import VideoQRAWriter
-    from pipelines.qra.json_schema import check_instance, generation_schema
-    from pipelines.qra.parse import extract_json
-    from pipelines.qra_config import QRAConfig
-    from schemas import validate_row
+    from longreel.pipelines.inference.text_models import dequantize_to_dir
+    from longreel.pipelines.inference.text_vllm import VLLMTextBackend
+    from longreel.pipelines.qra.generate import VideoQRAWriter
+    from longreel.pipelines.qra.json_schema import check_instance, generation_schema
+    from longreel.pipelines.qra.parse import extract_json
+    from longreel.pipelines.qra_config import QRAConfig
+    from longreel.schemas import validate_row
 
     model_dir = dequantize_to_dir("smollm2", str(tmp_path / "smollm2-f32"))
     backend = VLLMTextBackend(model_dir, dtype="float32", max_model_len=4096, gpu_memory_utilization=None,

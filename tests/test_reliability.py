@@ -137,7 +137,7 @@ def _truncated_moov_at_end(c: Ctx):
 
 
 def _truncated_faststart(c: Ctx):
-    from pipelines.media.ffmpeg_bin import ffmpeg_exe
+    from longreel.pipelines.media.ffmpeg_bin import ffmpeg_exe
     fast = c.tmp / "faststart.mp4"
     subprocess.run([ffmpeg_exe(), "-nostdin", "-loglevel", "error", "-y", "-i", str(c.shared_videos / "opencv__cup.mp4"),
                     "-c", "copy", "-movflags", "+faststart", str(fast)], check=True)
@@ -208,7 +208,7 @@ def _out_below_a_file(c: Ctx):
 
 
 def _held_by_another_run(c: Ctx):
-    from pipelines.io.run_dir import RunLock
+    from longreel.pipelines.io.run_dir import RunLock
     c.copy_finished_run()
     c.stack.enter_context(RunLock(str(c.out), "longreel curate (the other run)"))
     return c.curate(c.finished_run.parent / "in" / BIKES)
@@ -255,10 +255,10 @@ def _enospc(target: str):
         def full(path, *a, **k):
             raise OSError(errno.ENOSPC, "No space left on device", path)
         if target == "parquet":
-            import pipelines.io.parquet_sink as sink
+            import longreel.pipelines.io.parquet_sink as sink
             c.monkeypatch.setattr(sink, "write_parquet_atomic", full)
         else:
-            import pipelines.stats as stats
+            import longreel.pipelines.stats as stats
             c.monkeypatch.setattr(stats, "write_json", full)
         return c.curate(c.video())
     return build
@@ -383,7 +383,7 @@ def finished_run(tmp_path_factory, shared_videos) -> Path:
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_bad_input_or_fault(case: Case, tmp_path, shared_videos, finished_run, monkeypatch, capsys, caplog):
-    from pipelines.io.parquet_sink import read_table
+    from longreel.pipelines.io.parquet_sink import read_table
 
     with contextlib.ExitStack() as stack:
         ctx = Ctx(tmp_path, shared_videos, finished_run, monkeypatch, stack)
@@ -443,7 +443,7 @@ def _files(out: Path) -> dict[str, bytes]:
 
 
 def _same_outputs(ref: dict[str, bytes], got: dict[str, bytes], what: str) -> None:
-    from pipelines.stats import NONDETERMINISTIC_KEYS
+    from longreel.pipelines.stats import NONDETERMINISTIC_KEYS
     assert sorted(got) == sorted(ref), f"{what}: files differ: {sorted(set(got) ^ set(ref))}"
     differ = [p for p in ref if p not in ("stats.json", MARKER) and ref[p] != got[p]]
     assert not differ, f"{what}: differ byte for byte: {differ}"

@@ -5,7 +5,7 @@ into ``a/out``, into ``b/out`` (another directory, another ``PYTHONHASHSEED``) a
 first run's files. Every file is compared byte for byte: every Parquet table (captions included, so a wall-clock
 column coming back fails here), the shards and their index, the frame cache (``.npy`` + metadata), the data card
 (README.md, card.json, the PNG plots) and config.yaml. ``stats.json`` must be equal once its one documented
-non-deterministic key is removed: ``run`` (:data:`pipelines.stats.NONDETERMINISTIC_KEYS`), what the execution did
+non-deterministic key is removed: ``run`` (:data:`longreel.pipelines.stats.NONDETERMINISTIC_KEYS`), what the execution did
 rather than what it produced (the caption model's wall-clock latency, frame-cache hits left by an earlier run). The
 completion marker ``_SUCCESS.json`` lists every file with its sha256, so it must be equal too, except for the digest
 of stats.json (checked against each run's own stats.json).
@@ -25,7 +25,7 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.stats import NONDETERMINISTIC_KEYS, RUN_KEY
+from longreel.pipelines.stats import NONDETERMINISTIC_KEYS, RUN_KEY
 
 pytestmark = pytest.mark.slow
 

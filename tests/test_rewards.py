@@ -13,7 +13,7 @@ from dataclasses import FrozenInstanceError
 
 import pytest
 
-from trainer.rewards import (
+from longreel.task.rewards import (
     InvalidReference,
     RewardResult,
     UnknownProblemType,
@@ -27,7 +27,7 @@ from trainer.rewards import (
     score_batch,
     validate_reference,
 )
-from trainer.rewards.registry import unregister
+from longreel.task.rewards.registry import unregister
 
 
 def W(answer: str, think: str = "Let me look at the video.") -> str:

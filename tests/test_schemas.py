@@ -1,7 +1,7 @@
 import pyarrow as pa
 import pytest
 
-from schemas import KINDS, SCHEMA_VERSION, SchemaError, reject, to_table, validate_row
+from longreel.schemas import KINDS, SCHEMA_VERSION, SchemaError, reject, to_table, validate_row
 
 CLIP = {"clip_id": "abc-00000-1234abcd", "video_id": "abc", "index": 0, "start_s": 0.0, "end_s": 10.0,
         "start_frame": 0, "end_frame": 300, "mode": "virtual", "cut": "none", "clip_uri": None,

@@ -1,6 +1,6 @@
 import pytest
 
-from pipelines.stages.segment import clip_id, plan_clips
+from longreel.pipelines.stages.segment import clip_id, plan_clips
 
 BBB_DURATION = 596.458333  # as probed
 BBB_FPS = 24.0

@@ -9,12 +9,12 @@ import av
 import pytest
 
 from conftest import run_ffmpeg
-from pipelines.config import CurateConfig
-from pipelines.curate import run_curate
-from pipelines.io.inputs import expand_inputs
-from pipelines.io.parquet_sink import read_table
-from pipelines.stages.segment import materialize_clips, plan_clips
-from schemas.config import load_yaml
+from longreel.pipelines.config import CurateConfig
+from longreel.pipelines.curate import run_curate
+from longreel.pipelines.io.inputs import expand_inputs
+from longreel.pipelines.io.parquet_sink import read_table
+from longreel.pipelines.stages.segment import materialize_clips, plan_clips
+from longreel.schemas.config import load_yaml
 
 MODES = [["segment.mode=virtual"], ["segment.mode=materialize", "segment.cut=copy"],
          ["segment.mode=materialize", "segment.cut=exact"]]

@@ -10,13 +10,13 @@ import torch
 import torchvision  # noqa: F401
 import transformers  # noqa: F401
 
-from trainer.mrsp.embed_cache import StepEmbedCache, encode_video_features  # noqa: E402
-from trainer.mrsp.positions import prompt_positions  # noqa: E402
-from trainer.mrsp.reuse import generate_with_features, response_logprobs  # noqa: E402
-from trainer.mrsp.sp_prefill import prefill_logprobs  # noqa: E402
-from trainer.policy import PromptInputs, can_share_prompt, encode_video, sequence_logprobs  # noqa: E402
-from trainer.rollout import SamplingConfig, TransformersEngine  # noqa: E402
-from trainer.tiny_model import build_tiny_qwen2vl  # noqa: E402
+from longreel.trainer.mrsp.embed_cache import StepEmbedCache, encode_video_features  # noqa: E402
+from longreel.trainer.positions import prompt_positions  # noqa: E402
+from longreel.trainer.mrsp.reuse import generate_with_features, response_logprobs  # noqa: E402
+from longreel.trainer.mrsp.sp_prefill import prefill_logprobs  # noqa: E402
+from longreel.trainer.policy import PromptInputs, can_share_prompt, encode_video, sequence_logprobs  # noqa: E402
+from longreel.trainer.rollout import SamplingConfig, TransformersEngine  # noqa: E402
+from longreel.testing.tiny_model import build_tiny_qwen2vl  # noqa: E402
 
 TOL = 1e-5
 LENGTHS = [11, 6, 9, 1]  # right-padded responses of different lengths, one of a single token
@@ -242,7 +242,7 @@ def test_generate_with_features_shared_prefix_same_tokens_and_step_logits(setup)
 def test_text_only_prompt_after_a_video_prompt(setup):
     """A prompt without video sets no rope_deltas in its prefill: the previous (video) prompt's must not leak
     into the new tokens' positions."""
-    from trainer.rollout import generate_shared_prefix
+    from longreel.trainer.rollout import generate_shared_prefix
 
     _, model, prompt, *_ = setup
     with torch.no_grad():

@@ -1,4 +1,4 @@
-from pipelines.stats import build_stats, merge_stats
+from longreel.pipelines.stats import build_stats, merge_stats
 
 
 def test_merge_keeps_stages_listed_only_for_order():
@@ -29,7 +29,7 @@ def test_build_stats_balances_and_orders():
 
 
 def test_run_pairs_go_to_the_run_key_never_into_the_funnel():
-    from pipelines.stats import NONDETERMINISTIC_KEYS, RUN_KEY, run_count
+    from longreel.pipelines.stats import NONDETERMINISTIC_KEYS, RUN_KEY, run_count
     assert NONDETERMINISTIC_KEYS == (RUN_KEY,) == ("run",)
     funnel = [(("caption", "in"), 2), (("caption", "out"), 2), (("frame_cache", "in"), 1), (("frame_cache", "out"), 1)]
     plain = build_stats(funnel, ["caption", "frame_cache"], {}, {})

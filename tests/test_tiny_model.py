@@ -13,7 +13,7 @@ import torch
 import torchvision  # noqa: F401
 import transformers
 
-from trainer.tiny_model import (  # noqa: E402
+from longreel.testing.tiny_model import (  # noqa: E402
     MARKER_FILE,
     REASONING_TOKENS,
     SPECIAL_TOKENS,

@@ -10,13 +10,13 @@ import torch
 import torchvision  # noqa: F401
 import transformers  # noqa: F401
 
-from schemas.config import ConfigError, describe, load_yaml  # noqa: E402
-from trainer.config import TrainConfig  # noqa: E402
-from trainer.policy import (VideoEmbeds, VideoTokenMismatch, encode_prompt, encode_video, load_policy,  # noqa: E402
+from longreel.schemas.config import ConfigError, describe, load_yaml  # noqa: E402
+from longreel.trainer.config import TrainConfig  # noqa: E402
+from longreel.trainer.policy import (VideoEmbeds, VideoTokenMismatch, encode_prompt, encode_video, load_policy,  # noqa: E402
                             sequence_logprobs, sft_inputs, video_token_id)
-from trainer.rollout import SamplingConfig, TransformersEngine, vision_token_ids  # noqa: E402
-from trainer.synthetic_task import KINDS, make_item, make_items  # noqa: E402
-from trainer.tiny_model import build_tiny_qwen2vl  # noqa: E402
+from longreel.trainer.rollout import SamplingConfig, TransformersEngine, vision_token_ids  # noqa: E402
+from longreel.trainer.synthetic_task import KINDS, make_item, make_items  # noqa: E402
+from longreel.testing.tiny_model import build_tiny_qwen2vl  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def _prompt(policy, item):
 
 
 def test_synthetic_items_are_deterministic_and_verifiable():
-    from trainer.rewards import score
+    from longreel.task.rewards import score
 
     a, b = make_item(3, seed=5, kinds=KINDS), make_item(3, seed=5, kinds=KINDS)
     assert torch.equal(a["frames"], b["frames"]) and a["question"] == b["question"]
@@ -43,7 +43,7 @@ def test_synthetic_items_are_deterministic_and_verifiable():
         assert item["video_metadata"]["total_num_frames"] == 4
         assert score(item["target"], item["problem_type"], item["answer"], item["options"]).reward == 1.0
     # the colour kind's answer is readable from the pixels: the ball's mean colour is closest to the answer's
-    from trainer.synthetic_task import COLOURS
+    from longreel.trainer.synthetic_task import COLOURS
 
     for item in make_items(8, seed=2, kinds=("colour",)):
         f = item["frames"].float()
@@ -134,8 +134,8 @@ def test_sft_loss_is_on_response_tokens_only(policy):
 
 
 def test_evaluate_reports_per_category_and_skips_bad_items(policy):
-    from trainer.eval import evaluate
-    from trainer.rewards import score
+    from longreel.trainer.eval import evaluate
+    from longreel.task.rewards import score
 
     model, processor = policy
     items = make_items(4, seed=3, kinds=("colour", "count"))
@@ -164,7 +164,7 @@ def test_config_help_validation_and_overrides(tmp_path):
 
 
 def test_plot_draws_png(tmp_path):
-    from trainer.plot import plot_metrics
+    from longreel.trainer.plot import plot_metrics
 
     run = tmp_path / "run"
     run.mkdir()
@@ -181,9 +181,9 @@ def test_plot_draws_png(tmp_path):
 def test_synthetic_task_through_the_shard_writer_and_loader(policy, tmp_path):
     """The procedural task is written with the pack stage's shard writer and read back with trainer.data: the
     trainer sees the same frames and answers, and the cached grid is checked against the processor's."""
-    from trainer.config import DataConfig
-    from trainer.runtime import load_items
-    from trainer.synthetic_task import write_shards
+    from longreel.trainer.config import DataConfig
+    from longreel.trainer.runtime import load_items
+    from longreel.trainer.synthetic_task import write_shards
 
     items = make_items(5, seed=4, kinds=("colour", "exit_side"))
     index = write_shards(items, str(tmp_path / "shards"), split="rl", per_shard=2)
@@ -205,7 +205,7 @@ def test_synthetic_task_through_the_shard_writer_and_loader(policy, tmp_path):
 def test_vllm_engine_is_imported_lazily(policy):
     import importlib.util
 
-    from trainer.rollout import make_engine
+    from longreel.trainer.rollout import make_engine
 
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vllm is installed here, so the missing-vllm error cannot be provoked "

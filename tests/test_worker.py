@@ -1,6 +1,6 @@
 import pytest
 
-from pipelines.media.worker import IsolatedWorker, WorkerCrashed, WorkerError, WorkerTimeout
+from longreel.pipelines.media.worker import IsolatedWorker, WorkerCrashed, WorkerError, WorkerTimeout
 
 
 def test_hang_is_killed_and_the_worker_recovers():

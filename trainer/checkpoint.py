@@ -27,6 +27,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
+from longreel.schemas.atomic import write_atomic
+
 __all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "prune_checkpoints", "rng_state",
            "set_rng_state", "write_json_atomic"]
 
@@ -34,14 +36,7 @@ LATEST = "latest"
 
 
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump(obj, fh, indent=1, sort_keys=True)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(obj, indent=1, sort_keys=True) + "\n", fsync=True)
 
 
 # --------------------------------------------------------------------------------------------------

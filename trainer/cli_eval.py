@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-from schemas.config import ConfigError, load_yaml
+from longreel.schemas.config import ConfigError, load_yaml
 
 DESCRIPTION = """\
 Evaluate a policy on held-out shards: greedy decoding, scored with the trainer's reward code (trainer.rewards),
@@ -29,7 +29,7 @@ def main(args, extra: list[str]) -> int:
     if extra:
         print(f"longreel eval: unexpected arguments {extra}", file=sys.stderr)
         return 2
-    from trainer.config import TrainConfig
+    from longreel.trainer.config import TrainConfig
 
     try:
         cfg = load_yaml(TrainConfig, args.config, args.overrides)
@@ -40,9 +40,9 @@ def main(args, extra: list[str]) -> int:
     if not path:
         print("longreel eval: give --model or model.path", file=sys.stderr)
         return 2
-    from trainer.eval import evaluate
-    from trainer.policy import load_policy, resolve_device, resolve_dtype
-    from trainer.runtime import load_items
+    from longreel.trainer.eval import evaluate
+    from longreel.trainer.policy import load_policy, resolve_device, resolve_dtype
+    from longreel.trainer.runtime import load_items
 
     try:
         items = load_items(cfg.data, "eval")

@@ -6,7 +6,7 @@ import json
 import logging
 import sys
 
-from schemas.config import ConfigError, describe, dump_yaml, load_yaml
+from longreel.schemas.config import ConfigError, describe, dump_yaml, load_yaml
 
 log = logging.getLogger("longreel")
 
@@ -42,7 +42,7 @@ def main(args, extra: list[str]) -> int:
     if extra:
         print(f"longreel train: unexpected arguments {extra}", file=sys.stderr)
         return 2
-    from trainer.config import TrainConfig
+    from longreel.trainer.config import TrainConfig
 
     if args.show_config:
         for key, default, help_text in describe(TrainConfig):
@@ -55,7 +55,7 @@ def main(args, extra: list[str]) -> int:
         if not args.runs:
             print("longreel train plot: give at least one RUN_DIR", file=sys.stderr)
             return 2
-        from trainer.plot import plot_metrics
+        from longreel.trainer.plot import plot_metrics
 
         out = args.out or f"{args.runs[0].rstrip('/')}/curves.png"
         keys = args.keys.split(",") if args.keys else None
@@ -81,9 +81,9 @@ def main(args, extra: list[str]) -> int:
         print("longreel train: model.path is required (a local model directory)", file=sys.stderr)
         return 2
     if args.stage == "sft":
-        from trainer.sft import run_sft as run
+        from longreel.trainer.sft import run_sft as run
     else:
-        from trainer.grpo import run_grpo as run
+        from longreel.trainer.grpo import run_grpo as run
     result = run(cfg)
     import os
 

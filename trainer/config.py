@@ -1,14 +1,14 @@
 """Trainer configuration: dataclasses with help text on every field, loaded from YAML + ``--set`` overrides.
 
 One ``TrainConfig`` serves both stages (``longreel train sft`` and ``longreel train grpo``); each stage reads the
-sections it needs. Load with ``schemas.config.load_yaml(TrainConfig, path, overrides)``; list every key with
+sections it needs. Load with ``longreel.schemas.config.load_yaml(TrainConfig, path, overrides)``; list every key with
 ``longreel train sft --show-config``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from schemas.config import ConfigError, cfg
+from longreel.schemas.config import ConfigError, cfg
 
 __all__ = [
     "ModelConfig", "DataConfig", "OptimConfig", "RolloutConfig", "GRPOConfig", "SFTConfig", "RunConfig",
@@ -92,7 +92,7 @@ class GRPOConfig:
     behaviour_cap: float = cfg(5.0, "Cap of the decoupled off-policy weight exp(logp_prox - logp_behav).")
     behaviour_correction: bool = cfg(False, "Apply the capped behaviour weight when rollouts come from older weights "
                                             "(engine logprobs differ from the trainer's proximal ones).")
-    reward_format_weight: float = cfg(0.0, "trainer.rewards format_weight: reward of a well-formatted wrong answer.")
+    reward_format_weight: float = cfg(0.0, "longreel.task.rewards format_weight: reward of a well-formatted wrong answer.")
 
 
 @dataclass

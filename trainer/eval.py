@@ -11,9 +11,9 @@ from typing import Any, Iterable
 
 import torch
 
-from trainer.policy import VideoTokenMismatch, encode_prompt, video_token_id
-from trainer.rewards import score
-from trainer.rollout import SamplingConfig, TransformersEngine
+from longreel.trainer.policy import VideoTokenMismatch, encode_prompt, video_token_id
+from longreel.task.rewards import score
+from longreel.trainer.rollout import SamplingConfig, TransformersEngine
 
 __all__ = ["evaluate"]
 

@@ -5,7 +5,7 @@ One optimizer step, on each rank, for its share of the global batch of ``B`` pro
 1. **rollout**: every prompt's video is encoded (with MR-SP: every *unique* video of the rank's prompts, once) and
    ``G`` responses are sampled under the prompt's own seed (``runtime.rollout_seed``: a function of the run seed,
    the step and the prompt's position in the global batch, so 1 rank and N ranks sample the same responses);
-2. **reward**: ``trainer.rewards.score`` on each response (the same code as the pass-rate filter); with
+2. **reward**: ``longreel.task.rewards.score`` on each response (the same code as the pass-rate filter); with
    ``grpo.mix_policy`` an item's CoT target replaces the last rollout of its group (``substitute_offline``);
    group-normalised advantages (``group_advantages``); a tied group has zero advantage;
 3. **log-prob**: old (= behaviour, for the transformers engine) log-probs and, when ``beta > 0``, the reference
@@ -14,7 +14,7 @@ One optimizer step, on each rank, for its share of the global batch of ``B`` pro
    ``beta * KL``; the loss of every group is divided by the *global* token (or sequence) count, so gradients summed
    over groups, micro-batches and ranks equal the full-batch gradient; clip, AdamW, schedule.
 
-MR-SP (``mrsp.enabled``, the default; ``trainer.mrsp``): one ``StepEmbedCache`` per step holds each unique video's
+MR-SP (``mrsp.enabled``, the default; ``longreel.trainer.mrsp``): one ``StepEmbedCache`` per step holds each unique video's
 features (keyed by the item's ``video_id``/``key``) and each prompt's M-RoPE positions; rollouts, old log-probs and
 the update all use them, so the policy's vision tower runs once per unique video per step (the plain path: once
 per prompt for the rollout, then again with grad in every micro-batch of every ppo epoch). Log-probs come from
@@ -48,13 +48,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from trainer import algorithms as A
-from trainer.config import TrainConfig
-from trainer.policy import (PromptInputs, VideoEmbeds, VideoTokenMismatch, check_video_features, encode_prompt,
+from longreel.trainer import algorithms as A
+from longreel.trainer.config import TrainConfig
+from longreel.trainer.policy import (PromptInputs, VideoEmbeds, VideoTokenMismatch, check_video_features, encode_prompt,
                             encode_video, sequence_logprobs, video_token_id)
-from trainer.rewards import score
-from trainer.rollout import RolloutGroup, SamplingConfig, make_engine, pad_responses
-from trainer.runtime import DistInfo, TrainSession, all_gather_objects, all_reduce_sum, rollout_seed
+from longreel.task.rewards import score
+from longreel.trainer.rollout import RolloutGroup, SamplingConfig, make_engine, pad_responses
+from longreel.trainer.runtime import DistInfo, TrainSession, all_gather_objects, all_reduce_sum, rollout_seed
 
 __all__ = ["run_grpo", "GroupBatch", "grpo_group_loss"]
 
@@ -138,7 +138,7 @@ class GRPOTrainer:
             self.engine.sync_weights(s.model, s.full_state_dict())
         self.ref = None
         if cfg.grpo.beta > 0:  # the reference is loaded only when the KL term is on
-            from trainer.policy import load_policy
+            from longreel.trainer.policy import load_policy
 
             self.ref, _ = load_policy(cfg.model.path, dtype=s.dtype, device=s.device,
                                       attn_implementation=cfg.model.attn_implementation,
@@ -153,8 +153,8 @@ class GRPOTrainer:
         self.rejected = 0
 
     def _init_mrsp(self) -> None:
-        from trainer.mrsp.embed_cache import StepEmbedCache
-        from trainer.mrsp.vision_shard import make_sharded_encoder
+        from longreel.trainer.mrsp.embed_cache import StepEmbedCache
+        from longreel.trainer.mrsp.vision_shard import make_sharded_encoder
 
         s = self.sess
         vcfg = getattr(s.model.config, "vision_config", None)
@@ -172,7 +172,7 @@ class GRPOTrainer:
     def _logprobs(self, model, b: GroupBatch, rows: slice, features: Tensor) -> Tensor:
         """MR-SP log-probs of rows ``rows`` of group ``b`` from cached features and positions (identical on every
         rank of the SP group; sequence-parallel above ``mrsp.sp_min_tokens``)."""
-        from trainer.mrsp.sp_prefill import prefill_logprobs
+        from longreel.trainer.mrsp.sp_prefill import prefill_logprobs
 
         return prefill_logprobs(model, b.prompt.input_ids, b.response_ids[rows], b.response_mask[rows],
                                 features=features, positions=b.positions, temperature=self.cfg.rollout.temperature,

@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
+from longreel.schemas.atomic import write_atomic
+
 __all__ = ["MetricsLogger", "read_metrics"]
 
 log = logging.getLogger("longreel.trainer")
@@ -49,11 +51,7 @@ class MetricsLogger:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path.exists():
             kept = [r for r in read_metrics(self.path) if int(r.get("step", 0)) <= start_step]
-            tmp = self.path.with_suffix(".jsonl.tmp")
-            with open(tmp, "w", encoding="utf-8") as fh:
-                for r in kept:
-                    fh.write(json.dumps(r, sort_keys=True) + "\n")
-            os.replace(tmp, self.path)
+            write_atomic(self.path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
         self._fh = open(self.path, "a", encoding="utf-8")
         if tensorboard:
             try:

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-from trainer.logging_utils import read_metrics
+from longreel.trainer.logging_utils import read_metrics
 
 __all__ = ["plot_metrics", "DEFAULT_KEYS"]
 

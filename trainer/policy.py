@@ -26,6 +26,8 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor
 
+from longreel.task.prompting import messages_for_qra
+
 __all__ = [
     "VideoTokenMismatch", "PromptInputs", "VideoEmbeds", "load_policy", "resolve_dtype", "resolve_device",
     "prompt_messages", "encode_prompt", "encode_video", "sequence_logprobs", "sft_inputs", "video_token_id",
@@ -89,29 +91,10 @@ def video_token_id(model_or_config) -> int:
 # --------------------------------------------------------------------------------------------------
 
 
-def _prompting():
-    try:
-        from trainer import prompting  # the shared prompt builder (trainer + pass-rate filter), when present
-    except ImportError:
-        return None
-    return prompting if hasattr(prompting, "messages_for_qra") else None
-
-
 def prompt_messages(item: Mapping[str, Any]) -> list[dict]:
-    """Chat messages for an item: one user turn with the video and the question (+ lettered options)."""
-    shared = _prompting()
-    if shared is not None:
-        return shared.messages_for_qra(item)
-    lines = [str(item["question"]).strip()]
-    options = item.get("options") or []
-    if options:
-        lines.append("Options:")
-        lines.extend(f"{'ABCDEFGHIJKLMNOPQRSTUVWXYZ'[i]}. {o}" for i, o in enumerate(options))
-        tail = "answer with the option's letter"
-    else:
-        tail = "give the final answer"
-    lines.append(f"Think inside <think> </think>, then {tail} inside <answer> </answer>.")
-    return [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "\n".join(lines)}]}]
+    """Chat messages for an item: one user turn with the video and the question (+ lettered options), rendered by
+    the task layer's prompt builder, the one the pass-rate filter uses too."""
+    return messages_for_qra(item)
 
 
 def _metadata_dict(meta: Any) -> dict:
@@ -338,9 +321,9 @@ def shared_prefix_logprobs(model, prefix_inputs: Mapping[str, Any], response_ids
 
 
 def _mrope_positions(model, prompt: PromptInputs):
-    """The prompt's M-RoPE positions (``trainer.mrsp.positions.PromptPositions``), or ``None`` for a model
+    """The prompt's M-RoPE positions (``longreel.trainer.positions.PromptPositions``), or ``None`` for a model
     without ``get_rope_index``."""
-    from trainer.mrsp.positions import base_model, prompt_positions
+    from longreel.trainer.positions import base_model, prompt_positions
 
     try:
         base_model(model)

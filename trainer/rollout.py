@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
-from trainer.policy import PromptInputs, VideoEmbeds, encode_video
+from longreel.trainer.policy import PromptInputs, VideoEmbeds, encode_video
 
 __all__ = ["SamplingConfig", "RolloutGroup", "RolloutEngine", "TransformersEngine", "VLLMEngine", "make_engine",
            "pad_responses", "prefill_prompt_once", "generate_shared_prefix"]
@@ -261,7 +261,7 @@ class VLLMEngine(RolloutEngine):
         self.suppress = {int(i): -100.0 for i in ids if isinstance(i, int) and i != tok.unk_token_id}
 
     def _request(self, item: dict, embeds: VideoEmbeds | None) -> dict:
-        from trainer.policy import _frames, _metadata_dict, item_metadata, prompt_messages
+        from longreel.trainer.policy import _frames, _metadata_dict, item_metadata, prompt_messages
 
         text = self.processor.apply_chat_template(prompt_messages(item), add_generation_prompt=True,
                                                   tokenize=False)

@@ -10,7 +10,7 @@ averages, so the loss is scaled by the world size.
 MR-SP sequence parallelism (GRPO, ``mrsp.sp_size = S > 1``): the world is cut into groups of ``S`` consecutive
 ranks (``init_sp_groups``); the ranks of a group take the same prompts, so data parallelism runs over
 ``world / S`` replicas (``DistInfo.dp_size`` / ``dp_rank``, used by ``TrainSession.local_batch``). Every rank of a
-group holds its share of the group's gradient (the ``trainer.mrsp.dist_ops`` convention), so the one world-wide
+group holds its share of the group's gradient (the ``longreel.trainer.mrsp.dist_ops`` convention), so the one world-wide
 gradient sum (``sum_gradients``) is at once the sum over the SP group and over the data-parallel replicas.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from trainer.config import DataConfig, OptimConfig
+from longreel.trainer.config import DataConfig, OptimConfig
 
 __all__ = ["DistInfo", "init_distributed", "init_sp_groups", "sum_gradients", "all_gather_objects", "all_reduce_sum",
            "seed_everything", "build_optimizer", "build_scheduler", "ItemStream", "load_items", "rollout_seed"]
@@ -252,9 +252,9 @@ class ItemStream:
 
 def load_items(cfg: DataConfig, split: str) -> list[dict]:
     """Per-question items of ``split`` (``"train"`` or ``"eval"``): synthetic, or read from shards with
-    ``trainer.data``."""
+    ``longreel.trainer.data``."""
     if cfg.source == "synthetic":
-        from trainer.synthetic_task import make_items
+        from longreel.trainer.synthetic_task import make_items
 
         if split == "train":
             return make_items(cfg.synthetic_train, seed=cfg.synthetic_seed, kinds=cfg.synthetic_kinds)
@@ -262,7 +262,7 @@ def load_items(cfg: DataConfig, split: str) -> list[dict]:
     urls = cfg.train_urls if split == "train" else cfg.eval_urls
     if not urls:
         raise ValueError(f"data.{'train' if split == 'train' else 'eval'}_urls is empty (data.source=shards)")
-    from trainer.data import ShardDataset
+    from longreel.trainer.data import ShardDataset
 
     # every rank reads every item; ItemStream splits each global batch over the ranks
     ds = ShardDataset(list(urls), shuffle=False, epochs=1, rank=0, world_size=1, on_error=cfg.on_error)
@@ -288,10 +288,10 @@ class TrainSession:
                  sp_size: int | None = None):
         from pathlib import Path
 
-        from schemas.config import config_hash
-        from trainer.checkpoint import latest_checkpoint, load_checkpoint
-        from trainer.logging_utils import MetricsLogger
-        from trainer.policy import load_policy, resolve_device, resolve_dtype
+        from longreel.schemas.config import config_hash
+        from longreel.trainer.checkpoint import latest_checkpoint, load_checkpoint
+        from longreel.trainer.logging_utils import MetricsLogger
+        from longreel.trainer.policy import load_policy, resolve_device, resolve_dtype
 
         self.cfg = cfg
         self.stage = stage
@@ -411,7 +411,7 @@ class TrainSession:
         return [(j, i, it) for j, (i, it) in enumerate(batch) if j % self.info.dp_size == self.info.dp_rank]
 
     def save(self) -> None:
-        from trainer.checkpoint import prune_checkpoints, save_checkpoint
+        from longreel.trainer.checkpoint import prune_checkpoints, save_checkpoint
 
         state = {"stage": self.stage, "loader": self.stream.state_dict(), "config_hash": self.config_hash}
         save_checkpoint(self.ckpt_root, self.step, model=self.model, optimizer=None if self.fsdp else self.optimizer,
@@ -426,7 +426,7 @@ class TrainSession:
         every = self.cfg.eval.every
         if not every or self.step % every or (not self.info.is_main and not self.fsdp):
             return {}
-        from trainer.eval import evaluate
+        from longreel.trainer.eval import evaluate
 
         if getattr(self, "_eval_items", None) is None:
             self._eval_items = load_items(self.cfg.data, "eval")
@@ -447,7 +447,7 @@ class TrainSession:
 
     def finish(self) -> str | None:
         """Final checkpoint + ``save_pretrained`` of model and processor to ``out_dir/final``."""
-        from trainer.checkpoint import latest_checkpoint
+        from longreel.trainer.checkpoint import latest_checkpoint
 
         latest = latest_checkpoint(self.ckpt_root)
         if latest is None or latest.name != f"step-{self.step:06d}":

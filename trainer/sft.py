@@ -13,9 +13,9 @@ import math
 import time
 from typing import Any
 
-from trainer.config import TrainConfig
-from trainer.policy import VideoTokenMismatch, encode_prompt, sequence_logprobs, sft_inputs, video_token_id
-from trainer.runtime import TrainSession, all_reduce_sum, load_items
+from longreel.trainer.config import TrainConfig
+from longreel.trainer.policy import VideoTokenMismatch, encode_prompt, sequence_logprobs, sft_inputs, video_token_id
+from longreel.trainer.runtime import TrainSession, all_reduce_sum, load_items
 
 __all__ = ["run_sft", "SFTTrainer"]
 

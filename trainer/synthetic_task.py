@@ -8,7 +8,7 @@ pixels, in the same shape as the per-question items of the shard loader::
      "category", "target"}
 
 ``target`` is a CoT target ``<think>...</think><answer>X</answer>`` for the SFT stage; it is scored by
-``trainer.rewards`` like any model output.
+``longreel.task.rewards`` like any model output.
 
 Kinds (``KINDS``):
 
@@ -23,6 +23,8 @@ from __future__ import annotations
 from typing import Iterable
 
 import numpy as np
+
+from longreel.schemas.atomic import write_atomic
 
 __all__ = ["KINDS", "COLOURS", "make_item", "make_items", "render"]
 
@@ -133,7 +135,7 @@ def make_items(n: int, seed: int = 0, kinds: Iterable[str] = ("colour",), **kw) 
 def write_shards(items: list[dict], out_dir: str, *, dataset: str = "synthetic", split: str = "rl",
                  per_shard: int = 64) -> str:
     """Write ``items`` as longreel WebDataset shards + wids index with the pack stage's own writer
-    (``pipelines.pack.shards``), one sample per video; return the index path (``trainer.data`` reads it).
+    (``longreel.task.shard_format``), one sample per video; return the index path (``longreel.trainer.data`` reads it).
 
     Frames are staged as ``.npy`` files (``allow_pickle=False``) beside the shards, as the frame cache would hold
     them, then streamed into the tars with their sha256 checked."""
@@ -142,7 +144,7 @@ def write_shards(items: list[dict], out_dir: str, *, dataset: str = "synthetic",
     import os
     import tempfile
 
-    from pipelines.pack.shards import SAMPLE_LAYOUT, build_index, index_name, shard_name, write_shard_atomic
+    from longreel.task.shard_format import SAMPLE_LAYOUT, build_index, index_name, shard_name, write_shard_atomic
 
     os.makedirs(out_dir, exist_ok=True)
     stage = tempfile.mkdtemp(prefix=".frames-", dir=out_dir)
@@ -179,10 +181,7 @@ def write_shards(items: list[dict], out_dir: str, *, dataset: str = "synthetic",
             infos.append({"index": idx, "url": name, "nsamples": len(chunk), "bytes": nbytes, "sha256": sha,
                           "nquestions": len(chunk)})
         index_path = os.path.join(out_dir, index_name(dataset, split))
-        with open(index_path + ".tmp", "w", encoding="utf-8") as fh:
-            json.dump(build_index(dataset, split, infos), fh, indent=1)
-            fh.write("\n")
-        os.replace(index_path + ".tmp", index_path)
+        write_atomic(index_path, json.dumps(build_index(dataset, split, infos), indent=1) + "\n")
         return index_path
     finally:
         import shutil

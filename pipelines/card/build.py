@@ -24,8 +24,10 @@ import re
 
 import yaml
 
-import data_cards
-from pipelines.card import distributions as D
+from longreel import data_cards
+from longreel.pipelines import distributions as D
+from longreel.pipelines.card.claims import claims_by_id  # noqa: F401  (part of this module's API)
+from longreel.schemas.atomic import write_atomic
 
 log = logging.getLogger("longreel")
 
@@ -97,10 +99,6 @@ class Claims:
         self.items.append({"id": cid, "value": value, "check": check, "source": source})
 
 
-def claims_by_id(card: dict) -> dict:
-    return {c["id"]: c["value"] for c in card["claims"]}
-
-
 def hf_license(lic: str) -> str:
     return HF_LICENSES.get(lic.lower(), "other")
 
@@ -129,7 +127,7 @@ def _basename(uri: str) -> str:
 
 
 def _read_tables(run_dir: str) -> dict[str, list[dict]]:
-    from pipelines.io.parquet_sink import read_table
+    from longreel.pipelines.io.parquet_sink import read_table
     out = {}
     for t in TABLES:
         try:
@@ -165,7 +163,7 @@ PASS_RATE_PROVENANCE = ("backend", "answerer", "answerer_revision", "k", "temper
 
 def _released_from_shards(indexes: list[tuple[str, dict]]) -> list[dict]:
     """Sample descriptors (JSON members + cached frames from the npy header) read back from the shards."""
-    from pipelines.card.shardread import join, read_shard, sample_descriptor
+    from longreel.pipelines.card.shardread import join, read_shard, sample_descriptor
     samples = []
     for path, doc in indexes:
         split = doc.get("longreel", {}).get("split") or doc["name"].rsplit("-", 1)[-1]
@@ -177,7 +175,7 @@ def _released_from_shards(indexes: list[tuple[str, dict]]) -> list[dict]:
 
 def _features_yaml_for_kind(kind: str) -> list:
     import datasets
-    from schemas import KINDS
+    from longreel.schemas import KINDS
     return datasets.Features.from_arrow_schema(KINDS[kind].schema)._to_yaml_list()
 
 
@@ -194,7 +192,7 @@ def shard_features(indexes: list[tuple[str, dict]], max_samples: int = FEATURE_S
     import pyarrow as pa
     from datasets.features.features import cast_to_python_objects
 
-    from pipelines.card.shardread import join, read_shard
+    from longreel.pipelines.card.shardread import join, read_shard
     tables = []
     order = [(path, sh) for i in range(max((len(d["shardlist"]) for _, d in indexes), default=0))
              for path, d in indexes if i < len(d["shardlist"]) for sh in [d["shardlist"][i]]]
@@ -225,8 +223,8 @@ def collect(run_dir: str, shards: str | None = None, *, name: str | None = None,
             command: str | None = None, data_prefix: str = "data/", tables_prefix: str = "tables/",
             features: bool = True) -> dict:
     """Gather every claim of the card of the run in ``run_dir`` (see the module docstring)."""
-    from pipelines.card.shardread import list_indexes, read_index
-    from pipelines.stats import read_json
+    from longreel.pipelines.card.shardread import list_indexes, read_index
+    from longreel.pipelines.stats import read_json
 
     stats = read_json(os.path.join(run_dir, "stats.json") if "://" not in run_dir else run_dir + "/stats.json")
     if stats is None:
@@ -400,7 +398,7 @@ def collect(run_dir: str, shards: str | None = None, *, name: str | None = None,
     c.add("hf/data_prefix", data_prefix)
     c.add("hf/tables_prefix", tables_prefix)
     if not indexes:
-        from schemas import to_table
+        from longreel.schemas import to_table
         for t in table_list:
             configs.append({"config_name": t["table"], "data_files": [{"split": "train", "path": t["path"]}],
                             "features": _features_yaml_for_kind(t["kind"]) if features else None,
@@ -484,14 +482,9 @@ def write_card(card: dict, out_dir: str, plots: bool = True) -> list[str]:
     os.makedirs(out_dir, exist_ok=True)
     written = []
     for name, text in (("card.json", dump_card_json(card)), ("README.md", render_readme(card))):
-        path = os.path.join(out_dir, name)
-        tmp = path + ".tmp"
-        with open(tmp, "w", encoding="utf-8", newline="\n") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-        written.append(path)
+        written.append(write_atomic(os.path.join(out_dir, name), text))
     if plots:
-        from pipelines.card.plots import write_plots
+        from longreel.pipelines.card.plots import write_plots
         written += write_plots(card, out_dir)
     return written
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 
+from longreel.schemas.atomic import atomic_open
+
 FIGSIZE = (7.0, 3.6)
 DPI = 100
 RC = {"font.family": "DejaVu Sans", "font.size": 9, "axes.titlesize": 10, "svg.hashsalt": "longreel",
@@ -27,9 +29,8 @@ def compact(v: int) -> str:
 
 
 def _save(fig, path: str) -> str:
-    tmp = path + ".tmp"
-    fig.savefig(tmp, format="png", metadata={"Software": None})
-    os.replace(tmp, path)
+    with atomic_open(path) as fh:
+        fig.savefig(fh, format="png", metadata={"Software": None})
     return path
 
 
@@ -53,7 +54,7 @@ def write_plots(card: dict, out_dir: str) -> list[str]:
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    from pipelines.card.build import claims_by_id
+    from longreel.pipelines.card.claims import claims_by_id
 
     cl = claims_by_id(card)
     dist = {s: cl[f"dist/{s}"] for s in cl["dist/sections"]}

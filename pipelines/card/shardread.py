@@ -152,6 +152,6 @@ def read_shard(url: str) -> dict:
 
 def sample_descriptor(split: str, s: dict) -> dict:
     """A shard sample as the ``{"split", "key", "files": [{"name", "text"}]}`` descriptor that
-    :func:`pipelines.card.distributions.released_pairs` reads."""
+    :func:`longreel.pipelines.distributions.released_pairs` reads."""
     files = [{"name": name, "text": json.dumps(obj)} for name, obj in sorted(s["json"].items())]
     return {"split": split, "key": s["key"], "files": files}

@@ -9,8 +9,8 @@ Nothing the pipeline wrote is trusted except as the thing being checked:
    compared with the index and with the card; every sample's members are hashed and compared with its
    ``sums.json``; ``frames.npy`` headers give the frame counts (the arrays are never loaded, nothing is
    unpickled).
-4. Every split is also read through the trainer's shard loader (``trainer.data.ShardDataset``): the
-   samples and questions training will see are compared with the card (skip with ``--no-loader``).
+4. Every split is also read through the shard reader behind the trainer's loader (``longreel.task.shard_reader``):
+   the samples and questions training will see are compared with the card (skip with ``--no-loader``).
 5. The distributions the card states about the released data (``released_*``, ``shard_*``: samples and
    questions per split, categories, problem types, MC answer letters, pass counts, frames per video,
    licences and attributions, shard sizes) are recomputed from what was read, with the functions the
@@ -32,9 +32,10 @@ import difflib
 import json
 import os
 
-from pipelines.card import distributions as D
-from pipelines.card.build import claims_by_id, render_readme, template_sha256
-from pipelines.card.shardread import join, list_indexes, read_index, read_shard, sample_descriptor
+from longreel.pipelines import distributions as D
+from longreel.pipelines.card.build import claims_by_id, render_readme, template_sha256
+from longreel.pipelines.card.shardread import join, list_indexes, read_index, read_shard, sample_descriptor
+from longreel.task import shard_reader
 
 
 def _short(v, width: int = 72) -> str:
@@ -238,31 +239,29 @@ def check_shards(card: dict, data: dict, rep: Report) -> None:
 
 
 def check_loader(card: dict, data: dict, rep: Report) -> None:
-    """Read every split through the trainer's own shard loader (safe members only, each sample checked against
-    its sums.json, frames decoded with ``allow_pickle=False``): what training will see must be what the card
-    states."""
-    from trainer.data import ShardDataset
-
+    """Read every split through the reader the trainer's loader uses (:mod:`longreel.task.shard_reader`: safe
+    members only, each sample checked against its sums.json, frames decoded with ``allow_pickle=False``): what
+    training will see must be what the card states."""
     cl = claims_by_id(card)
     for ix in data["indexes"]:
         split = ix["split"]
-        ds = ShardDataset(ix["path"], unit="video", verify="sample", on_error="skip", rank=0, world_size=1)
+        stats, errors = shard_reader.LoaderStats(), []
         videos = questions = 0
-        for item in ds:
-            videos += 1
-            questions += len(item["qras"])
+        for spec in shard_reader.resolve_shards(ix["path"]):
+            for sample in shard_reader.read_shard(spec, stats, lambda err, _whole: errors.append(str(err)), verify="sample"):
+                videos += 1
+                questions += len(sample["qras"])
         claimed = cl.get(f"split/{split}") or {}
         rep.add(f"trainer loader: split/{split}: samples", claimed.get("samples"), videos)
         rep.add(f"trainer loader: split/{split}: questions", claimed.get("questions"), questions)
-        errors = ds.stats.as_dict()["errors"]
-        rep.add(f"trainer loader: split/{split}: errors", [], errors, not errors)
+        rep.add(f"trainer loader: split/{split}: errors", [], errors[-20:], not errors)
 
 
 def check_run(card: dict, run_dir: str, shards: str | list[str], rep: Report) -> None:
     """Recompute every claim from the run's own outputs (stats.json, config.yaml, stage tables, index) with the
     options the card was built with, and compare claim by claim: the ``recorded`` claims (sources, models,
     stage parameters, funnel, distributions of the stage tables) become checkable too."""
-    from pipelines.card.build import collect
+    from longreel.pipelines.card.build import collect
     cl = claims_by_id(card)
     index = shards if isinstance(shards, str) else (shards[0] if len(shards) == 1 else None)
     fresh = collect(run_dir, index, name=cl.get("dataset/name"), pretty_name=cl.get("dataset/pretty_name"),
@@ -285,7 +284,7 @@ def check_run(card: dict, run_dir: str, shards: str | list[str], rep: Report) ->
 def find_marker_dir(card_dir: str, run_dir: str | None = None) -> str | None:
     """The run directory whose ``_SUCCESS.json`` to check: ``run_dir`` if it has one, else the card's parent (a
     card built by ``longreel curate`` sits in ``OUT/card``); None when neither has one."""
-    from schemas.run_marker import MARKER_NAME
+    from longreel.schemas.run_marker import MARKER_NAME
     for d in ([run_dir] if run_dir else []) + [os.path.dirname(os.path.abspath(card_dir))]:
         if "://" not in d and os.path.isfile(os.path.join(d, MARKER_NAME)):
             return d
@@ -294,7 +293,7 @@ def find_marker_dir(card_dir: str, run_dir: str | None = None) -> str | None:
 
 def check_marker(marker_dir: str, rep: Report) -> None:
     """Every file the run's completion marker lists is there with its size and sha256 (see schemas.run_marker)."""
-    from schemas.run_marker import MARKER_NAME, check_run_marker
+    from longreel.schemas.run_marker import MARKER_NAME, check_run_marker
     if os.path.basename(marker_dir.rstrip("/")) == MARKER_NAME:
         marker_dir = os.path.dirname(marker_dir.rstrip("/"))
     marker, problems = check_run_marker(marker_dir)

@@ -13,8 +13,8 @@
 A text-only stage builds ``Request(key, text)`` (no frames) and a ``ClientSpec("openai" |
 "transformers" | "vllm", {...})`` with ``kind="text"`` for transformers; everything else is shared.
 """
-from pipelines.inference.base import Generation, GenerationParams, ModelInfo, Request, fit_pixels, item_seed
-from pipelines.inference.handler import ClientSpec, GenerationModelHandler
+from longreel.pipelines.inference.base import Generation, GenerationParams, ModelInfo, Request, fit_pixels, item_seed
+from longreel.pipelines.inference.handler import ClientSpec, GenerationModelHandler
 
 __all__ = ["ClientSpec", "Generation", "GenerationModelHandler", "GenerationParams", "ModelInfo", "Request",
            "fit_pixels", "item_seed"]

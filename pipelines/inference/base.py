@@ -19,7 +19,7 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -79,14 +79,6 @@ class ModelInfo:
     revision: str | None
 
 
-class Client(Protocol):
-    info: ModelInfo
-
-    def generate(self, requests: list[Request], params: GenerationParams) -> list[Generation]: ...
-
-    def close(self) -> None: ...
-
-
 def item_seed(base: int, key: str) -> int:
     """A per-item seed: the same for an item whatever batch it lands in."""
     return (int(base) + int(hashlib.sha256(key.encode()).hexdigest()[:8], 16)) % (2 ** 31 - 1)
@@ -104,9 +96,11 @@ _REV_CACHE: dict[tuple, str] = {}
 def weights_revision(path: str, explicit: str | None = None) -> str | None:
     """The revision recorded with every output of a model.
 
-    ``explicit`` wins; a directory inside a Hugging Face cache gives its snapshot commit; a local
-    directory gives ``sha256:<hex>`` over the (name, bytes) of its weight files in name order; anything
-    else (a hub id not on disk, a remote model name) gives None.
+    The one formula for every backend (captioners, QRA writers, pass-rate answerers), so that one checkpoint has
+    one revision across tables: ``explicit`` wins; a directory inside a Hugging Face cache gives its snapshot
+    commit; a local directory gives ``sha256:<hex>`` over the (name, bytes) of its weight files in name order; a
+    single weights file (e.g. a ``.gguf``) the same over that one file; anything else (a hub id not on disk, a
+    remote model name) gives None.
     """
     if explicit:
         return explicit
@@ -115,9 +109,13 @@ def weights_revision(path: str, explicit: str | None = None) -> str | None:
     m = _SNAPSHOT.search(os.path.abspath(path) if os.path.exists(path) else path)
     if m:
         return m.group(1)
-    if not os.path.isdir(path):
+    if os.path.isfile(path) and path.endswith(_WEIGHT_EXT):
+        path, files = os.path.dirname(os.path.abspath(path)), [os.path.basename(path)]
+    elif os.path.isdir(path):
+        files = sorted(f for f in os.listdir(path)
+                       if f.endswith(_WEIGHT_EXT) and os.path.isfile(os.path.join(path, f)))
+    else:
         return None
-    files = sorted(f for f in os.listdir(path) if f.endswith(_WEIGHT_EXT) and os.path.isfile(os.path.join(path, f)))
     if not files:
         return None
     stamp = tuple((f, os.stat(os.path.join(path, f)).st_size, os.stat(os.path.join(path, f)).st_mtime_ns)
@@ -136,20 +134,13 @@ def weights_revision(path: str, explicit: str | None = None) -> str | None:
 
 def fit_pixels(width: int, height: int, max_pixels: int, multiple: int = 2, min_pixels: int = 0) -> tuple[int, int]:
     """The output size for a ``width`` x ``height`` frame: aspect kept, ``w * h <= max_pixels`` (and
-    ``>= min_pixels`` when possible), both sides multiples of ``multiple`` (28 for Qwen-VL: patch 14 x merge 2),
-    never larger than needed. Qwen's processors compute the same rounding (``smart_resize``), so frames resized
-    here pass through them unchanged."""
+    ``>= min_pixels``), both sides multiples of ``multiple`` (28 for Qwen-VL: patch 14 x merge 2). It is the Qwen
+    processors' own rule (transformers' ``smart_resize``), so frames resized here pass through them unchanged; the
+    floor of one ``multiple`` per side keeps a tiny frame from rounding to nothing."""
     if width <= 0 or height <= 0:
         raise ValueError(f"bad frame size {width}x{height}")
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
+
     m = max(1, int(multiple))
-    h = max(m, round(height / m) * m)
-    w = max(m, round(width / m) * m)
-    if h * w > max_pixels:
-        beta = (height * width / max_pixels) ** 0.5
-        h = max(m, int(height / beta // m) * m)
-        w = max(m, int(width / beta // m) * m)
-    elif min_pixels and h * w < min_pixels:
-        beta = (min_pixels / (height * width)) ** 0.5
-        h = max(m, -(-int(height * beta) // m) * m)
-        w = max(m, -(-int(width * beta) // m) * m)
+    h, w = smart_resize(height, width, factor=m, min_pixels=max(int(min_pixels), m * m), max_pixels=max_pixels)
     return w, h

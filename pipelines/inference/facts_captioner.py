@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import time
 
-from pipelines.inference.base import Generation, GenerationParams, ModelInfo, Request
-from pipelines.media.facts import FACTS_VERSION
-from pipelines.prompts import load_template
+from longreel.pipelines.inference.base import Generation, GenerationParams, ModelInfo, Request
+from longreel.pipelines.media.facts import FACTS_VERSION
+from longreel.pipelines.prompts import load_template
 
 MODEL_NAME = "longreel-facts-captioner"
 TEMPLATE = "caption_facts"

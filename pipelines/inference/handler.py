@@ -21,7 +21,7 @@ from typing import Any, Iterable, Sequence
 
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult
 
-from pipelines.inference.base import Generation, GenerationParams, Request
+from longreel.pipelines.inference.base import Generation, GenerationParams, Request
 
 log = logging.getLogger("longreel")
 
@@ -33,16 +33,16 @@ class ClientSpec:
 
     def build(self):
         if self.backend == "facts":
-            from pipelines.inference.facts_captioner import FactsCaptioner
+            from longreel.pipelines.inference.facts_captioner import FactsCaptioner
             return FactsCaptioner(**self.kwargs)
         if self.backend == "transformers":
-            from pipelines.inference.hf_client import TransformersClient
+            from longreel.pipelines.inference.hf_client import TransformersClient
             return TransformersClient(**self.kwargs)
         if self.backend == "openai":
-            from pipelines.inference.openai_client import OpenAIChatClient
+            from longreel.pipelines.inference.openai_client import OpenAIChatClient
             return OpenAIChatClient(**self.kwargs)
         if self.backend == "vllm":
-            from pipelines.inference.vllm_client import VLLMClient
+            from longreel.pipelines.inference.vllm_client import VLLMClient
             return VLLMClient(**self.kwargs)
         raise ValueError(f"unknown inference backend {self.backend!r}")
 

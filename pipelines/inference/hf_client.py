@@ -24,7 +24,7 @@ import logging
 import os
 import time
 
-from pipelines.inference.base import Generation, GenerationParams, ModelInfo, Request, item_seed, weights_revision
+from longreel.pipelines.inference.base import Generation, GenerationParams, ModelInfo, Request, item_seed, weights_revision
 
 log = logging.getLogger("longreel")
 

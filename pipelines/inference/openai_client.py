@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from pipelines.inference.base import Generation, GenerationParams, ModelInfo, Request, item_seed
+from longreel.pipelines.inference.base import Generation, GenerationParams, ModelInfo, Request, item_seed
 
 log = logging.getLogger("longreel")
 
@@ -160,6 +160,14 @@ class OpenAIChatClient:
         if len(requests) == 1:
             return [self._one(requests[0], params)]
         futures = [self._pool.submit(self._one, r, params) for r in requests]
+        return [f.result() for f in futures]
+
+    def generate_each(self, items: list[tuple[Request, GenerationParams]]) -> list[Generation]:
+        """Each request with its own parameters (seeds, schemas), all in flight at once up to ``concurrency``;
+        results in input order."""
+        if len(items) == 1:
+            return [self._one(*items[0])]
+        futures = [self._pool.submit(self._one, r, p) for r, p in items]
         return [f.result() for f in futures]
 
     def close(self) -> None:

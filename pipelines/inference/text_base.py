@@ -3,7 +3,7 @@
 A backend is built once per worker (``setup``) and asked for a batch of :class:`TextRequest`; it returns
 one :class:`TextResult` per request, in order. A failed request is a result with ``error`` set (the
 stage turns it into rejects), never an exception that takes the run down. ``schema`` (a JSON schema of
-the keyword subset of :mod:`pipelines.qra.json_schema`) asks for guided decoding where the backend can
+the keyword subset of :mod:`longreel.pipelines.qra.json_schema`) asks for guided decoding where the backend can
 do it; the stage validates every output anyway.
 """
 from __future__ import annotations

@@ -56,7 +56,9 @@ def resolve_model(name: str) -> LocalModel:
 
 @functools.lru_cache(maxsize=16)
 def weights_hash(directory: str, gguf_file: str | None = None) -> str:
-    """sha256 (first 16 hex digits) over the weight files' names and bytes: the revision of local weights."""
+    """sha256 (first 16 hex digits) over the weight files' names and bytes: the cache key of what is derived from
+    local weights (a saved tokenizer, a dequantized copy). The revision recorded with outputs is
+    :func:`longreel.pipelines.inference.base.weights_revision`."""
     if gguf_file:
         files = [os.path.join(directory, gguf_file)]
     else:

@@ -1,6 +1,6 @@
 """``openai`` text backend: any OpenAI-compatible chat server, with the output JSON schema sent along.
 
-Reuses the captioning stage's :class:`pipelines.inference.openai_client.OpenAIChatClient` (retries,
+Reuses the captioning stage's :class:`longreel.pipelines.inference.openai_client.OpenAIChatClient` (retries,
 backoff, concurrency cap, failures as results) and adds the request's schema to the payload:
 
 * ``guided_mode="response_format"``: ``response_format={"type": "json_schema", "json_schema": {"name",
@@ -12,9 +12,9 @@ A server that ignores the schema still answers; the stage validates every output
 """
 from __future__ import annotations
 
-from pipelines.inference.base import GenerationParams, Request
-from pipelines.inference.openai_client import OpenAIChatClient
-from pipelines.inference.text_base import TextBackend, TextRequest, TextResult
+from longreel.pipelines.inference.base import GenerationParams, Request
+from longreel.pipelines.inference.openai_client import OpenAIChatClient
+from longreel.pipelines.inference.text_base import TextBackend, TextRequest, TextResult
 
 
 class _SchemaClient(OpenAIChatClient):
@@ -41,6 +41,7 @@ class _SchemaClient(OpenAIChatClient):
 class OpenAITextBackend(TextBackend):
     backend = "openai"
     supports_guided = True
+    supports_pattern = True  # structured outputs with patterns (OpenAI strict mode, vLLM/SGLang servers)
 
     def __init__(self, base_url: str, model: str, *, revision: str = "", api_key_env: str = "OPENAI_API_KEY",
                  timeout_s: float = 600.0, guided_mode: str = "response_format", concurrency: int = 4,
@@ -58,20 +59,12 @@ class OpenAITextBackend(TextBackend):
                                          guided_mode=self.guided_mode)
 
     def generate(self, requests: list[TextRequest]) -> list[TextResult]:
+        """All of ``requests`` (a video's generation calls, or its refinements) in flight at once, up to
+        ``concurrency``; each keeps its own seed and schema."""
         self.setup()
+        items = [self._as_request(req) for req in requests]
         out: list[TextResult] = []
-        # one call per distinct sampling setting (the client takes one GenerationParams per batch)
-        for req in requests:
-            system = next((m["content"] for m in req.messages if m["role"] == "system"), None)
-            user = "\n\n".join(m["content"] for m in req.messages if m["role"] == "user")
-            extra = {}
-            if req.repetition_penalty and req.repetition_penalty != 1.0:
-                extra["repetition_penalty"] = req.repetition_penalty  # vLLM/SGLang extension
-            r = Request(key=str(req.seed), text=user, system=system,
-                        meta={"schema": req.schema, "seed": req.seed, "extra": extra})
-            params = GenerationParams(max_new_tokens=req.max_new_tokens, temperature=req.temperature,
-                                      top_p=req.top_p, seed=req.seed)
-            g = self._client.generate([r], params)[0]
+        for req, g in zip(requests, self._client.generate_each(items)):
             if g.ok:
                 out.append(TextResult(text=g.text or "", finish=g.finish_reason or "stop", latency_s=g.latency_s,
                                       guided=req.schema is not None))
@@ -79,6 +72,19 @@ class OpenAITextBackend(TextBackend):
                 out.append(TextResult(text="", finish="error", latency_s=g.latency_s,
                                       error=f"{g.error_reason}: {g.error_message}"))
         return out
+
+    @staticmethod
+    def _as_request(req: TextRequest) -> tuple[Request, GenerationParams]:
+        system = next((m["content"] for m in req.messages if m["role"] == "system"), None)
+        user = "\n\n".join(m["content"] for m in req.messages if m["role"] == "user")
+        extra = {}
+        if req.repetition_penalty and req.repetition_penalty != 1.0:
+            extra["repetition_penalty"] = req.repetition_penalty  # vLLM/SGLang extension
+        r = Request(key=str(req.seed), text=user, system=system,
+                    meta={"schema": req.schema, "seed": req.seed, "extra": extra})
+        params = GenerationParams(max_new_tokens=req.max_new_tokens, temperature=req.temperature,
+                                  top_p=req.top_p, seed=req.seed)
+        return r, params
 
     def close(self) -> None:
         if self._client is not None:

@@ -4,15 +4,17 @@ The decoding loop is our own (a left-padded batch of requests sharing one KV cac
 step; ``batch_size`` requests at a time) so that each row's schema mask comes first,
 before the repetition penalty, temperature and top-p: a sampling warper can then never remove every
 allowed token. Greedy when ``temperature == 0`` (deterministic); otherwise sampled with a
-``torch.Generator`` seeded from the request's seed. See :mod:`pipelines.qra.constrained` for the mask.
+``torch.Generator`` seeded from the request's seed. See :mod:`longreel.pipelines.inference.constrained` for the mask.
 """
 from __future__ import annotations
 
 import logging
+import os
 import time
 
-from pipelines.inference.text_base import TextBackend, TextRequest, TextResult
-from pipelines.inference.text_models import load_tokenizer, resolve_model, weights_hash
+from longreel.pipelines.inference.text_base import TextBackend, TextRequest, TextResult
+from longreel.pipelines.inference.base import weights_revision
+from longreel.pipelines.inference.text_models import load_tokenizer, resolve_model
 
 log = logging.getLogger("longreel")
 
@@ -20,11 +22,13 @@ log = logging.getLogger("longreel")
 class TransformersTextBackend(TextBackend):
     backend = "transformers"
     supports_guided = True
+    supports_pattern = False  # the constrained decoder here has no regex support
 
     def __init__(self, model: str = "smollm2", revision: str = "", *, trust_remote_code: bool = False,
                  dtype: str = "float32", threads: int | None = None, batch_size: int = 1):
         m = resolve_model(model)
-        super().__init__(model, revision or weights_hash(m.directory, m.gguf_file))
+        weights = os.path.join(m.directory, m.gguf_file) if m.gguf_file else m.directory
+        super().__init__(model, revision or weights_revision(weights) or "")
         self.local = m
         self.trust_remote_code = trust_remote_code
         self.dtype = dtype
@@ -58,7 +62,7 @@ class TransformersTextBackend(TextBackend):
 
     def masker(self):
         if self._masker is None:
-            from pipelines.qra.constrained import TokenMasker, token_texts
+            from longreel.pipelines.inference.constrained import TokenMasker, token_texts
 
             tok = self.tokenizer
             eos = {tok.eos_token_id} if tok.eos_token_id is not None else set()
@@ -108,7 +112,7 @@ class TransformersTextBackend(TextBackend):
         sampling parameters. A row stops at end of sequence or at its own max_new_tokens."""
         import torch
 
-        from pipelines.qra.constrained import Matcher
+        from longreel.pipelines.inference.constrained import Matcher
 
         tok, model = self.tokenizer, self._model
         prompts = [self.prompt_ids(r.messages) for r in reqs]

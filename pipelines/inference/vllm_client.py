@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 
-from pipelines.inference.base import Generation, GenerationParams, ModelInfo, Request, item_seed, weights_revision
+from longreel.pipelines.inference.base import Generation, GenerationParams, ModelInfo, Request, item_seed, weights_revision
 
 log = logging.getLogger("longreel")
 

@@ -11,14 +11,13 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import posixpath
-import uuid
 
 import apache_beam as beam
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
-from schemas import KINDS, to_table
+from longreel.schemas import KINDS, to_table
+from longreel.schemas.atomic import write_atomic
 
 
 def shard_of(key: str, num_shards: int) -> int:
@@ -37,13 +36,7 @@ def row_sort_key(kind_key: str, row: dict) -> tuple:
 def write_parquet_atomic(path: str, table) -> None:
     buf = io.BytesIO()
     pq.write_table(table, buf, compression="zstd")
-    directory, name = posixpath.split(path)
-    tmp = FileSystems.join(directory, f".tmp-{uuid.uuid4().hex}-{name}")
-    with FileSystems.create(tmp) as fh:
-        fh.write(buf.getvalue())
-    if FileSystems.exists(path):
-        FileSystems.delete([path])
-    FileSystems.rename([tmp], [path])
+    write_atomic(path, buf.getvalue())
 
 
 class _WriteShard(beam.DoFn):

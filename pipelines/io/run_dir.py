@@ -16,7 +16,7 @@ Its content (host, pid, start time, command) is what a refused run prints.
   :data:`HEARTBEAT_S`; a lock is stale (taken over with a warning) when its holder is on this host and its pid is
   gone, or its heartbeat is older than :data:`STALE_AFTER_S`.
 
-**Marker** (``OUT/_SUCCESS.json``, format and check in :mod:`schemas.run_marker`): written last, atomically, with
+**Marker** (``OUT/_SUCCESS.json``, format and check in :mod:`longreel.schemas.run_marker`): written last, atomically, with
 the config (hash and resolved values), the stages, a digest of the inputs and every file of the run with its size
 and sha256. It is removed before a run writes anything into a directory, so a directory without one holds an
 unfinished run. Stages run alone on a directory (``longreel caption/qra/filter/pack``) take the lock too, and
@@ -55,7 +55,8 @@ from dataclasses import dataclass
 
 from apache_beam.io.filesystems import FileSystems
 
-from schemas.run_marker import (MARKER_KIND, MARKER_NAME, MARKER_VERSION, IncompleteRun, parse_marker,
+from longreel.schemas.atomic import write_atomic
+from longreel.schemas.run_marker import (MARKER_KIND, MARKER_NAME, MARKER_VERSION, IncompleteRun, parse_marker,
                                 safe_relpath, sha256_of)
 
 log = logging.getLogger("longreel")
@@ -101,19 +102,7 @@ def _open_read(path: str):
 
 
 def _write_atomic(path: str, data: bytes) -> None:
-    tmp = path + ".tmp"
-    if not _remote(path):
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        return
-    with FileSystems.create(tmp) as fh:
-        fh.write(data)
-    if FileSystems.exists(path):
-        FileSystems.delete([path])
-    FileSystems.rename([tmp], [path])
+    write_atomic(path, data, fsync=True)
 
 
 def _delete_quiet(path: str) -> bool:
@@ -459,7 +448,7 @@ def digest_inputs(items: list[dict]) -> str:
 
 
 def read_marker(out_dir: str) -> dict | None:
-    from schemas.run_marker import read_marker as _read
+    from longreel.schemas.run_marker import read_marker as _read
     return _read(out_dir, open_file=_open_read)
 
 

@@ -1,6 +1,6 @@
 """Decoding frames at given timestamps with PyAV.
 
-Untrusted files are decoded inside :class:`pipelines.media.worker.IsolatedWorker` (op
+Untrusted files are decoded inside :class:`longreel.pipelines.media.worker.IsolatedWorker` (op
 ``decode``), which writes the frames to an ``.npy`` file (never a pickle) that
 :func:`decode_in_worker` loads and deletes. Trusted, already-probed files may call
 :func:`decode_frames` in-process.

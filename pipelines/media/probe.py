@@ -1,6 +1,6 @@
 """Probing a video file with PyAV (the FFmpeg libraries shipped in its wheel).
 
-Runs inside :mod:`pipelines.media.worker_main`, never in the pipeline process itself:
+Runs inside :mod:`longreel.pipelines.media.worker_main`, never in the pipeline process itself:
 a hostile file can hang or crash the demuxer. The frame count is *counted* by demuxing
 every packet of the video stream, because headers lie (or say nothing, as MPEG-PS and
 Ogg do) and a truncated file keeps its header's claims.

@@ -45,7 +45,7 @@ class WorkerCrashed(WorkerError):
 
 
 class IsolatedWorker:
-    """One child process running :mod:`pipelines.media.worker_main`. Thread-safe (one request at a time)."""
+    """One child process running :mod:`longreel.pipelines.media.worker_main`. Thread-safe (one request at a time)."""
 
     def __init__(self, default_timeout: float = 120.0):
         self.default_timeout = default_timeout
@@ -60,7 +60,7 @@ class IsolatedWorker:
         env.setdefault("OMP_NUM_THREADS", "1")
         self._buf = b""
         return subprocess.Popen(
-            [sys.executable, "-m", "pipelines.media.worker_main"],
+            [sys.executable, "-m", "longreel.pipelines.media.worker_main"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
             start_new_session=True)
 

@@ -1,4 +1,4 @@
-"""The child side of :class:`pipelines.media.worker.IsolatedWorker`: JSON requests in, JSON replies out.
+"""The child side of :class:`longreel.pipelines.media.worker.IsolatedWorker`: JSON requests in, JSON replies out.
 
 Operations are registered in ``OPS``; each takes keyword arguments and returns something JSON-able.
 An exception with a ``reason`` attribute becomes a clean error reply with that reason.
@@ -11,12 +11,12 @@ import traceback
 
 
 def _probe(path: str) -> dict:
-    from pipelines.media.probe import probe_file
+    from longreel.pipelines.media.probe import probe_file
     return probe_file(path)
 
 
 def _decode(tmpdir: str, **kw) -> dict:
-    from pipelines.media.decode import decode_to_npy
+    from longreel.pipelines.media.decode import decode_to_npy
     return decode_to_npy(tmpdir=tmpdir, **kw)
 
 

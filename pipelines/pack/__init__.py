@@ -1,14 +1,7 @@
-"""Pack: frame cache (decode once, processor-ready uint8) + deterministic WebDataset shards + wids index.
-
-See docs/SHARDS.md. ``add_pack_stage`` / ``run_pack`` live in :mod:`pipelines.pack.stage`.
+"""Pack's building blocks: the frame cache (decode once, processor-ready uint8), deterministic WebDataset shards
+and their wids index, and the pack config. The stage that wires them into a pipeline is
+:mod:`longreel.pipelines.stages.pack` (``add_pack_stage`` / ``run_pack``). See docs/SHARDS.md.
 """
-from pipelines.pack.config import PackConfig
+from longreel.pipelines.pack.config import PackConfig
 
-
-def add_pack_stage(*args, **kwargs):
-    """See :func:`pipelines.pack.stage.add_pack_stage` (imported lazily: Beam and transformers are heavy)."""
-    from pipelines.pack.stage import add_pack_stage as _add
-    return _add(*args, **kwargs)
-
-
-__all__ = ["PackConfig", "add_pack_stage"]
+__all__ = ["PackConfig"]

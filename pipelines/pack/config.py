@@ -1,10 +1,10 @@
-"""Configuration of ``longreel pack`` (YAML + validation, see :mod:`schemas.config`)."""
+"""Configuration of ``longreel pack`` (YAML + validation, see :mod:`longreel.schemas.config`)."""
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 
-from schemas.config import ConfigError, cfg
+from longreel.schemas.config import ConfigError, cfg
 
 _NAME = re.compile(r"^[A-Za-z0-9_]+$")
 

@@ -27,12 +27,12 @@ import io
 import json
 import math
 import os
-import posixpath
-import uuid
 from dataclasses import dataclass
 
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
+
+from longreel.schemas.atomic import write_atomic
 
 #: bump when what an entry holds changes for the same parameters (sampling, resize call, layout)
 PREPROCESS_VERSION = "frames-v2"  # v2: display rotation applied (phone videos stored upright)
@@ -53,7 +53,7 @@ def _versions() -> dict:
     import torchvision
     import transformers
 
-    from pipelines.media.decode import DECODE_VERSION
+    from longreel.pipelines.media.decode import DECODE_VERSION
     return {"preprocess": PREPROCESS_VERSION, "decode": DECODE_VERSION, "transformers": transformers.__version__,
             "torchvision": torchvision.__version__.split("+")[0], "torch": torch.__version__.split("+")[0]}
 
@@ -189,15 +189,7 @@ def npy_bytes(frames: np.ndarray) -> bytes:
 
 
 def _write_atomic(path: str, data: bytes) -> None:
-    directory, name = posixpath.split(path)
-    if "://" not in path:
-        os.makedirs(directory, exist_ok=True)
-    tmp = FileSystems.join(directory, f".tmp-{uuid.uuid4().hex}-{name}")
-    with FileSystems.create(tmp) as fh:
-        fh.write(data)
-    if FileSystems.exists(path):
-        FileSystems.delete([path])
-    FileSystems.rename([tmp], [path])
+    write_atomic(path, data)
 
 
 def _read(path: str) -> bytes:
@@ -281,7 +273,7 @@ class FrameCache:
         ``decode(path, timestamps) -> DecodedFrames`` (full resolution); pass
         ``lambda p, ts: decode_in_worker(worker, p, ts)`` for untrusted files.
         """
-        from pipelines.media.decode import upright
+        from longreel.pipelines.media.decode import upright
 
         vp = self.vp
         total = int(video["n_frames"])

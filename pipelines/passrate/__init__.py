@@ -1,4 +1,4 @@
 """Pass-rate filtering: answerer backends (Beam RunInference model handlers) and the pure rules of the filter.
 
-The Beam stage itself is :mod:`pipelines.stages.passrate`; its config is :class:`pipelines.filter_config.FilterConfig`.
+The Beam stage itself is :mod:`longreel.pipelines.stages.passrate`; its config is :class:`longreel.pipelines.filter_config.FilterConfig`.
 """

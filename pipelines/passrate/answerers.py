@@ -1,6 +1,6 @@
 """Answerer backends for the pass-rate filter, as Beam RunInference ``ModelHandler`` s.
 
-An *example* is one question with its video's frames (built by :mod:`pipelines.stages.passrate`)::
+An *example* is one question with its video's frames (built by :mod:`longreel.pipelines.stages.passrate`)::
 
     {"qra": <qra row>, "messages": <trainer.prompting.build_messages(...)>, "seed": int,
      "frames": uint8 ndarray [T, H, W, 3], "video": {"fps", "n_frames", "duration_s", "frame_indices",
@@ -11,7 +11,7 @@ question (a decoding quirk of the processor, an out-of-memory) is returned as ``
 becomes one ``answerer_failed`` reject; a model that cannot be loaded fails the run (a configuration error).
 
 Backends (each samples k completions per question, with the prompt rendered by the model's own chat template from
-the trainer's :func:`trainer.prompting.build_messages`):
+the trainer's :func:`longreel.task.prompting.build_messages`):
 
 * ``transformers``: ``AutoModelForImageTextToText`` + ``AutoProcessor`` from a local directory. Per question the
   processor runs once on the frames and ``generate(num_return_sequences=k)`` is called once; transformers' generate
@@ -20,40 +20,34 @@ the trainer's :func:`trainer.prompting.build_messages`):
   samples do not depend on batching, order or the other questions.
 * ``vllm``: one ``LLM.generate`` call per batch with one request per question and ``SamplingParams(n=k,
   seed=question seed)``; GPU only, imported lazily (checked by ``scripts/gpu_check_passrate_vllm.py``).
-* ``scripted``: no model; for each question a configured number of the k samples answers correctly (the rest
-  answer a wrong option, or, for non-multiple-choice types, give no answer block). Which of the k samples are the
-  correct ones is drawn from the question's seed. For tests whose expected pass counts are known.
 """
 from __future__ import annotations
 
 import hashlib
 import logging
 import os
-import random
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult
 
-from pipelines.filter_config import FilterConfig
-from trainer.prompting import OPTION_LETTERS, prompt_hash, render_prompt
+from longreel.pipelines.filter_config import FilterConfig
+from longreel.pipelines.inference.base import weights_revision
+from longreel.task.prompting import prompt_hash, render_prompt
 
 log = logging.getLogger("longreel")
 
-SCRIPTED_REVISION = "scripted-v1"
 #: Qwen2-VL-family frames are cut in 14-pixel patches merged 2x2: frame sides are multiples of 28.
 QWEN_FRAME_FACTOR = 28
 
 __all__ = [
     "AnswererHandler",
     "Loaded",
-    "ScriptedAnswererHandler",
     "TransformersAnswererHandler",
     "VLLMAnswererHandler",
     "make_handler",
     "question_seed",
-    "weights_sha256",
 ]
 
 
@@ -72,21 +66,6 @@ def question_seed(seed: int, qra_id: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{qra_id}".encode()).digest()[:4], "big") & 0x7FFFFFFF
 
 
-def weights_sha256(model_dir: str) -> str:
-    """``"sha256:<hex>"`` over the model's ``*.safetensors`` files (sorted names, each name and content hash)."""
-    names = sorted(n for n in os.listdir(model_dir) if n.endswith(".safetensors"))
-    if not names:
-        raise FileNotFoundError(f"no .safetensors files in {model_dir}")
-    outer = hashlib.sha256()
-    for name in names:
-        h = hashlib.sha256()
-        with open(os.path.join(model_dir, name), "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 22), b""):
-                h.update(block)
-        outer.update(f"{name}\0{h.hexdigest()}\n".encode())
-    return "sha256:" + outer.hexdigest()
-
-
 class AnswererHandler(ModelHandler):
     """Shared by every backend: batching, per-question error capture, provenance."""
 
@@ -103,6 +82,11 @@ class AnswererHandler(ModelHandler):
 
     def answerer_revision(self) -> str | None:
         return self.cfg.model_revision
+
+    def processor_dir(self) -> str | None:
+        """Where the frame cache's video processor comes from (``frame_source: cache``): the answering model's
+        own directory; None means Qwen2-VL's defaults."""
+        return self.cfg.model or None
 
     def provenance(self) -> dict:
         c = self.cfg
@@ -166,7 +150,7 @@ class TransformersAnswererHandler(AnswererHandler):
 
     def __init__(self, cfg: FilterConfig):
         super().__init__(cfg)
-        self._revision = cfg.model_revision or (weights_sha256(cfg.model) if os.path.isdir(cfg.model) else None)
+        self._revision = weights_revision(cfg.model, cfg.model_revision)
 
     def answerer_revision(self) -> str | None:
         return self._revision
@@ -236,7 +220,7 @@ class VLLMAnswererHandler(AnswererHandler):
 
     def __init__(self, cfg: FilterConfig):
         super().__init__(cfg)
-        self._revision = cfg.model_revision or (weights_sha256(cfg.model) if os.path.isdir(cfg.model) else None)
+        self._revision = weights_revision(cfg.model, cfg.model_revision)
 
     def answerer_revision(self) -> str | None:
         return self._revision
@@ -283,58 +267,7 @@ class VLLMAnswererHandler(AnswererHandler):
         return [[o.text for o in out.outputs] for out in outs]
 
 
-# ------------------------------------------------------------------------------------------------------------
-# scripted (tests)
-# ------------------------------------------------------------------------------------------------------------
-
-
-class ScriptedAnswererHandler(AnswererHandler):
-    """Known correctness per question: ``cfg.scripted_correct[qra_id]`` (else ``cfg.scripted_default``) of the k
-    samples are right. The completions still go through the reward library like a model's."""
-
-    backend = "scripted"
-
-    def answerer_name(self) -> str:
-        return "scripted"
-
-    def answerer_revision(self) -> str | None:
-        return SCRIPTED_REVISION
-
-    def load_model(self):
-        return Loaded()
-
-    def answer(self, model, example: dict) -> list[str]:
-        frames = example.get("frames")
-        if frames is None or getattr(frames, "ndim", 0) != 4 or frames.shape[0] < 1:
-            raise ValueError("scripted answerer got no frames")  # the stage must always pass the video
-        q = example["qra"]
-        k = self.cfg.k
-        n_right = int(self.cfg.scripted_correct.get(q["qra_id"], self.cfg.scripted_default))
-        right = set(random.Random(example["seed"]).sample(range(k), n_right))
-        think = f"<think>I looked at {frames.shape[0]} frames of the video.</think>"
-        out = []
-        for i in range(k):
-            if i in right:
-                out.append(f"{think}<answer>{q['answer']}</answer>")
-            elif q["problem_type"] == "multiple_choice" and self._wrong_letters(q, think):
-                wrong = self._wrong_letters(q, think)
-                out.append(f"{think}<answer>{wrong[i % len(wrong)]}</answer>")
-            else:
-                out.append(think)  # no answer block: scores 0 whatever the type
-        return out
-
-
-    def _wrong_letters(self, q: dict, think: str) -> list[str]:
-        """Option letters that the reward library scores below 1 for this question (the answer may be stored as
-        a letter or as an option's text, so "wrong" is decided by the scorer, not by comparing strings)."""
-        from trainer.rewards import score
-
-        letters = OPTION_LETTERS[:len(q.get("options") or OPTION_LETTERS)]
-        return [x for x in letters
-                if score(f"{think}<answer>{x}</answer>", q["problem_type"], q["answer"], q.get("options"),
-                         **self.cfg.reward_params).accuracy < 1.0]
-
-
 def make_handler(cfg: FilterConfig) -> AnswererHandler:
-    return {"transformers": TransformersAnswererHandler, "vllm": VLLMAnswererHandler,
-            "scripted": ScriptedAnswererHandler}[cfg.backend](cfg)
+    """The answerer ``cfg.backend`` names. (Tests and other callers with their own answerer pass it to the stage
+    instead: ``PassRateFilter(cfg, handler=...)``.)"""
+    return {"transformers": TransformersAnswererHandler, "vllm": VLLMAnswererHandler}[cfg.backend](cfg)

@@ -70,8 +70,3 @@ def render(name: str, directory: str | None = None, **variables) -> tuple[str, s
         raise PromptError(f"template {name!r}: {e.message}") from None
     return text.strip(), digest
 
-
-def list_templates(directory: str | None = None) -> dict[str, str]:
-    """``{name: sha256}`` of every template in the directory (for data cards)."""
-    d = directory or PROMPTS_DIR
-    return {f[:-3]: load_template(f[:-3], directory)[1] for f in sorted(os.listdir(d)) if f.endswith(".j2")}

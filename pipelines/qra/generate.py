@@ -33,15 +33,15 @@ import logging
 from dataclasses import dataclass
 from typing import Iterator
 
-from pipelines.qra import template_generator as tg
-from pipelines.qra.context import ContextError, Window, plan_context, assign_slots
-from pipelines.qra.json_schema import generation_schema, refinement_schema
-from pipelines.qra.parse import ParseError, extract_json, parse_generation
-from pipelines.qra.prompting import generation_messages, refine_messages
-from pipelines.qra.targets import make_target, normalize_question, qra_id
-from pipelines.qra.validate import validate_item
-from pipelines.qra_config import LLM_BACKENDS, QRAConfig
-from schemas.records import reject
+from longreel.pipelines.qra import template_generator as tg
+from longreel.pipelines.qra.context import ContextError, Window, plan_context, assign_slots
+from longreel.pipelines.qra.json_schema import generation_schema, refinement_schema
+from longreel.pipelines.qra.parse import ParseError, extract_json, parse_generation
+from longreel.pipelines.qra.prompting import generation_messages, refine_messages
+from longreel.pipelines.qra.targets import make_target, normalize_question, qra_id
+from longreel.pipelines.qra.validate import validate_item
+from longreel.pipelines.qra_config import LLM_BACKENDS, QRAConfig
+from longreel.schemas.records import reject
 
 log = logging.getLogger("longreel")
 
@@ -50,7 +50,7 @@ PROBLEM_TYPES = ("multiple_choice", "open_ended")
 
 
 def item_seed(base: int, key: str) -> int:
-    """A per-call seed, the same whatever the batching (as :func:`pipelines.inference.base.item_seed`)."""
+    """A per-call seed, the same whatever the batching (as :func:`longreel.pipelines.inference.base.item_seed`)."""
     return (int(base) + int(hashlib.sha256(key.encode()).hexdigest()[:8], 16)) % (2 ** 31 - 1)
 
 
@@ -62,7 +62,7 @@ def _template_hash() -> str:
 class TokenCounter:
     """Counts prompt tokens of chat messages with a model's tokenizer and chat template.
 
-    ``name``: as :func:`pipelines.inference.text_models.resolve_model` takes it, or ``bytes`` (UTF-8 bytes
+    ``name``: as :func:`longreel.pipelines.inference.text_models.resolve_model` takes it, or ``bytes`` (UTF-8 bytes
     of the messages: an upper bound of the token count of any byte-level BPE tokenizer).
     """
 
@@ -70,7 +70,7 @@ class TokenCounter:
         self.name = name
         self._tok = None
         if name != "bytes":
-            from pipelines.inference.text_models import load_tokenizer
+            from longreel.pipelines.inference.text_models import load_tokenizer
             self._tok = load_tokenizer(name)
 
     def __call__(self, messages: list[dict]) -> int:
@@ -96,7 +96,7 @@ class Call:
 
 class VideoQRAWriter:
     """Turns one video's captions (and clip facts) into QRA rows, rejects and counts. ``backend``: a
-    :class:`pipelines.inference.text_base.TextBackend` for the LLM backends, None for ``template``."""
+    :class:`longreel.pipelines.inference.text_base.TextBackend` for the LLM backends, None for ``template``."""
 
     def __init__(self, cfg: QRAConfig, backend=None, counter=None):
         if cfg.backend in LLM_BACKENDS and backend is None:
@@ -192,7 +192,7 @@ class VideoQRAWriter:
         return items, meta
 
     def _request(self, messages, schema, seed: int):
-        from pipelines.inference.text_base import TextRequest
+        from longreel.pipelines.inference.text_base import TextRequest
 
         s = self.cfg.sampling
         return TextRequest(messages=messages, schema=schema if self.cfg.guided else None,
@@ -200,7 +200,7 @@ class VideoQRAWriter:
                            repetition_penalty=s.repetition_penalty, seed=seed, max_string_chars=s.max_string_chars)
 
     def _llm_outputs(self, duration_s: float, calls: list[Call]) -> list[tuple]:
-        from pipelines.inference.text_base import sampling_json
+        from longreel.pipelines.inference.text_base import sampling_json
 
         reqs, hashes = [], []
         for call in calls:
@@ -347,6 +347,6 @@ def _answer_key(answer: str) -> str:
 
 
 def parse_text(text: str) -> str:
-    from pipelines.qra.parse import strip_think
+    from longreel.pipelines.qra.parse import strip_think
     return strip_think(text or "")
 

@@ -16,7 +16,7 @@ on the transformers side): ``type``, ``properties``, ``required``, ``additionalP
 Property order matters to grammar-based backends (they emit properties in schema order): ``reasoning``
 comes before ``answer`` so the model writes its argument before committing to an answer.
 
-Guided decoding guarantees the shape, not the content: the validator in :mod:`pipelines.qra.validate`
+Guided decoding guarantees the shape, not the content: the validator in :mod:`longreel.pipelines.qra.validate`
 still runs on every output (and is the only check for backends without guided decoding).
 :func:`check_instance` is a small checker for exactly this keyword subset, for tests and diagnostics.
 """
@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
-from pipelines.qra.targets import GENERATED_PROBLEM_TYPES, OPTION_LETTERS
+from longreel.pipelines.qra.targets import GENERATED_PROBLEM_TYPES, OPTION_LETTERS
 
 #: The only JSON-schema keywords used by the schemas of this module.
 SCHEMA_KEYWORDS = frozenset({"type", "properties", "required", "additionalProperties", "enum", "anyOf",

@@ -179,7 +179,7 @@ def parse_generation(text: str) -> list[Any]:
     Accepts ``{"questions": [...]}`` (key matched case-insensitively; a single object instead of the
     list is wrapped), a bare list of items, or a single item object (any object without a
     ``questions`` key: its fields are checked by the validator). Items are returned as decoded, possibly
-    not even dicts; :func:`pipelines.qra.validate.validate_item` judges each one.
+    not even dicts; :func:`longreel.pipelines.qra.validate.validate_item` judges each one.
     Raises :class:`ParseError` (see the module docstring for the details).
     """
     if not isinstance(text, str):

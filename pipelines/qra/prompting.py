@@ -2,16 +2,16 @@
 
 Templates: ``qra_system`` (system message of every call), ``qra_<category>`` for the four categories,
 ``qra_refine``. A call's ``prompt_hash`` is the sha256 of ``"<system hash>:<template hash>"``, so it
-changes exactly when the text of either template does (see :mod:`pipelines.prompts`).
+changes exactly when the text of either template does (see :mod:`longreel.pipelines.prompts`).
 """
 from __future__ import annotations
 
 import hashlib
 import json
 
-from pipelines.prompts import render
-from pipelines.qra.context import fmt_ts
-from pipelines.qra.targets import OPTION_LETTERS
+from longreel.pipelines.prompts import render
+from longreel.pipelines.qra.context import fmt_ts
+from longreel.pipelines.qra.targets import OPTION_LETTERS
 
 SYSTEM_TEMPLATE = "qra_system"
 REFINE_TEMPLATE = "qra_refine"
@@ -63,7 +63,7 @@ def refine_messages(item: dict, *, duration_s: float, captions: str) -> tuple[li
 
 def template_hashes(categories) -> dict[str, str]:
     """sha256 of every template the QRA stage may use (for provenance and data cards)."""
-    from pipelines.prompts import load_template
+    from longreel.pipelines.prompts import load_template
 
     names = [SYSTEM_TEMPLATE, REFINE_TEMPLATE] + [category_template(c) for c in categories]
     return {n: load_template(n)[1] for n in names}

@@ -3,7 +3,7 @@
 * :func:`make_target` builds the supervised target ``<think>{reasoning}</think><answer>{answer}</answer>``
   that CoT-SFT trains on and the trainer's rewards parse back.
 * :func:`problem_type_of` maps what a model wrote (``"Multiple-Choice"``, ``"mcq"``, a missing field)
-  to one canonical name of :data:`schemas.records.PROBLEM_TYPES`.
+  to one canonical name of :data:`longreel.schemas.records.PROBLEM_TYPES`.
 * :func:`normalize_question` is the key for near-duplicate detection *and* the input of :func:`qra_id`,
   so two questions that differ only in case, punctuation or spacing get the same id.
 """
@@ -14,7 +14,7 @@ import re
 import unicodedata
 from typing import Any, Mapping
 
-from schemas.records import PROBLEM_TYPES
+from longreel.schemas.records import PROBLEM_TYPES
 
 #: The problem types the QRA generation stage produces (a subset of ``PROBLEM_TYPES``).
 GENERATED_PROBLEM_TYPES = ("multiple_choice", "open_ended")
@@ -62,7 +62,7 @@ def make_target(reasoning: str, answer: str) -> str:
 def canonical_problem_type(value: str) -> str:
     """Map a spelling such as ``"Multiple-Choice"``, ``"open ended"`` or ``"MCQ"`` to its canonical name.
 
-    Raises ``ValueError`` for a value that is not one of :data:`schemas.records.PROBLEM_TYPES` or a known alias.
+    Raises ``ValueError`` for a value that is not one of :data:`longreel.schemas.records.PROBLEM_TYPES` or a known alias.
     """
     key = re.sub(r"[\s\-]+", "_", unicodedata.normalize("NFKC", value).strip().casefold())
     key = _PROBLEM_TYPE_ALIASES.get(key, key)

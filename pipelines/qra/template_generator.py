@@ -19,7 +19,7 @@ Question kinds per category (``MC``: four options, one correct letter; ``open``:
 * plot_narrative: the order of three scenes (MC, captions); whether motion increases or decreases from
   the first to the second half (MC and open, facts); what happens right after a scene (open, captions).
 
-The same items then pass :func:`pipelines.qra.validate.validate_item`, like an LLM's.
+The same items then pass :func:`longreel.pipelines.qra.validate.validate_item`, like an LLM's.
 """
 from __future__ import annotations
 
@@ -28,9 +28,9 @@ import itertools
 import random
 from typing import Callable, Sequence
 
-from pipelines.qra.context import caption_line, fmt_span, fmt_ts
-from pipelines.qra.targets import OPTION_LETTERS, normalize_question
-from pipelines.qra.validate import option_key
+from longreel.pipelines.qra.context import fmt_span, fmt_ts
+from longreel.pipelines.qra.targets import OPTION_LETTERS, normalize_question
+from longreel.pipelines.qra.validate import option_key
 
 GENERATOR = "template"
 MODEL = "longreel-template-qra"
@@ -351,6 +351,3 @@ def template_questions(video_id: str, captions: Sequence[dict], facts: dict[str,
     seen: set = set()
     return _take(mc_kinds, captions, facts, rng, n_mc, seen) + _take(open_kinds, captions, facts, rng, n_open, seen)
 
-
-def window_text(captions: Sequence[dict]) -> str:
-    return "\n".join(caption_line(c) for c in captions)

@@ -17,7 +17,7 @@ passes unchanged):
 * keys are matched case-insensitively, with aliases ``choices``->options, ``rationale``/``explanation``
   ->reasoning, ``type``/``question_type``->problem_type; unknown keys are dropped;
 * ``problem_type`` spellings are canonicalized (``"Multiple-Choice"``, ``"mcq"``); when it is absent
-  it is inferred from the presence of options (see :func:`pipelines.qra.targets.problem_type_of`);
+  it is inferred from the presence of options (see :func:`longreel.pipelines.qra.targets.problem_type_of`);
 * text fields are stripped; the target tags ``<think>``, ``</think>``, ``<answer>``, ``</answer>``
   are removed from them (they would break the training target);
 * numbers given for the answer or an option become their text (``3`` -> ``"3"``, ``2.5`` -> ``"2.5"``);
@@ -36,10 +36,10 @@ import re
 import unicodedata
 from typing import AbstractSet, Any, Mapping
 
-from pipelines.qra.parse import UNPARSEABLE, ParseError, parse_generation
-from pipelines.qra.targets import (GENERATED_PROBLEM_TYPES, OPTION_LETTERS, TARGET_TAGS, normalize_question,
+from longreel.pipelines.qra.parse import UNPARSEABLE, ParseError, parse_generation
+from longreel.pipelines.qra.targets import (GENERATED_PROBLEM_TYPES, OPTION_LETTERS, TARGET_TAGS, normalize_question,
                                    problem_type_of)
-from schemas.records import CATEGORIES
+from longreel.schemas.records import CATEGORIES
 
 #: Every reject reason of the QRA validation, with its definition.
 REASONS: dict[str, str] = {
@@ -263,7 +263,7 @@ def validate_item(item: dict, *, category: str, video_span_s: float | None,
     multiple choice), reasoning and category, and ``note`` lists the normalizations applied ("" if
     none); or ``(None, reason, message)`` with a code of :data:`REASONS`.
     ``video_span_s``: the video's duration; None (or <= 0) skips the range check. ``seen_questions``:
-    :func:`~pipelines.qra.targets.normalize_question` keys of the questions already kept for this video.
+    :func:`~longreel.pipelines.qra.targets.normalize_question` keys of the questions already kept for this video.
     Raises ``ValueError`` only for a ``category`` that is not one of ``CATEGORIES`` (a caller bug).
     """
     if category not in CATEGORIES:

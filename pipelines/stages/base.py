@@ -11,10 +11,9 @@ import logging
 import threading
 import time
 
-import apache_beam as beam
 from apache_beam.pvalue import TaggedOutput
 
-from schemas import SchemaError, reject, validate_row
+from longreel.schemas import SchemaError, reject, validate_row
 
 MAIN = "main"
 REJECTS = "rejects"
@@ -33,15 +32,6 @@ def checked(stage: str, kind: str, row: dict, key: str):
     except SchemaError as e:
         return rejected(stage, key, "schema_violation", str(e), video_id=row.get("video_id"))
     return row
-
-
-def split_outputs(pcoll_with_tags) -> dict:
-    return {MAIN: pcoll_with_tags[MAIN], REJECTS: pcoll_with_tags[REJECTS]}
-
-
-def run_stage(label: str, pcoll, dofn: beam.DoFn) -> dict:
-    out = pcoll | label >> beam.ParDo(dofn).with_outputs(REJECTS, main=MAIN)
-    return split_outputs(out)
 
 
 class Progress:

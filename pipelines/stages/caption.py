@@ -15,7 +15,7 @@ Each stage counts in clips: ``in == out + rejected``. The ``clip_facts`` table h
 clip (filtered ones too: their facts explain the reject); the ``captions`` table the captions.
 
 Frame sampling: ``frames.n`` timestamps at the centres of equal bins of the clip's range
-(:func:`pipelines.media.decode.sample_timestamps`); each frame is the one shown at its timestamp,
+(:func:`longreel.pipelines.media.decode.sample_timestamps`); each frame is the one shown at its timestamp,
 and the recorded ``frame_timestamps`` are the decoded frames' own presentation times.
 ``frames.decode``: ``per_video`` sends the timestamps of many consecutive clips of a video
 (up to ``max_frames_per_call``) in one worker call, which decodes forward once and is sliced per
@@ -39,14 +39,14 @@ import apache_beam as beam
 from apache_beam.ml.inference.base import PredictionResult, RunInference
 from apache_beam.pvalue import TaggedOutput
 
-from pipelines.caption_config import CaptionConfig
-from pipelines.inference.base import GenerationParams, ModelInfo, Request, fit_pixels, weights_revision
-from pipelines.inference.degenerate import degenerate_reason
-from pipelines.inference.handler import ClientSpec, GenerationModelHandler
-from pipelines.media import facts as F
-from pipelines.media.decode import DECODE_VERSION, sample_timestamps, upright  # noqa: F401 (upright: re-exported)
-from pipelines.prompts import load_template, render
-from pipelines.stages.base import MAIN, REJECTS, Progress, checked, rejected
+from longreel.pipelines.caption_config import CaptionConfig
+from longreel.pipelines.inference.base import GenerationParams, ModelInfo, Request, fit_pixels, weights_revision
+from longreel.pipelines.inference.degenerate import degenerate_reason
+from longreel.pipelines.inference.handler import ClientSpec, GenerationModelHandler
+from longreel.pipelines.media import facts as F
+from longreel.pipelines.media.decode import DECODE_VERSION, sample_timestamps, upright  # noqa: F401 (upright: re-exported)
+from longreel.pipelines.prompts import load_template, render
+from longreel.pipelines.stages.base import MAIN, REJECTS, Progress, checked, rejected
 
 STAGE_FACTS = "clip_facts"
 STAGE_FILTER = "clip_filter"
@@ -67,7 +67,7 @@ def frame_budget(cfg: CaptionConfig) -> tuple[int, int, int]:
     if cfg.backend == "facts":
         return (cfg.frames.max_pixels or FACTS_MAX_PIXELS), 2, 0
     if cfg.backend in ("transformers", "vllm") and cfg.model.path and os.path.isdir(cfg.model.path):
-        from pipelines.inference.hf_client import processor_pixel_budget
+        from longreel.pipelines.inference.hf_client import processor_pixel_budget
         max_px, multiple, min_px = processor_pixel_budget(cfg.model.path)
         return (cfg.frames.max_pixels or max_px), multiple, min_px
     return (cfg.frames.max_pixels or VLM_MAX_PIXELS), QWEN_MULTIPLE, 0
@@ -101,7 +101,7 @@ def client_spec(cfg: CaptionConfig) -> ClientSpec:
 def model_info(cfg: CaptionConfig) -> ModelInfo:
     """Provenance recorded in every caption, computed once where the pipeline is built (no model load)."""
     if cfg.backend == "facts":
-        from pipelines.inference.facts_captioner import MODEL_NAME
+        from longreel.pipelines.inference.facts_captioner import MODEL_NAME
         return ModelInfo("facts", MODEL_NAME, F.FACTS_VERSION)
     if cfg.backend == "openai":
         return ModelInfo("openai", cfg.model.path, cfg.model.revision)
@@ -110,7 +110,7 @@ def model_info(cfg: CaptionConfig) -> ModelInfo:
 
 def prompt_name(cfg: CaptionConfig) -> str:
     if cfg.backend == "facts":
-        from pipelines.inference.facts_captioner import TEMPLATE
+        from longreel.pipelines.inference.facts_captioner import TEMPLATE
         return TEMPLATE
     return cfg.prompt
 
@@ -180,7 +180,7 @@ class DecodeClipFrames(beam.DoFn):
         self.cfg, self.budget, self.keep_frames = cfg, budget, keep_frames
 
     def setup(self):
-        from pipelines.media.worker import IsolatedWorker
+        from longreel.pipelines.media.worker import IsolatedWorker
         self.worker = IsolatedWorker(default_timeout=self.cfg.frames.timeout_s)
         self.tmpdir = tempfile.mkdtemp(prefix="longreel-caption-")
         self.verified: dict[tuple, str] = {}
@@ -190,7 +190,7 @@ class DecodeClipFrames(beam.DoFn):
 
     def teardown(self):
         if self.progress.n:
-            from pipelines.stages.base import log
+            from longreel.pipelines.stages.base import log
             elapsed = time.monotonic() - self.progress.t0
             log.info("%s: %d clips, %.1f s in decode calls of %.1f s since the first clip", STAGE_FACTS,
                      self.progress.n, self.decode_s, elapsed)
@@ -203,7 +203,7 @@ class DecodeClipFrames(beam.DoFn):
 
         A remote video (gs://, s3://, http...) is copied once and the copy kept until a task of another remote
         video arrives, so the chunks of a long video do not download it again and again."""
-        from pipelines.stages.ingest import hash_and_localize
+        from longreel.pipelines.stages.ingest import hash_and_localize
 
         uri = video["uri"]
         remote = "://" in uri
@@ -245,7 +245,7 @@ class DecodeClipFrames(beam.DoFn):
         return decode_size(video, self.budget)
 
     def _decode(self, path: str, stamps: list[float], size: tuple[int, int]):
-        from pipelines.media.decode import decode_in_worker
+        from longreel.pipelines.media.decode import decode_in_worker
         t0 = time.monotonic()
         try:
             return decode_in_worker(self.worker, path, stamps, width=size[0], height=size[1],
@@ -254,7 +254,7 @@ class DecodeClipFrames(beam.DoFn):
             self.decode_s += time.monotonic() - t0
 
     def process(self, task: DecodeTask):
-        from pipelines.media.worker import WorkerError
+        from longreel.pipelines.media.worker import WorkerError
 
         video, clips = task.video, task.clips
         vid = video["video_id"]
@@ -391,7 +391,7 @@ def _dead_letters(bad):
 class CaptionClips(beam.PTransform):
     """``{"videos": videos, "clips": clips}`` -> ``{"main": captions, "rejects", "facts", "counts"}``.
 
-    ``counts`` are ``((stage, metric), n)`` pairs for :class:`pipelines.stats.WriteStats` covering the
+    ``counts`` are ``((stage, metric), n)`` pairs for :class:`longreel.pipelines.stats.WriteStats` covering the
     three stages ``clip_facts``, ``clip_filter`` and ``caption``, plus the model's latency per clip as
     ``run:caption`` pairs (``stats.json["run"]["caption"]``; no table holds wall-clock time).
     """
@@ -411,7 +411,7 @@ class CaptionClips(beam.PTransform):
             namespace="longreel_caption")
 
     def expand(self, pcolls):
-        from pipelines.stats import stage_counts, timing_pairs
+        from longreel.pipelines.stats import stage_counts, timing_pairs
 
         cfg = self.cfg
         videos, clips = pcolls["videos"], pcolls["clips"]
@@ -450,10 +450,10 @@ def add_caption_stage(p, videos_pcoll, clips_pcoll, out_dir: str, cfg: CaptionCo
     """Add captioning to pipeline ``p``; write ``captions-*`` and ``clip_facts-*`` Parquet tables under ``out_dir``.
 
     Returns ``{"captions", "facts", "rejects", "counts"}`` PCollections: the caller flattens ``rejects`` into its
-    rejects table and ``counts`` into its :class:`~pipelines.stats.WriteStats` (stage order: ``CAPTION_STAGES``,
+    rejects table and ``counts`` into its :class:`~longreel.pipelines.stats.WriteStats` (stage order: ``CAPTION_STAGES``,
     units ``CAPTION_UNITS``).
     """
-    from pipelines.io.parquet_sink import WriteSortedParquet
+    from longreel.pipelines.io.parquet_sink import WriteSortedParquet
 
     del p  # the PCollections carry the pipeline; kept in the signature for symmetry with the other stages
     out = {"videos": videos_pcoll, "clips": clips_pcoll} | "CaptionClips" >> CaptionClips(cfg, handler)

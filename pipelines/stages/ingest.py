@@ -20,8 +20,8 @@ import urllib.request
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from pipelines.media.worker import IsolatedWorker, WorkerError
-from pipelines.stages.base import MAIN, REJECTS, Progress, checked, rejected
+from longreel.pipelines.media.worker import IsolatedWorker, WorkerError
+from longreel.pipelines.stages.base import MAIN, REJECTS, Progress, checked, rejected
 
 STAGE = "ingest"
 DEDUP_STAGE = "dedup"

@@ -4,20 +4,20 @@ GRPO learns only from questions its policy sometimes gets right and sometimes wr
 k times (default 8) by the answering VLM and scored with exactly the trainer's rewards:
 
 1. **Join** questions to their videos by ``video_id``; a question whose video is not in the videos table is a reject
-   ``video_missing``. The reference answer is checked with :func:`trainer.rewards.validate_reference` (reject
-   ``invalid_reference``) and the prompt is built with :func:`trainer.prompting.messages_for_qra` (reject
+   ``video_missing``. The reference answer is checked with :func:`longreel.task.rewards.validate_reference` (reject
+   ``invalid_reference``) and the prompt is built with :func:`longreel.task.prompting.messages_for_qra` (reject
    ``bad_question``, e.g. more than four options).
 2. **Frames**: ``n_frames`` timestamps at the centres of equal bins over the whole video, decoded once per video
-   (all its questions share them) in a killable :class:`~pipelines.media.worker.IsolatedWorker`, already resized to
+   (all its questions share them) in a killable :class:`~longreel.pipelines.media.worker.IsolatedWorker`, already resized to
    the Qwen processor's grid (sides multiples of 28, pixels within [min_pixels, max_pixels], aspect kept). A video
    that fails to decode rejects its questions with the decoder's reason (``decode_failed``, ``timeout``, ...).
    With ``frame_source: cache`` the frames come from the pack stage's frame cache instead
-   (:mod:`pipelines.pack.frame_cache`: the processor's own fps sampling and resize, built on a miss): with the pack's
+   (:mod:`longreel.pipelines.pack.frame_cache`: the processor's own fps sampling and resize, built on a miss): with the pack's
    parameters the answerer sees exactly the frames the trainer will, and each video is decoded once for both stages.
-3. **Answer**: Beam ``RunInference`` with an answerer handler (:mod:`pipelines.passrate.answerers`): k samples per
+3. **Answer**: Beam ``RunInference`` with an answerer handler (:mod:`longreel.pipelines.passrate.answerers`): k samples per
    question in one call, with the trainer's prompt format, under a per-question seed derived from ``seed`` and the
    ``qra_id`` (same seed, same samples, whatever the batching). A failure on a question is ``answerer_failed``.
-4. **Score** every sample with :func:`trainer.rewards.score` (``reward_params`` are the trainer's). A sample
+4. **Score** every sample with :func:`longreel.task.rewards.score` (``reward_params`` are the trainer's). A sample
    *passes* when its accuracy is 1.0 (default) or, with ``pass_threshold`` t, when its reward is >= t.
    ``pass_count`` is the number of passing samples (an integer in 0..k), ``mean_reward`` the mean of the k rewards.
 5. **Label**: ``easy`` (k/k), ``hard`` (0/k), ``medium`` (in between). **Keep** by policy: ``medium`` (default)
@@ -50,12 +50,12 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.ml.inference.base import RunInference
 
-from pipelines.media.decode import upright
-from pipelines.filter_config import FilterConfig
-from pipelines.passrate.answerers import AnswererHandler, make_handler, question_seed
-from pipelines.stages.base import MAIN, REJECTS, Progress, checked, rejected
-from trainer.prompting import messages_for_qra
-from trainer.rewards import score, validate_reference
+from longreel.pipelines.media.decode import upright
+from longreel.pipelines.filter_config import FilterConfig
+from longreel.pipelines.passrate.answerers import AnswererHandler, make_handler, question_seed
+from longreel.pipelines.stages.base import MAIN, REJECTS, Progress, checked, rejected
+from longreel.task.prompting import messages_for_qra
+from longreel.task.rewards import score, validate_reference
 
 log = logging.getLogger("longreel")
 
@@ -113,7 +113,7 @@ def split_for(qra_id: str, pass_count: int, k: int, cfg: FilterConfig) -> str:
 
 def uniform_timestamps(duration_s: float, n: int) -> list[float]:
     """``n`` timestamps at the centres of ``n`` equal bins of [0, duration_s)."""
-    from pipelines.media.decode import sample_timestamps
+    from longreel.pipelines.media.decode import sample_timestamps
 
     return sample_timestamps(0.0, duration_s, n)
 
@@ -134,20 +134,20 @@ def frame_size(width: int, height: int, cfg: FilterConfig) -> tuple[int, int]:
 class PrepareQuestions(beam.DoFn):
     """(video_id, {"videos": [...], "qras": [...]}) -> one example per answerable question (frames decoded once)."""
 
-    def __init__(self, cfg: FilterConfig):
-        self.cfg = cfg
+    def __init__(self, cfg: FilterConfig, processor_dir: str | None = None):
+        self.cfg, self.processor_dir = cfg, processor_dir
 
     def setup(self):
-        from pipelines.media.worker import IsolatedWorker
+        from longreel.pipelines.media.worker import IsolatedWorker
 
         cfg = self.cfg
         self.worker = IsolatedWorker(default_timeout=cfg.decode_timeout_s)
         self.progress = Progress(STAGE, "videos decoded")
         self.cache = None
         if cfg.frame_source == "cache":
-            from pipelines.pack.frame_cache import FrameCache, FrameParams, load_video_processor
+            from longreel.pipelines.pack.frame_cache import FrameCache, FrameParams, load_video_processor
 
-            vp = load_video_processor(cfg.model or None, min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels)
+            vp = load_video_processor(self.processor_dir, min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels)
             self.cache = FrameCache(cfg.cache_dir, FrameParams(cfg.cache_fps, cfg.cache_max_frames,
                                                                cfg.cache_min_frames), vp)
 
@@ -211,7 +211,7 @@ class PrepareQuestions(beam.DoFn):
         return upright(d.frames, video.get("rotation")), meta
 
     def _decode(self, path: str, timestamps: list[float], **size):
-        from pipelines.media.decode import decode_in_worker
+        from longreel.pipelines.media.decode import decode_in_worker
 
         return decode_in_worker(self.worker, path, timestamps, timeout=self.cfg.decode_timeout_s, **size)
 
@@ -315,7 +315,7 @@ class PassRateFilter(beam.PTransform):
         keyed_v = videos | "KeyVideos" >> beam.Map(lambda v: (v["video_id"], v))
         keyed_q = qras | "KeyQuestions" >> beam.Map(lambda q: (q["video_id"], q))
         joined = {"videos": keyed_v, "qras": keyed_q} | "JoinVideos" >> beam.CoGroupByKey()
-        prepared = joined | "FramesAndPrompts" >> beam.ParDo(PrepareQuestions(self.cfg)).with_outputs(REJECTS,
+        prepared = joined | "FramesAndPrompts" >> beam.ParDo(PrepareQuestions(self.cfg, self.handler.processor_dir())).with_outputs(REJECTS,
                                                                                                        main=MAIN)
         answered = prepared[MAIN] | "Answer" >> RunInference(self.handler)
         scored = answered | "Score" >> beam.ParDo(ScoreQuestion(self.cfg, self.provenance())).with_outputs(
@@ -333,7 +333,7 @@ class PassRateFilter(beam.PTransform):
 def filter_counts(label: str, qras, out: dict):
     """``((stage, metric), n)`` pairs: in/out/rejected (unit: question) plus ``pass_count:N``, ``label:L`` and
     ``split:S`` counts of the scored rows."""
-    from pipelines.stats import stage_counts
+    from longreel.pipelines.stats import stage_counts
 
     base = stage_counts(label, STAGE, qras, out[KEPT], out[REJECTS])
     detail = out[MAIN] | f"{label}Detail" >> beam.FlatMap(
@@ -383,7 +383,7 @@ def add_filter_stage(p, videos_pcoll, qras_pcoll, out_dir: str, cfg: FilterConfi
     ``dict(pass_rates=<all scored rows>, kept=<sft/rl rows>, rejects=<reject rows>, counts=<stats pairs>,
     provenance=<dict>)``. The caller writes the rejects into its rejects table, flattens ``counts`` into its
     stats pairs and applies ``finish_filter_stats(doc, cfg.k, provenance)`` in its stats ``finish``."""
-    from pipelines.io.parquet_sink import WriteSortedParquet
+    from longreel.pipelines.io.parquet_sink import WriteSortedParquet
 
     del p  # the PCollections carry the pipeline
     transform = PassRateFilter(cfg, handler)

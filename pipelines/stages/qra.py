@@ -1,13 +1,13 @@
 """Stage ``qra``: captions (+ clip facts) of each video -> question-reasoning-answer rows.
 
 ``GenerateQRA`` groups captions, clip facts and video records by video id (``CoGroupByKey``), then
-one DoFn per video runs :class:`pipelines.qra.generate.VideoQRAWriter`: the per-video context (time
+one DoFn per video runs :class:`longreel.pipelines.qra.generate.VideoQRAWriter`: the per-video context (time
 ordered, ``[MM:SS-MM:SS] caption`` lines, a token budget counted with the model's tokenizer, the
 windows fallback for long videos), the generation calls (``template`` generator or an LLM backend with
 JSON-schema-guided decoding), validation with reject reasons, and the refinement pass. Outputs:
 ``main`` (``qra`` rows), ``rejects`` (stages ``qra_context``, ``qra``, ``qra_refine``) and ``counts``
-(``((stage, metric), n)`` pairs for :class:`pipelines.stats.WriteStats`; see
-:mod:`pipelines.qra.generate` for what each count means; ``in == out + rejected`` per stage).
+(``((stage, metric), n)`` pairs for :class:`longreel.pipelines.stats.WriteStats`; see
+:mod:`longreel.pipelines.qra.generate` for what each count means; ``in == out + rejected`` per stage).
 
 A video with captions but no video row (a captions table from elsewhere) uses the end of its last
 caption as its duration. Caption rows without a video id match nothing and cannot occur (the schema
@@ -18,13 +18,12 @@ from __future__ import annotations
 import logging
 
 import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.pvalue import TaggedOutput
 
-from pipelines.io.parquet_sink import WriteSortedParquet
-from pipelines.qra.generate import CONTEXT_STAGE, REFINE_STAGE, STAGE, VideoQRAWriter
-from pipelines.qra_config import QRAConfig
-from pipelines.stages.base import MAIN, REJECTS, Progress, checked
+from longreel.pipelines.io.parquet_sink import WriteSortedParquet
+from longreel.pipelines.qra.generate import CONTEXT_STAGE, REFINE_STAGE, STAGE, VideoQRAWriter
+from longreel.pipelines.qra_config import QRAConfig
+from longreel.pipelines.stages.base import MAIN, REJECTS, Progress, checked
 
 log = logging.getLogger("longreel")
 
@@ -38,16 +37,16 @@ def build_backend(cfg: QRAConfig):
     if cfg.backend == "template":
         return None
     if cfg.backend == "transformers":
-        from pipelines.inference.text_transformers import TransformersTextBackend
+        from longreel.pipelines.inference.text_transformers import TransformersTextBackend
         return TransformersTextBackend(cfg.model, cfg.model_revision, trust_remote_code=cfg.trust_remote_code,
                                        dtype="float32" if cfg.dtype == "auto" else cfg.dtype,
                                        batch_size=cfg.batch_size)
     if cfg.backend == "openai":
-        from pipelines.inference.text_openai import OpenAITextBackend
+        from longreel.pipelines.inference.text_openai import OpenAITextBackend
         return OpenAITextBackend(cfg.base_url, cfg.model, revision=cfg.model_revision, api_key_env=cfg.api_key_env,
                                  timeout_s=cfg.request_timeout_s, guided_mode=cfg.guided_mode)
     if cfg.backend == "vllm":
-        from pipelines.inference.text_vllm import VLLMTextBackend
+        from longreel.pipelines.inference.text_vllm import VLLMTextBackend
         return VLLMTextBackend(cfg.model, cfg.model_revision, trust_remote_code=cfg.trust_remote_code, dtype=cfg.dtype,
                                max_model_len=cfg.max_model_len)
     raise ValueError(f"unknown qra backend {cfg.backend!r}")
@@ -55,7 +54,7 @@ def build_backend(cfg: QRAConfig):
 
 def build_counter(cfg: QRAConfig, backend):
     """The prompt-token counter: the configured tokenizer, else the backend's own model tokenizer."""
-    from pipelines.qra.generate import TokenCounter
+    from longreel.pipelines.qra.generate import TokenCounter
 
     name = cfg.context.tokenizer
     if name:
@@ -142,7 +141,7 @@ class GenerateQRA(beam.PTransform):
     """``{"captions", "facts" (optional), "videos"}`` -> ``{"main": qra rows, "rejects", "counts"}``.
 
     ``backend_factory`` (tests, custom clients): a zero-argument callable returning a
-    :class:`pipelines.inference.text_base.TextBackend`, used instead of the one the config names.
+    :class:`longreel.pipelines.inference.text_base.TextBackend`, used instead of the one the config names.
     """
 
     def __init__(self, cfg: QRAConfig, backend_factory=None):
@@ -184,6 +183,3 @@ def add_qra_stage(p, captions_pcoll, facts_pcoll, videos_pcoll, out_dir: str, cf
     out[MAIN] | "WriteQRAs" >> WriteSortedParquet(out_dir, "qras", "qra", cfg.parquet_shards)
     return {"qras": out[MAIN], "rejects": out[REJECTS], "counts": out[COUNTS]}
 
-
-def qras_path(out_dir: str) -> str:
-    return FileSystems.join(out_dir, "qras-*.parquet")

@@ -33,9 +33,9 @@ from dataclasses import dataclass
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from pipelines.config import SegmentConfig
-from pipelines.media.ffmpeg_bin import ffmpeg_exe
-from pipelines.stages.base import MAIN, REJECTS, Progress, checked, rejected
+from longreel.pipelines.config import SegmentConfig
+from longreel.pipelines.media.ffmpeg_bin import ffmpeg_exe
+from longreel.pipelines.stages.base import MAIN, REJECTS, Progress, checked, rejected
 
 STAGE = "segment"
 EPS = 1e-6

@@ -1,24 +1,24 @@
 """MR-SP (Multi-modal Reinforcement Sequence Parallelism) for Qwen2-VL-family policies.
 
-Wired into the GRPO trainer (:mod:`trainer.grpo`, config section ``mrsp``: ``enabled``, ``vision``, ``sp_size``,
+Wired into the GRPO trainer (:mod:`longreel.trainer.grpo`, config section ``mrsp``: ``enabled``, ``vision``, ``sp_size``,
 ``sp_min_tokens``) exactly as sketched at the end of this docstring; ``tests/test_grpo_mrsp.py`` checks that a
 trainer step with MR-SP equals the plain step (log-probs, loss, gradients within 1e-5), that each unique video goes
 through the policy's tower once per step, and that ``torchrun`` with ``mrsp.sp_size=2`` gives the gradients of one
 process.
 
 Stage 1 (embedding reuse): each unique video of a GRPO step goes through the vision tower once
-(:class:`~trainer.mrsp.embed_cache.StepEmbedCache`), optionally sharded across ranks
-(:func:`~trainer.mrsp.vision_shard.sharded_video_features`); the features and the M-RoPE position ids
-(:mod:`~trainer.mrsp.positions`) are reused by every rollout, the old-policy and reference log-probs and the
-update (:mod:`~trainer.mrsp.reuse`).
+(:class:`~longreel.trainer.mrsp.embed_cache.StepEmbedCache`), optionally sharded across ranks
+(:func:`~longreel.trainer.mrsp.vision_shard.sharded_video_features`); the features and the M-RoPE position ids
+(:mod:`~longreel.trainer.positions`) are reused by every rollout, the old-policy and reference log-probs and the
+update (:mod:`~longreel.trainer.mrsp.reuse`).
 
-Stage 2 (sequence-parallel prefill): :func:`~trainer.mrsp.sp_prefill.sp_response_logprobs` splits the gathered
+Stage 2 (sequence-parallel prefill): :func:`~longreel.trainer.mrsp.sp_prefill.sp_response_logprobs` splits the gathered
 input embeddings along the sequence across ranks, with exact causal attention over all-gathered K/V;
-:func:`~trainer.mrsp.sp_prefill.prefill_logprobs` switches it on above a length threshold, by default as
-:func:`~trainer.mrsp.sp_prefill.sp_shared_prompt_logprobs` (the prompt split along the sequence and run once; the
+:func:`~longreel.trainer.mrsp.sp_prefill.prefill_logprobs` switches it on above a length threshold, by default as
+:func:`~longreel.trainer.mrsp.sp_prefill.sp_shared_prompt_logprobs` (the prompt split along the sequence and run once; the
 G response rows split over the ranks, attending to each layer's gathered prompt K/V).
 
-GPU rollouts with cached embeddings through vLLM: :mod:`~trainer.mrsp.vllm_embeds` (lazy import).
+GPU rollouts with cached embeddings through vLLM: :mod:`~longreel.trainer.mrsp.vllm_embeds` (lazy import).
 
 A GRPO step with MR-SP (one prompt ``p`` with video key ``k``; ``group`` = the SP group, ``None`` for one rank)::
 

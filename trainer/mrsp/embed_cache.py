@@ -21,7 +21,7 @@ Vision-tower training modes (``vision=``):
                 tower's activation memory from the first encode until the update.
 
 :class:`VisionCallCounter` counts passes through the tower (a forward hook), so a test can prove "once per
-step". The encoder is pluggable (``encoder=``), e.g. :func:`trainer.mrsp.vision_shard.make_sharded_encoder`.
+step". The encoder is pluggable (``encoder=``), e.g. :func:`longreel.trainer.mrsp.vision_shard.make_sharded_encoder`.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from trainer.mrsp.positions import PromptPositions, base_model, prompt_positions
+from longreel.trainer.positions import PromptPositions, base_model, prompt_positions
 
 __all__ = ["VisionCallCounter", "CachedVideo", "StepEmbedCache", "encode_video_features", "VISION_MODES"]
 
@@ -229,7 +229,7 @@ class StepEmbedCache:
     # ----------------------------------------------------------------------------------------- positions
     def positions(self, prompt_key: str, input_ids: Tensor, video_grid_thw: Tensor | None,
                   mm_token_type_ids: Tensor | None = None, extra: dict | None = None) -> PromptPositions:
-        """M-RoPE positions of a prompt, computed once per step (see :mod:`trainer.mrsp.positions`)."""
+        """M-RoPE positions of a prompt, computed once per step (see :mod:`longreel.trainer.positions`)."""
         hit = self._positions.get(prompt_key)
         if hit is not None:
             if hit.length != input_ids.shape[-1]:

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from trainer.mrsp.positions import PromptPositions
-from trainer.policy import token_logprobs  # noqa: F401  (re-exported: one definition for every log-prob pass)
+from longreel.trainer.positions import PromptPositions
+from longreel.trainer.policy import token_logprobs  # noqa: F401  (re-exported: one definition for every log-prob pass)
 
 __all__ = ["build_inputs_embeds", "response_logprobs", "generate_with_features", "token_logprobs",
            "mm_encoder_outputs", "policy_video_embeds"]
@@ -56,11 +56,11 @@ def response_logprobs(model, prompt_ids: Tensor, response_ids: Tensor, response_
             ``StepEmbedCache.update_features`` leaf, in the update).
         positions: the prompt's cached M-RoPE positions.
         share_prompt: run the prompt (video + question) once and only the ``N`` responses on top of its K/V
-            cache (``trainer.policy.shared_prefix_logprobs``), instead of ``N`` full sequences; equal within
+            cache (``longreel.trainer.policy.shared_prefix_logprobs``), instead of ``N`` full sequences; equal within
             fp32 rounding. Falls back to the per-sequence forward under gradient checkpointing in training mode.
     Entries at padding positions are meaningless (mask them). Grad follows the caller's grad mode.
     """
-    from trainer.policy import can_share_prompt, shared_prefix_logprobs
+    from longreel.trainer.policy import can_share_prompt, shared_prefix_logprobs
 
     n, t = response_ids.shape
     if share_prompt and can_share_prompt(model):
@@ -90,11 +90,11 @@ def generate_with_features(model, prompt_ids: Tensor, *, features: Tensor, video
 
     The (pixel-free) rope index is recomputed from ``video_grid_thw``. With ``share_prompt`` and several
     sequences the prompt is prefilled once and its K/V cache repeated for the ``num_return_sequences`` rows
-    (``trainer.rollout.generate_shared_prefix``: same tokens under the same seed); otherwise transformers
+    (``longreel.trainer.rollout.generate_shared_prefix``: same tokens under the same seed); otherwise transformers
     expands the prompt and ``mm_encoder_outputs`` itself. Returns the generated ids ``[G, Lp + new]``.
     """
-    from trainer.mrsp.positions import mm_token_types
-    from trainer.rollout import generate_shared_prefix
+    from longreel.trainer.positions import mm_token_types
+    from longreel.trainer.rollout import generate_shared_prefix
 
     if mm_token_type_ids is None:
         mm_token_type_ids = mm_token_types(model, prompt_ids)
@@ -111,8 +111,8 @@ def generate_with_features(model, prompt_ids: Tensor, *, features: Tensor, video
 
 
 def policy_video_embeds(features: Tensor, video_grid_thw: Tensor):
-    """Wrap cached features as ``trainer.policy.VideoEmbeds`` for the trainer's ``sequence_logprobs`` /
+    """Wrap cached features as ``longreel.trainer.policy.VideoEmbeds`` for the trainer's ``sequence_logprobs`` /
     rollout engines (an update leaf from ``StepEmbedCache.update_features`` keeps its gradient path)."""
-    from trainer.policy import VideoEmbeds
+    from longreel.trainer.policy import VideoEmbeds
 
     return VideoEmbeds(features=features, grid_thw=video_grid_thw)

@@ -6,7 +6,7 @@ except attention is per token (RMSNorm, q/k/v/o projections, M-RoPE rotation fro
 ids, the MLP), so the rank computes it on its rows with the HF modules' own weights and functions. Attention
 is made exact by an **all-gather of K and V** along the sequence (after the rotary, before GQA expansion):
 each local query row attends over the key range ``j <= global_row``. The all-gather's backward sums every rank's gradient for each K/V slice
-and hands it to the rank that produced it (:func:`trainer.mrsp.dist_ops.gather_seq`, ``grad="sum"``).
+and hands it to the rank that produced it (:func:`longreel.trainer.mrsp.dist_ops.gather_seq`, ``grad="sum"``).
 
 Attention without an ``L x L`` mask: rank ``r``'s queries see the keys of earlier ranks in full and their own
 keys causally. On CPU the two parts are two calls of PyTorch's fused flash-attention kernel (the same kernel
@@ -26,7 +26,7 @@ is small next to the per-token activations that SP divides by ``N``.
 Each rank computes the LM head only on its own rows that predict response tokens; the per-rank log-probs
 are all-gathered to ``[B, T]`` (identical on every rank) with ``grad="own"``: every rank must then compute the
 *same* loss from them, and parameter gradients are summed across the group afterwards
-(:func:`trainer.mrsp.dist_ops.allreduce_grads_`).
+(:func:`longreel.trainer.mrsp.dist_ops.allreduce_grads_`).
 
 Right padding only (the trainer's layout): with every row's real tokens first, causal masking alone excludes
 the padding keys from every real query, so no per-row key mask is needed.
@@ -40,9 +40,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from trainer.mrsp.dist_ops import gather_seq, world
-from trainer.mrsp.positions import PromptPositions, base_model
-from trainer.mrsp.reuse import response_logprobs, token_logprobs
+from longreel.trainer.mrsp.dist_ops import gather_seq, world
+from longreel.trainer.positions import PromptPositions, base_model
+from longreel.trainer.mrsp.reuse import response_logprobs, token_logprobs
 
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 _FLASH_CPU_BWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
@@ -312,7 +312,7 @@ def prefill_logprobs(model, prompt_ids: Tensor, response_ids: Tensor, response_m
     identical on every rank of ``group``.
 
     * one rank (``group`` ``None`` or of size 1): the plain stage-1 forward
-      (:func:`trainer.mrsp.reuse.response_logprobs`; with ``share_prompt`` the prompt runs once for the ``N``
+      (:func:`longreel.trainer.mrsp.reuse.response_logprobs`; with ``share_prompt`` the prompt runs once for the ``N``
       rows);
     * ``Lp + T >= sp_min_tokens``: sequence-parallel over ``group``; with ``share_prompt`` the prompt runs once
       sequence-parallel and the rows are split over the ranks (:func:`sp_shared_prompt_logprobs`), else every

@@ -9,11 +9,11 @@ Qwen2-VL-family vision towers attend within one temporal patch group (``temporal
    balanced by patch count (the tower's cost is linear in patches within a group);
 2. each rank encodes its range (``model.get_video_features`` on a slice: one tower pass);
 3. the merged features are all-gathered in rank order (= the model's order) by
-   :func:`trainer.mrsp.dist_ops.gather_seq`, whose backward returns each rank the gradient of its own slice
+   :func:`longreel.trainer.mrsp.dist_ops.gather_seq`, whose backward returns each rank the gradient of its own slice
    (``grad="sum"``: summed over the ranks that consumed it; ``"own"``: every rank computed the same loss).
 
 Vision parameter gradients then live on the rank that encoded the frames: sum them across the group
-(:func:`trainer.mrsp.dist_ops.allreduce_grads_`), as for every MR-SP parameter.
+(:func:`longreel.trainer.mrsp.dist_ops.allreduce_grads_`), as for every MR-SP parameter.
 """
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from trainer.mrsp.dist_ops import gather_seq, world
-from trainer.mrsp.embed_cache import encode_video_features
-from trainer.mrsp.positions import base_model
+from longreel.trainer.mrsp.dist_ops import gather_seq, world
+from longreel.trainer.mrsp.embed_cache import encode_video_features
+from longreel.trainer.positions import base_model
 
 __all__ = ["ShardPlan", "plan_temporal_shards", "sharded_video_features", "make_sharded_encoder"]
 
@@ -38,12 +38,6 @@ class ShardPlan:
     grids: tuple
     out_sizes: tuple
     patches: tuple
-
-    @property
-    def imbalance(self) -> float:
-        """max / mean patches per rank (1.0 = perfect)."""
-        mean = sum(self.patches) / len(self.patches)
-        return max(self.patches) / mean if mean else 1.0
 
 
 def plan_temporal_shards(video_grid_thw: Tensor, world_size: int, merge_size: int = 2) -> ShardPlan:
@@ -141,7 +135,7 @@ def sharded_video_features(model, pixel_values_videos: Tensor, video_grid_thw: T
 
 
 def make_sharded_encoder(model, *, group=None, grad: str = "sum"):
-    """An ``encoder`` for :class:`trainer.mrsp.embed_cache.StepEmbedCache` that shards across ``group``."""
+    """An ``encoder`` for :class:`longreel.trainer.mrsp.embed_cache.StepEmbedCache` that shards across ``group``."""
     def encoder(pixel_values_videos: Tensor, video_grid_thw: Tensor) -> Tensor:
         return sharded_video_features(model, pixel_values_videos, video_grid_thw, group=group, grad=grad)
     return encoder

@@ -5,12 +5,12 @@ Qwen2-VL-family models a video item is ``{"video_embeds": [n_tokens, hidden], "v
 (Qwen2.5-VL also takes ``second_per_grid_ts``). The prompt keeps the single ``<|video_pad|>`` the chat template
 renders; vLLM's processor expands it to ``n_tokens`` placeholders from the grid and computes the M-RoPE
 positions from the same grid (``get_mrope_input_positions``), so positions match ``get_rope_index`` /
-:mod:`trainer.mrsp.positions` as long as the grid is the one the features were encoded with.
+:mod:`longreel.trainer.positions` as long as the grid is the one the features were encoded with.
 
 Nothing here imports vLLM at module import time (``import vllm`` happens inside :func:`make_llm`); the request
 builders only need torch. ``scripts/gpu_check_mrsp_vllm.py`` checks on a GPU that (a) the vLLM vision tower is
 never called on the embeds path, (b) greedy outputs equal the frames path, and (c) vLLM's prompt log-probs
-of a fixed response equal the trainer's (:func:`trainer.mrsp.reuse.response_logprobs`).
+of a fixed response equal the trainer's (:func:`longreel.trainer.mrsp.reuse.response_logprobs`).
 """
 from __future__ import annotations
 

@@ -514,10 +514,10 @@ def _install(tmp: Path, target: Path, params: dict, replace_old: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m trainer.tiny_model OUT_DIR [--family qwen2_vl|qwen2_5_vl] [--seed N]``: build offline."""
+    """``python -m longreel.testing.tiny_model OUT_DIR [--family qwen2_vl|qwen2_5_vl] [--seed N]``: build offline."""
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m trainer.tiny_model",
+    ap = argparse.ArgumentParser(prog="python -m longreel.testing.tiny_model",
                                  description="Build a tiny random Qwen2-VL-family model + processor offline "
                                              "(for demos and tests; nothing is downloaded).")
     ap.add_argument("out_dir")

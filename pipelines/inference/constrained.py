@@ -1,6 +1,6 @@
 """JSON-schema-constrained decoding for local models: a character-level matcher and a token mask.
 
-Only the keyword subset of :mod:`pipelines.qra.json_schema` is supported (``type`` object/array/string,
+Only the keyword subset of :mod:`longreel.pipelines.qra.json_schema` is supported (``type`` object/array/string,
 ``properties`` with every property ``required``, ``additionalProperties``, ``enum``, ``anyOf``, ``items``,
 ``minItems``, ``maxItems``, ``minLength``); anything else raises :class:`UnsupportedSchema`, it is never
 silently ignored. The accepted language is *compact* JSON (no whitespace outside strings), properties in

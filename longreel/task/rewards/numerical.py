@@ -1,10 +1,10 @@
 """``numerical``: one number compared with relative / absolute tolerance.
 
-Accepted (reference and prediction alike, after :func:`~trainer.rewards.extract.clean_answer`, so also inside
+Accepted (reference and prediction alike, after :func:`~longreel.task.rewards.extract.clean_answer`, so also inside
 ``\\boxed{}`` or after "Answer:"), the whole text being exactly one of:
 
 * a decimal number: ``12``, ``-3.5``, ``+.5``, ``1e-3``, ``6.02E23``; Unicode digits are ASCII-folded first
-  (``١٢`` and ``１２`` are ``12``: see :func:`~trainer.rewards.extract.normalize_text`);
+  (``١٢`` and ``１２`` are ``12``: see :func:`~longreel.task.rewards.extract.normalize_text`);
 * a number with comma thousands separators in strict groups of three: ``1,234,567.5`` (``1,5`` is unparseable);
 * scientific notation spelled out: ``1.5 \\times 10^{3}``, ``1.5×10^3``, ``2*10^-4``;
 * an integer fraction ``3/4`` or ``\\frac{3}{4}`` (``\\dfrac`` too); a zero denominator is unparseable;
@@ -30,8 +30,8 @@ from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal, InvalidOperation, loca
 from numbers import Real
 from typing import Any
 
-from trainer.rewards.extract import clean_answer
-from trainer.rewards.registry import AnswerParseError, InvalidReference, Judgement, Scorer, register
+from longreel.task.rewards.extract import clean_answer
+from longreel.task.rewards.registry import AnswerParseError, InvalidReference, Judgement, Scorer, register
 
 __all__ = ["NumericalScorer", "parse_number"]
 

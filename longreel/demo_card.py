@@ -1,7 +1,7 @@
 """The embedded demo's data card (``data_cards/demo/``): rebuilt from the sample corpus by the README's main
 command, then ``card build``.
 
-``python -m pipelines.card.demo [OUT_DIR]`` (or ``scripts/build_demo_card.sh``) runs the demo pipeline into a
+``python -m longreel.demo_card [OUT_DIR]`` (or ``scripts/build_demo_card.sh``) runs the demo pipeline into a
 temporary directory and writes the card to ``OUT_DIR`` (default: ``data_cards/demo``). The test
 ``tests/test_card_demo.py`` does the same into a temporary directory and fails when the committed card
 drifts from what the code produces.
@@ -17,7 +17,7 @@ import os
 import sys
 import tempfile
 
-import data_cards
+from longreel import data_cards
 
 DEMO_CARD_DIR = os.path.join(os.path.dirname(os.path.abspath(data_cards.__file__)), "demo")
 DEMO_NAME = "longreel_demo"
@@ -46,7 +46,7 @@ def run_demo(run_dir: str) -> str:
 
 
 def demo_card(run_dir: str) -> dict:
-    from pipelines.card.build import collect
+    from longreel.pipelines.card.build import collect
     return collect(run_dir, name=DEMO_NAME, pretty_name=DEMO_PRETTY_NAME, command=DEMO_COMMAND)
 
 
@@ -59,7 +59,7 @@ def pin_code_version(card: dict, code_version: str) -> dict:
 
 def build_demo_card(out_dir: str = DEMO_CARD_DIR, work_dir: str | None = None) -> dict:
     """Run the demo and write its card into ``out_dir``; return the card."""
-    from pipelines.card.build import write_card
+    from longreel.pipelines.card.build import write_card
     with tempfile.TemporaryDirectory(prefix="longreel-demo-card-") as tmp:
         run_dir = run_demo(work_dir or os.path.join(tmp, "demo_out"))
         card = demo_card(run_dir)

@@ -4,11 +4,11 @@
 
 Steps:
 
-1. ``problem_type`` selects a registered scorer (:mod:`trainer.rewards.registry`); an unknown type raises
+1. ``problem_type`` selects a registered scorer (:mod:`longreel.task.rewards.registry`); an unknown type raises
    :class:`UnknownProblemType`. Keyword parameters that no registered scorer declares raise ``TypeError``; bad values
    raise ``ValueError``. The reference ``answer`` (and ``options``) is parsed on every call, so a bad reference raises
    :class:`InvalidReference` whatever the completion (use :func:`validate_reference` up front in data pipelines).
-2. The format check of :mod:`trainer.rewards.format`: exactly one non-empty ``<think>`` block, then (whitespace
+2. The format check of :mod:`longreel.task.rewards.format`: exactly one non-empty ``<think>`` block, then (whitespace
    only) one non-empty ``<answer>`` block, nothing else outside them.
 3. Only a well-formatted completion is scored: the scorer reads the answer block's text. When there is no
    ``<answer>`` block the answer is missing; the whole completion is never scored instead.
@@ -42,15 +42,15 @@ from dataclasses import dataclass
 from numbers import Real
 from typing import Any
 
-from trainer.rewards import boolean as _boolean  # noqa: F401  (registers "boolean")
-from trainer.rewards import grounding as _grounding  # noqa: F401  ("temporal_grounding", "spatial_grounding")
-from trainer.rewards import math_expr as _math_expr  # noqa: F401  ("math")
-from trainer.rewards import multiple_choice as _multiple_choice  # noqa: F401  ("multiple_choice")
-from trainer.rewards import numerical as _numerical  # noqa: F401  ("numerical")
-from trainer.rewards import open_ended as _open_ended  # noqa: F401  ("open_ended")
-from trainer.rewards.extract import extract_answer_text, normalize_text
-from trainer.rewards.format import FormatCheck, check_format, format_reward
-from trainer.rewards.registry import (
+from longreel.task.rewards import boolean as _boolean  # noqa: F401  (registers "boolean")
+from longreel.task.rewards import grounding as _grounding  # noqa: F401  ("temporal_grounding", "spatial_grounding")
+from longreel.task.rewards import math_expr as _math_expr  # noqa: F401  ("math")
+from longreel.task.rewards import multiple_choice as _multiple_choice  # noqa: F401  ("multiple_choice")
+from longreel.task.rewards import numerical as _numerical  # noqa: F401  ("numerical")
+from longreel.task.rewards import open_ended as _open_ended  # noqa: F401  ("open_ended")
+from longreel.task.rewards.extract import extract_answer_text, normalize_text
+from longreel.task.rewards.format import FormatCheck, check_format, format_reward
+from longreel.task.rewards.registry import (
     AnswerParseError,
     InvalidReference,
     Judgement,

@@ -7,9 +7,9 @@ only letters can be matched.
 
 Reference. A letter (any case, also ``"(C)"``, ``"C."``) or, when options are given, the exact text of one option
 (compared case-insensitively, whitespace collapsed, trailing full stop ignored). A letter wins over an option whose
-text happens to be a letter. Anything else raises :class:`~trainer.rewards.registry.InvalidReference`.
+text happens to be a letter. Anything else raises :class:`~longreel.task.rewards.registry.InvalidReference`.
 
-Prediction (the final answer block, see :func:`~trainer.rewards.extract.clean_answer` for the wrappers removed
+Prediction (the final answer block, see :func:`~longreel.task.rewards.extract.clean_answer` for the wrappers removed
 first: ``\\boxed{C}``, ``**C**``, ``$C$``, "Answer: C", "The answer is C", "Option C"). Accepted, in order:
 
 1. a lone letter, optionally bracketed and/or followed by ``.``/``:``/``)``: ``C``, ``(C)``, ``[C]``, ``C.``,
@@ -34,8 +34,8 @@ import string
 from collections.abc import Sequence
 from typing import Any
 
-from trainer.rewards.extract import clean_answer, normalize_text
-from trainer.rewards.registry import AnswerParseError, InvalidReference, Judgement, Scorer, register
+from longreel.task.rewards.extract import clean_answer, normalize_text
+from longreel.task.rewards.registry import AnswerParseError, InvalidReference, Judgement, Scorer, register
 
 __all__ = ["MultipleChoiceScorer", "parse_choice"]
 

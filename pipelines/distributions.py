@@ -2,7 +2,7 @@
 
 Every distribution is a *section* of integer counts by *key* (a histogram bin, a category, a split, a
 shard name...). A table contributes ``(("dist:<section>", key), n)`` pairs, the same shape as the funnel's
-``((stage, metric), n)`` pairs, so they flow into the same :class:`pipelines.stats.WriteStats`, are summed
+``((stage, metric), n)`` pairs, so they flow into the same :class:`longreel.pipelines.stats.WriteStats`, are summed
 per key by the same ``CombinePerKey(sum)``, and land in ``stats.json`` under ``"distributions"`` (see
 :func:`fold_distributions`). Values are integers only (durations are summed in milliseconds), so sums do not
 depend on the order a runner combines them in, and a re-run writes the same bytes.
@@ -104,7 +104,7 @@ TABLES = ("videos", "clips", "captions", "qras", "pass_rate", "pack_samples", "s
 
 
 def _enum(name: str) -> tuple[str, ...]:
-    from schemas import CATEGORIES, PROBLEM_TYPES
+    from longreel.schemas import CATEGORIES, PROBLEM_TYPES
     return {"category": CATEGORIES, "problem_type": PROBLEM_TYPES, "letter": MC_LETTERS,
             "label": ("easy", "medium", "hard"), "split": ("sft", "rl", "drop")}[name]
 
@@ -260,7 +260,7 @@ def sum_pairs(pairs) -> list:
 def add_distributions(tables: dict, label: str = "Dist"):
     """``{table name: PCollection of rows}`` -> PCollection of ``(("dist:<section>", key), n)`` pairs.
 
-    Flatten the result with the funnel pairs into the pipeline's :class:`pipelines.stats.WriteStats`: the
+    Flatten the result with the funnel pairs into the pipeline's :class:`longreel.pipelines.stats.WriteStats`: the
     pairs are summed per key there and folded into ``stats.json["distributions"]``. Table names are those of
     :data:`TABLES`; an unknown name is an error (a typo would silently drop a section from the card).
     """

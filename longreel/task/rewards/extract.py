@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
-from trainer.rewards.registry import AnswerParseError
+from longreel.task.rewards.registry import AnswerParseError
 
 __all__ = [
     "ANSWER_CLOSE",

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainer.rewards.extract import ANSWER_CLOSE, ANSWER_OPEN, THINK_CLOSE, THINK_OPEN, extract_answer_text
+from longreel.task.rewards.extract import ANSWER_CLOSE, ANSWER_OPEN, THINK_CLOSE, THINK_OPEN, extract_answer_text
 
 __all__ = ["FormatCheck", "check_format", "format_reward"]
 

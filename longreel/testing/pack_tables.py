@@ -11,12 +11,12 @@ import hashlib
 import json
 import os
 
-from schemas import to_table, validate_row
+from longreel.schemas import to_table, validate_row
 
 
 def video_rows(paths: list[str], license: str | None = None, attribution: str | None = None) -> list[dict]:
-    from pipelines.media.worker import IsolatedWorker
-    from pipelines.stages.ingest import hash_and_localize
+    from longreel.pipelines.media.worker import IsolatedWorker
+    from longreel.pipelines.stages.ingest import hash_and_localize
 
     rows = []
     with IsolatedWorker(default_timeout=300) as w:
@@ -70,7 +70,7 @@ def pass_rate_rows(qras: list[dict], k: int = 4) -> list[dict]:
 
 def write_tables(out_dir: str, tables: dict[str, tuple[str, list[dict]]]) -> None:
     """``{"videos": ("video", rows), "qras": ("qra", rows), ...}`` -> ``<out_dir>/<table>-00000-of-00001.parquet``."""
-    from pipelines.io.parquet_sink import shard_name, write_parquet_atomic
+    from longreel.pipelines.io.parquet_sink import shard_name, write_parquet_atomic
 
     os.makedirs(out_dir, exist_ok=True)
     for table, (kind, rows) in tables.items():

@@ -20,7 +20,7 @@ or, for the simple case, with a function ``fn(prediction, answer, options, **par
 (the reference is then passed through unchanged as a string).
 
 ``params`` declares the keyword parameters the scorer understands, with their defaults. ``score(...)`` in
-:mod:`trainer.rewards` rejects keyword parameters that no registered scorer declares (a typo is an error, not a
+:mod:`longreel.task.rewards` rejects keyword parameters that no registered scorer declares (a typo is an error, not a
 silent default) and passes each scorer only its own parameters, with defaults filled in.
 """
 

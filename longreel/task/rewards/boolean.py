@@ -3,7 +3,7 @@
 Reference: ``yes``/``no``/``true``/``false`` in any case (``true`` means ``yes``); anything else raises
 ``InvalidReference``.
 
-Prediction (after :func:`~trainer.rewards.extract.clean_answer`: ``\\boxed{Yes}``, ``**No**``, "Answer: yes",
+Prediction (after :func:`~longreel.task.rewards.extract.clean_answer`: ``\\boxed{Yes}``, ``**No**``, "Answer: yes",
 trailing ``.``/``!`` all fine), case-insensitive:
 
 * exactly one of ``yes``, ``no``, ``true``, ``false``;
@@ -20,8 +20,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from trainer.rewards.extract import clean_answer
-from trainer.rewards.registry import AnswerParseError, InvalidReference, Judgement, Scorer, register
+from longreel.task.rewards.extract import clean_answer
+from longreel.task.rewards.registry import AnswerParseError, InvalidReference, Judgement, Scorer, register
 
 __all__ = ["BooleanScorer", "parse_boolean"]
 

@@ -1,7 +1,7 @@
 """``temporal_grounding`` (1D IoU of ``[start, end]`` seconds) and ``spatial_grounding`` (box IoU of
 ``[x1, y1, x2, y2]``).
 
-Temporal. The text (after :func:`~trainer.rewards.extract.clean_answer`) must hold exactly two times and, besides
+Temporal. The text (after :func:`~longreel.task.rewards.extract.clean_answer`) must hold exactly two times and, besides
 whitespace, the words ``from``/``to``/``and``/``between`` and second units (``s``, ``sec``, ``secs``, ``second``,
 ``seconds``), nothing else but: opening ``[``/``(`` before the first time, at most one separator ``,``/``;``/
 ``-``/``–``/``~`` between the times, closing ``]``/``)`` after the second. A time is a non-negative decimal
@@ -35,8 +35,8 @@ from fractions import Fraction
 from numbers import Real
 from typing import Any
 
-from trainer.rewards.extract import clean_answer
-from trainer.rewards.registry import (
+from longreel.task.rewards.extract import clean_answer
+from longreel.task.rewards.registry import (
     AnswerParseError,
     InvalidReference,
     Judgement,

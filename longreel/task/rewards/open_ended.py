@@ -1,14 +1,14 @@
 """``open_ended``: free-text answers scored by ROUGE F-measure (``rouge-score`` library), ROUGE-L by default.
 
 Reference: any text with at least one token (else ``InvalidReference``). Prediction: the answer block with outer
-markup removed by :func:`~trainer.rewards.extract.clean_answer` (``\\boxed{}``, quotes, ``**``, trailing full stop;
+markup removed by :func:`~longreel.task.rewards.extract.clean_answer` (``\\boxed{}``, quotes, ``**``, trailing full stop;
 the "Answer:" phrase is kept, it is just one more token). A prediction with no token at all (``"!!!"``) is
 ``"unparseable"``.
 
 Tokenisation. For ASCII text it is exactly the library's default (lowercase, split on anything not ``[a-z0-9]``,
 Porter-stem tokens longer than 3 characters). Unlike the default, which deletes every non-ASCII character (so two
 Chinese answers would score 0 against each other), letters and digits of any script are kept: text is
-ASCII-folded with :func:`~trainer.rewards.extract.normalize_text`, case-folded, split on non-alphanumerics, and each
+ASCII-folded with :func:`~longreel.task.rewards.extract.normalize_text`, case-folded, split on non-alphanumerics, and each
 CJK ideograph or kana is its own token. Stemming applies to ASCII tokens only.
 
 Parameters: ``rouge_type`` (``"rougeL"`` default, or ``"rouge1"``, ``"rouge2"``, ``"rougeLsum"``) and
@@ -26,8 +26,8 @@ from typing import Any
 from nltk.stem import porter
 from rouge_score import rouge_scorer, tokenizers
 
-from trainer.rewards.extract import clean_answer, normalize_text
-from trainer.rewards.registry import AnswerParseError, InvalidReference, Judgement, Scorer, reason_for_score, register
+from longreel.task.rewards.extract import clean_answer, normalize_text
+from longreel.task.rewards.registry import AnswerParseError, InvalidReference, Judgement, Scorer, reason_for_score, register
 
 __all__ = ["OpenEndedScorer", "UnicodeTokenizer", "rouge_f"]
 

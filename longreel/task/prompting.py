@@ -6,7 +6,7 @@ A question is asked as a chat with two messages::
      {"role": "user", "content": [{"type": "video"}, {"type": "text", "text": question_text(...)}]}]
 
 * the system prompt asks for the reasoning inside ``<think>...</think>`` followed by the final answer inside
-  ``<answer>...</answer>`` (the format :mod:`trainer.rewards` gates accuracy on);
+  ``<answer>...</answer>`` (the format :mod:`longreel.task.rewards` gates accuracy on);
 * the video is one ``{"type": "video"}`` content item before the text (the processor expands it to the video's
   visual tokens; the frames themselves travel beside the messages, never inside them);
 * the text is the question, then, for multiple choice, the options lettered ``A.`` .. ``D.`` one per line (options

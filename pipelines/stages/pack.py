@@ -30,12 +30,13 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.pvalue import TaggedOutput
 
-from pipelines.pack.config import PackConfig
-from pipelines.pack.frame_cache import CacheError, FrameCache, FrameParams, load_video_processor
-from pipelines.pack.shards import SAMPLE_LAYOUT, WriteWebDatasetShards, ensure_dir, sample_bytes
-from pipelines.stages.base import Progress
-from pipelines.stats import run_count
-from schemas import reject
+from longreel.pipelines.pack.config import PackConfig
+from longreel.pipelines.pack.frame_cache import CacheError, FrameCache, FrameParams, load_video_processor
+from longreel.pipelines.pack.shards import WriteWebDatasetShards, ensure_dir, sample_bytes
+from longreel.task.shard_format import SAMPLE_LAYOUT
+from longreel.pipelines.stages.base import Progress
+from longreel.pipelines.stats import run_count
+from longreel.schemas import reject
 
 log = logging.getLogger("longreel")
 
@@ -106,7 +107,7 @@ class _CacheAndBuild(beam.DoFn):
         self.cfg, self.cache_dir = cfg, cache_dir
 
     def setup(self):
-        from pipelines.media.worker import IsolatedWorker
+        from longreel.pipelines.media.worker import IsolatedWorker
         self.vp = load_video_processor(self.cfg.processor, min_pixels=self.cfg.min_pixels,
                                        max_pixels=self.cfg.max_pixels)
         self.cache = FrameCache(self.cache_dir, FrameParams(self.cfg.fps, self.cfg.max_frames, self.cfg.min_frames),
@@ -124,9 +125,9 @@ class _CacheAndBuild(beam.DoFn):
         entry, state = self.cache.lookup(video["sha256"], verify=self.cfg.cache_verify)
         if entry is not None:
             return entry, "hit"
-        from pipelines.media.decode import decode_in_worker
-        from pipelines.media.worker import WorkerError
-        from pipelines.stages.ingest import hash_and_localize
+        from longreel.pipelines.media.decode import decode_in_worker
+        from longreel.pipelines.media.worker import WorkerError
+        from longreel.pipelines.stages.ingest import hash_and_localize
 
         if self.tmpdir is None and "://" in video["uri"]:
             self.tmpdir = tempfile.mkdtemp(prefix="longreel-pack-")
@@ -193,7 +194,7 @@ class _CacheAndBuild(beam.DoFn):
             yield sample_descriptor(split, video, entry, sorted(qs, key=lambda q: q["qra_id"]))
 
 def sample_descriptor(split: str, video: dict, entry, qras: list[dict]) -> dict:
-    """One tar sample (see :mod:`pipelines.pack.shards`): a video's frames (by reference to the cache),
+    """One tar sample (see :mod:`longreel.pipelines.pack.shards`): a video's frames (by reference to the cache),
     meta.json (VideoMetadata, sizes, processor, licence), qras.json (its questions in ``split``, sorted)
     and sums.json (bytes + sha256 of the three)."""
     m = entry.meta
@@ -261,7 +262,7 @@ def _summary(shards: list[dict], frames: list[int], dataset: str) -> dict:
 
 def index_extra(cfg: PackConfig) -> dict:
     """What the index records about how the frames were made (no paths: byte-identical across locations)."""
-    from pipelines.pack.frame_cache import _versions, processor_params
+    from longreel.pipelines.pack.frame_cache import _versions, processor_params
     vp = load_video_processor(cfg.processor, min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels)
     return {"frames": {"fps": cfg.fps, "max_frames": cfg.max_frames, "min_frames": cfg.min_frames},
             "processor": processor_params(vp), "versions": _versions()}
@@ -291,7 +292,7 @@ def add_pack_stage(p, videos_pcoll, qras_pcoll, passrate_pcoll_or_none, out_dir:
     bytes, sha256}, "indexes": {split, index (path), doc}, "rejects": reject rows, "counts": pairs,
     "summary": one dict, "samples": sample descriptors}``.
     """
-    from schemas.config import config_hash
+    from longreel.schemas.config import config_hash
 
     cache_dir = cfg.cache_dir or FileSystems.join(out_dir, "frame_cache")
     shards_dir = cfg.shards_dir or FileSystems.join(out_dir, "shards")
@@ -306,7 +307,7 @@ def add_pack_stage(p, videos_pcoll, qras_pcoll, passrate_pcoll_or_none, out_dir:
         pr_by_q = passrate_pcoll_or_none | "PackKeyPassRate" >> beam.Map(lambda r: (r["qra_id"], r))
         joined = {"qra": by_q, "pr": pr_by_q}
         if filter_rejects is not None:
-            from pipelines.stages.passrate import STAGE as FILTER_STAGE
+            from longreel.pipelines.stages.passrate import STAGE as FILTER_STAGE
             joined["filtered"] = (filter_rejects | "PackFilterRejectsOnly" >> beam.Filter(
                 lambda r: r["stage"] == FILTER_STAGE) | "PackKeyFiltered" >> beam.Map(lambda r: (r["key"], 1)))
         selected = (joined | "PackJoinPassRate" >> beam.CoGroupByKey()
@@ -329,7 +330,7 @@ def add_pack_stage(p, videos_pcoll, qras_pcoll, passrate_pcoll_or_none, out_dir:
         lambda shards, frames: _summary(shards, frames, cfg.dataset), beam.pvalue.AsSingleton(frame_list)))
     if standalone:
         # Like the other stages run alone on an output directory: other stages' rejects and funnel entries are kept.
-        from pipelines.stage_rerun import write_rerun_outputs
+        from longreel.pipelines.stage_rerun import write_rerun_outputs
         write_rerun_outputs(p, out_dir, STAGE_ORDER, STAGE_UNITS, rejects, counts,
                             {"pack_config_hash": config_hash(cfg)}, 1, extras={"pack": summary})
     return {"shards": written["shards"], "indexes": written["indexes"], "rejects": rejects, "counts": counts,
@@ -338,18 +339,18 @@ def add_pack_stage(p, videos_pcoll, qras_pcoll, passrate_pcoll_or_none, out_dir:
 
 def run_pack(out_dir: str, cfg: PackConfig, beam_args: list[str] | None = None, command: str | None = None) -> dict:
     """Read ``out_dir``'s videos / qra (/ pass_rate) tables, pack them (holding the directory's lock; see
-    :mod:`pipelines.io.run_dir`); return the stats document."""
-    from pipelines.io.run_dir import StageSession
-    from schemas.config import config_hash
+    :mod:`longreel.pipelines.io.run_dir`); return the stats document."""
+    from longreel.pipelines.io.run_dir import StageSession
+    from longreel.schemas.config import config_hash
 
     with StageSession(out_dir, "pack", config_hash(cfg), command) as session:
         return _run_pack(session, out_dir, cfg, beam_args)
 
 
 def _run_pack(session, out_dir: str, cfg: PackConfig, beam_args) -> dict:
-    from pipelines.io.parquet_sink import read_table
-    from pipelines.runner import make_pipeline
-    from pipelines.stats import read_json
+    from longreel.pipelines.io.parquet_sink import read_table
+    from longreel.pipelines.runner import make_pipeline
+    from longreel.pipelines.stats import read_json
 
     videos = read_table(out_dir, cfg.videos_table).to_pylist()
     qras = read_table(out_dir, cfg.qra_table).to_pylist()
@@ -366,7 +367,7 @@ def _run_pack(session, out_dir: str, cfg: PackConfig, beam_args) -> dict:
     pr = (p | "PassRates" >> beam.Create(pass_rates)) if pass_rates is not None else None
     frej = None
     if pass_rates is not None:
-        from pipelines.stages.passrate import STAGE as FILTER_STAGE
+        from longreel.pipelines.stages.passrate import STAGE as FILTER_STAGE
         try:
             earlier = [r for r in read_table(out_dir, "rejects").to_pylist() if r["stage"] == FILTER_STAGE]
         except FileNotFoundError:

@@ -2,7 +2,7 @@
 
 (The module is named ``math_expr`` so that it can never be confused with the standard library's ``math``.)
 
-Reference and prediction are ASCII-folded (:func:`~trainer.rewards.extract.normalize_text`). Text that has no LaTeX
+Reference and prediction are ASCII-folded (:func:`~longreel.task.rewards.extract.normalize_text`). Text that has no LaTeX
 math delimiter of its own (``$``, ``\\(``, ``\\[``, ``\\boxed``) is wrapped in ``$...$`` before ``parse``, because
 math-verify reads bare LaTeX only partly (bare ``2\\sqrt{2}`` parses as ``2``). So ``\\frac{1}{2}``, ``0.5``,
 ``1/2``, ``$x = 0.5$`` and ``\\boxed{\\tfrac12}`` all match a reference ``1/2``; ``(x+1)^2`` matches ``x^2+2x+1``;
@@ -27,8 +27,8 @@ from functools import lru_cache
 from numbers import Real
 from typing import Any
 
-from trainer.rewards.extract import normalize_text
-from trainer.rewards.registry import AnswerParseError, InvalidReference, Judgement, Scorer, register
+from longreel.task.rewards.extract import normalize_text
+from longreel.task.rewards.registry import AnswerParseError, InvalidReference, Judgement, Scorer, register
 
 __all__ = ["MathScorer", "MAX_CHARS"]
 
