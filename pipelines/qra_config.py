@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from longreel.schemas.config import ConfigError, cfg
@@ -84,9 +85,19 @@ class QRAConfig:
     max_model_len: int = cfg(8192, "vllm backend: context length (>= context.max_tokens + sampling.max_new_tokens).")
     context: QRAContextConfig = cfg(default_factory=QRAContextConfig, help="Per-video caption context.")
     sampling: QRASamplingConfig = cfg(default_factory=QRASamplingConfig, help="Decoding parameters.")
+    reasoning_prefix: str = cfg("", "A regular expression every reasoning must start with, e.g. "
+                                    "'Checking the video at \\[[0-9]{2}:[0-9]{2}-[0-9]{2}:[0-9]{2}\\]' to make "
+                                    "each reasoning open on the time span it rests on. Backends whose guided "
+                                    "decoding takes a JSON-schema pattern (vllm, openai) are constrained to it; "
+                                    "every output is checked (reject reasoning_prefix_mismatch). '' = no rule.")
     parquet_shards: int = cfg(1, "Parquet files of the qras table.")
 
     def validate(self):
+        if self.reasoning_prefix:
+            try:
+                re.compile(self.reasoning_prefix)
+            except re.error as e:
+                raise ConfigError(f"qra.reasoning_prefix is not a regular expression: {e}") from None
         unknown = [c for c in self.categories if c not in CATEGORIES]
         if unknown or not self.categories:
             raise ConfigError(f"qra.categories: unknown {unknown} (known {list(CATEGORIES)})")

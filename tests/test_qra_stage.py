@@ -187,3 +187,40 @@ def test_add_qra_stage_in_a_pipeline(tmp_path):
     stats = read_json(str(tmp_path / "stats.json"))
     qra = check_balanced(stats, "qra")
     assert qra["in"] == 8 and len(read_table(str(tmp_path), "qras")) == qra["out"] > 0
+
+
+PREFIX = r"Checking the video at \[[0-9]{2}:[0-9]{2}-[0-9]{2}:[0-9]{2}\]"
+
+
+@pytest.mark.parametrize("supports_pattern", [True, False])
+def test_reasoning_prefix_goes_to_the_schema_where_it_can_and_is_checked_everywhere(supports_pattern):
+    """qra.reasoning_prefix: backends whose decoder takes a JSON-schema pattern get it in the schema (generation and
+    refinement); every output is checked, so a backend without patterns gets the same rule as a reject."""
+    from longreel.pipelines.qra.generate import VideoQRAWriter
+
+    cfg = QRAConfig(backend="openai", categories=["temporal"], per_category=2, mc_fraction=1.0, refine=True,
+                    reasoning_prefix=PREFIX)
+    gens = [json.dumps({"questions": [mc("Which colour appears first?"),
+                                      mc("Which colour comes last?", reasoning="The end shows grey at [00:50-00:60]. "
+                                                                                "So the answer is B.")]})]
+    refs = [json.dumps({"reasoning": "Checking the video at [00:10-00:20], the red car leaves first. So the answer "
+                                     "is B.", "answer": "B"})]
+    backend = ScriptedBackend(gens, refs)
+    backend.supports_pattern = supports_pattern
+    events = list(VideoQRAWriter(cfg, backend).process("vid", 60.0, [
+        {"clip_id": f"vid-{i:05d}", "video_id": "vid", "start_s": 10.0 * i, "end_s": 10.0 * i + 10,
+         "text": f"clip {i}"} for i in range(6)], {}))
+    schemas = [json.dumps(r.schema) for r in backend.requests]
+    assert len(schemas) == 2  # one generation call, one refinement
+    assert all(("pattern" in s) == supports_pattern for s in schemas)
+    reasons = [e[1]["reason"] for e in events if e[0] == "reject"]
+    assert reasons == ["reasoning_prefix_mismatch"]
+    kept = [e[1] for e in events if e[0] == "qra"]
+    assert len(kept) == 1 and kept[0]["reasoning"].startswith("Checking the video at [00:10-00:20], the red car")
+
+
+def test_reasoning_prefix_must_be_a_regular_expression():
+    from longreel.schemas.config import ConfigError
+
+    with pytest.raises(ConfigError, match="reasoning_prefix"):
+        QRAConfig(reasoning_prefix="Checking [00:").validate()

@@ -241,7 +241,7 @@ def test_items(item, category, expected):
 
 
 def test_every_reason_is_exercised():
-    covered = {c[2] for c in TEXT_CASES} | {c[3] for c in ITEM_CASES} | {"near_duplicate"}
+    covered = {c[2] for c in TEXT_CASES} | {c[3] for c in ITEM_CASES} | {"near_duplicate", "reasoning_prefix_mismatch"}  # the last two: own tests
     assert set(REASONS) <= covered
     assert len(TEXT_CASES) + len(ITEM_CASES) >= 30
 
@@ -407,3 +407,22 @@ def test_schemas_use_portable_keywords_and_accept_valid_output():
     assert list(props).index("reasoning") < list(props).index("answer")
     with pytest.raises(ValueError):
         generation_schema(["numerical"])
+
+
+def test_reasoning_prefix_in_the_schema_and_the_validator():
+    prefix = r"Checking the video at \[[0-9]{2}:[0-9]{2}-[0-9]{2}:[0-9]{2}\]"
+    plain = generation_schema(["multiple_choice"])
+    assert "pattern" not in json.dumps(plain) and "pattern" not in json.dumps(refinement_schema("B"))
+    for schema in (generation_schema(["multiple_choice", "open_ended"], reasoning_prefix=prefix),
+                   refinement_schema("B", reasoning_prefix=prefix)):
+        assert schema_keywords(schema) <= SCHEMA_KEYWORDS and json.dumps(schema).count('"pattern"') >= 1
+    grounded = generation_schema(["multiple_choice"], reasoning_prefix=prefix)
+    good = mc(reasoning="Checking the video at [00:10-00:20], the car is red. So the answer is B.")
+    bad = mc(reasoning="The car is red at [00:10-00:20]. So the answer is B.")
+    assert check_instance({"questions": [good]}, grounded) == []
+    assert any("does not match" in e for e in check_instance({"questions": [bad]}, grounded))
+    kw = dict(category="temporal", video_span_s=60.0, seen_questions=set())
+    assert validate_item(good, reasoning_prefix=prefix, **kw)[1] is None
+    assert validate_item(bad, reasoning_prefix=prefix, **kw)[1] == "reasoning_prefix_mismatch"
+    assert validate_item(bad, **kw)[1] is None  # no prefix set: no rule
+    assert "reasoning_prefix_mismatch" in REASONS

@@ -48,6 +48,7 @@ class TextBackend:
 
     backend = "none"
     supports_guided = False
+    supports_pattern = False  # whether guided decoding takes a JSON-schema ``pattern`` (qra.reasoning_prefix)
 
     def __init__(self, model: str, revision: str = ""):
         self.model = model

@@ -28,6 +28,7 @@ def guided_params(vllm_mod, schema: dict):
 class VLLMTextBackend(TextBackend):
     backend = "vllm"
     supports_guided = True
+    supports_pattern = True  # xgrammar takes JSON-schema patterns
 
     def __init__(self, model: str, revision: str = "", *, trust_remote_code: bool = False, dtype: str = "auto",
                  max_model_len: int = 8192, gpu_memory_utilization: float = 0.85, enforce_eager: bool = False,

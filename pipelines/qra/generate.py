@@ -199,6 +199,13 @@ class VideoQRAWriter:
                            max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
                            repetition_penalty=s.repetition_penalty, seed=seed, max_string_chars=s.max_string_chars)
 
+    def _schema_prefix(self) -> str | None:
+        """``qra.reasoning_prefix`` for the schema, where the backend's guided decoding takes a pattern (elsewhere
+        the validator alone enforces it)."""
+        if not getattr(self.backend, "supports_pattern", False):
+            return None
+        return self.cfg.reasoning_prefix or None
+
     def _llm_outputs(self, duration_s: float, calls: list[Call]) -> list[tuple]:
         from longreel.pipelines.inference.text_base import sampling_json
 
@@ -208,7 +215,8 @@ class VideoQRAWriter:
             msgs, phash = generation_messages(
                 call.category, n_questions=call.n, problem_type=call.problem_type, duration_s=duration_s,
                 captions=w.text, window=None if w.n_windows == 1 else {"start_s": w.start_s, "end_s": w.end_s})
-            schema = generation_schema([call.problem_type], min_questions=call.n, max_questions=call.n)
+            schema = generation_schema([call.problem_type], min_questions=call.n, max_questions=call.n,
+                                       reasoning_prefix=self._schema_prefix())
             reqs.append(self._request(msgs, schema, call.seed))
             hashes.append(phash)
         results = self.backend.generate(reqs) if reqs else []
@@ -259,7 +267,8 @@ class VideoQRAWriter:
                 yield from rej(slot, "excess_item", f"the output holds {generated} items; {call.n} were requested",
                                {"item": raw})
                 continue
-            item, reason, message = validate_item(raw, category=cat, video_span_s=duration_s, seen_questions=seen)
+            item, reason, message = validate_item(raw, category=cat, video_span_s=duration_s, seen_questions=seen,
+                                                  reasoning_prefix=self.cfg.reasoning_prefix)
             if item is None:
                 yield from rej(slot, reason, message, {"item": raw})
                 continue
@@ -298,7 +307,8 @@ class VideoQRAWriter:
             item = {"question": row["question"], "options": row["options"], "answer": row["answer"],
                     "reasoning": row["reasoning"]}
             msgs, phash = refine_messages(item, duration_s=duration_s, captions=w.text)
-            schema = refinement_schema(row["answer"] if self.cfg.refine_pin_answer else None)
+            schema = refinement_schema(row["answer"] if self.cfg.refine_pin_answer else None,
+                                       reasoning_prefix=self._schema_prefix())
             reqs.append(self._request(msgs, schema, item_seed(row["seed"] or 0, "refine:" + row["qra_id"])))
             hashes.append(phash)
         results = self.backend.generate(reqs)
@@ -325,7 +335,7 @@ class VideoQRAWriter:
         candidate = {"question": row["question"], "problem_type": row["problem_type"], "options": row["options"],
                      "answer": doc["answer"], "reasoning": doc["reasoning"]}
         item, reason, message = validate_item(candidate, category=row["category"], video_span_s=duration_s,
-                                              seen_questions=set())
+                                              seen_questions=set(), reasoning_prefix=self.cfg.reasoning_prefix)
         if item is None and reason in ("mc_answer_not_in_options", "open_answer_empty", "missing_field"):
             return "refine_changed_answer", f"the refined answer {doc['answer']!r} is not the answer: {message}"
         if item is not None and _answer_key(item["answer"]) != _answer_key(row["answer"]):

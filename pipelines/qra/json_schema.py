@@ -10,8 +10,10 @@ Two outputs:
 The schemas use only the keywords that every common constrained-decoding backend understands
 (vLLM's ``guided_json`` through xgrammar, guidance/llguidance or outlines; lm-format-enforcer or outlines
 on the transformers side): ``type``, ``properties``, ``required``, ``additionalProperties``, ``enum``,
-``anyOf``, ``items``, ``minItems``, ``maxItems``, ``minLength``. No ``$ref``, ``oneOf``, ``if/then``,
-``pattern`` or ``format``. :data:`SCHEMA_KEYWORDS` lists them and a test enforces it.
+``anyOf``, ``items``, ``minItems``, ``maxItems``, ``minLength``. No ``$ref``, ``oneOf``, ``if/then`` or
+``format``; ``pattern`` appears only on the reasoning, only when ``qra.reasoning_prefix`` is set, and only in the
+schemas sent to backends whose constrained decoding takes it (vLLM's xgrammar, OpenAI-compatible structured
+outputs). :data:`SCHEMA_KEYWORDS` lists them and a test enforces it.
 
 Property order matters to grammar-based backends (they emit properties in schema order): ``reasoning``
 comes before ``answer`` so the model writes its argument before committing to an answer.
@@ -23,25 +25,33 @@ still runs on every output (and is the only check for backends without guided de
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Sequence
 
 from longreel.pipelines.qra.targets import GENERATED_PROBLEM_TYPES, OPTION_LETTERS
 
 #: The only JSON-schema keywords used by the schemas of this module.
 SCHEMA_KEYWORDS = frozenset({"type", "properties", "required", "additionalProperties", "enum", "anyOf",
-                             "items", "minItems", "maxItems", "minLength", "title", "description"})
+                             "items", "minItems", "maxItems", "minLength", "title", "description", "pattern"})
 
 _TEXT = {"type": "string", "minLength": 1}
 
 
-def _mc_item() -> dict:
+def _reasoning(prefix: str | None) -> dict:
+    """The reasoning's schema; with ``prefix`` (a regular expression) it must start with a match of it. JSON-schema
+    patterns are searched, not anchored, hence the ``^``; the ``.*`` lets grammar backends that match the whole
+    string go on after the prefix."""
+    return dict(_TEXT) if not prefix else {**_TEXT, "pattern": f"^({prefix}).*"}
+
+
+def _mc_item(reasoning_prefix: str | None = None) -> dict:
     return {
         "type": "object",
         "properties": {
             "question": dict(_TEXT),
             "problem_type": {"type": "string", "enum": ["multiple_choice"]},
             "options": {"type": "array", "items": dict(_TEXT), "minItems": 4, "maxItems": 4},
-            "reasoning": dict(_TEXT),
+            "reasoning": _reasoning(reasoning_prefix),
             "answer": {"type": "string", "enum": list(OPTION_LETTERS)},
         },
         "required": ["question", "problem_type", "options", "reasoning", "answer"],
@@ -49,13 +59,13 @@ def _mc_item() -> dict:
     }
 
 
-def _open_item() -> dict:
+def _open_item(reasoning_prefix: str | None = None) -> dict:
     return {
         "type": "object",
         "properties": {
             "question": dict(_TEXT),
             "problem_type": {"type": "string", "enum": ["open_ended"]},
-            "reasoning": dict(_TEXT),
+            "reasoning": _reasoning(reasoning_prefix),
             "answer": dict(_TEXT),
         },
         "required": ["question", "problem_type", "reasoning", "answer"],
@@ -64,11 +74,12 @@ def _open_item() -> dict:
 
 
 def generation_schema(problem_types: Sequence[str] = GENERATED_PROBLEM_TYPES, *, min_questions: int = 1,
-                      max_questions: int | None = None) -> dict:
+                      max_questions: int | None = None, reasoning_prefix: str | None = None) -> dict:
     """The schema of one generation output.
 
     ``problem_types``: which item shapes are allowed (``multiple_choice``, ``open_ended`` or both; with
     both, items are an ``anyOf`` of the two shapes). ``min_questions``/``max_questions`` bound the list.
+    ``reasoning_prefix``: a regular expression every reasoning must start with (a ``pattern``; see above).
     Returns a fresh dict (callers may mutate it).
     """
     shapes = {"multiple_choice": _mc_item, "open_ended": _open_item}
@@ -80,7 +91,8 @@ def generation_schema(problem_types: Sequence[str] = GENERATED_PROBLEM_TYPES, *,
         raise ValueError(f"unsupported problem types {unknown}; supported: {list(shapes)}")
     if min_questions < 0 or (max_questions is not None and max_questions < max(min_questions, 1)):
         raise ValueError(f"bad bounds min_questions={min_questions} max_questions={max_questions}")
-    item = shapes[types[0]]() if len(types) == 1 else {"anyOf": [shapes[t]() for t in types]}
+    item = (shapes[types[0]](reasoning_prefix) if len(types) == 1
+            else {"anyOf": [shapes[t](reasoning_prefix) for t in types]})
     questions: dict[str, Any] = {"type": "array", "items": item, "minItems": min_questions}
     if max_questions is not None:
         questions["maxItems"] = max_questions
@@ -93,7 +105,7 @@ def generation_schema(problem_types: Sequence[str] = GENERATED_PROBLEM_TYPES, *,
     }
 
 
-def refinement_schema(answer: str | None = None) -> dict:
+def refinement_schema(answer: str | None = None, reasoning_prefix: str | None = None) -> dict:
     """The schema of one refinement output ``{"reasoning": str, "answer": str}``.
 
     With ``answer`` given, the answer is pinned to that exact string (``enum`` of one value): refinement
@@ -103,7 +115,7 @@ def refinement_schema(answer: str | None = None) -> dict:
     return {
         "title": "qra_refinement",
         "type": "object",
-        "properties": {"reasoning": dict(_TEXT), "answer": answer_schema},
+        "properties": {"reasoning": _reasoning(reasoning_prefix), "answer": answer_schema},
         "required": ["reasoning", "answer"],
         "additionalProperties": False,
     }
@@ -160,6 +172,8 @@ def check_instance(instance: Any, schema: dict, path: str = "$") -> list[str]:
         errors.append(f"{path}: {instance!r} not in {schema['enum']}")
     if isinstance(instance, str) and len(instance) < schema.get("minLength", 0):
         errors.append(f"{path}: shorter than {schema['minLength']}")
+    if isinstance(instance, str) and "pattern" in schema and not re.search(schema["pattern"], instance):
+        errors.append(f"{path}: does not match /{schema['pattern']}/")
     if isinstance(instance, list):
         if len(instance) < schema.get("minItems", 0):
             errors.append(f"{path}: fewer than {schema['minItems']} items")

@@ -59,6 +59,8 @@ REASONS: dict[str, str] = {
     "open_answer_empty": "an open-ended item's answer is blank",
     "answer_leaked": "the correct answer appears verbatim (normalized) in the question",
     "reasoning_no_timespan": "the reasoning cites no time reference (see TIME_REF_RE)",
+    "reasoning_prefix_mismatch": "the reasoning does not start with qra.reasoning_prefix (a regular expression; "
+                                 "only when that option is set)",
     "timespan_out_of_range": "the question or reasoning cites a time beyond the video's span",
     "reasoning_contradicts_answer": "the reasoning's last conclusion names a different letter than the answer",
     "near_duplicate": "the normalized question was already kept for this video",
@@ -255,7 +257,7 @@ def _answer_letter(answer: str, options: list[str]) -> tuple[str | None, str]:
 
 
 def validate_item(item: dict, *, category: str, video_span_s: float | None,
-                  seen_questions: AbstractSet[str]) -> Result:
+                  seen_questions: AbstractSet[str], reasoning_prefix: str = "") -> Result:
     """Check one decoded item generated for ``category``.
 
     Returns ``(normalized_item, None, note)`` when it is kept, where ``normalized_item`` has exactly the
@@ -264,6 +266,7 @@ def validate_item(item: dict, *, category: str, video_span_s: float | None,
     none); or ``(None, reason, message)`` with a code of :data:`REASONS`.
     ``video_span_s``: the video's duration; None (or <= 0) skips the range check. ``seen_questions``:
     :func:`~longreel.pipelines.qra.targets.normalize_question` keys of the questions already kept for this video.
+    ``reasoning_prefix``: a regular expression the reasoning must start with (``re.match``); "" checks nothing.
     Raises ``ValueError`` only for a ``category`` that is not one of ``CATEGORIES`` (a caller bug).
     """
     if category not in CATEGORIES:
@@ -338,6 +341,8 @@ def validate_item(item: dict, *, category: str, video_span_s: float | None,
         if (len(akey.split()) >= LEAK_MIN_WORDS or len(akey.strip()) >= LEAK_MIN_CHARS) and akey in _leak_key(question):
             return None, "answer_leaked", "the answer appears in the question"
 
+    if reasoning_prefix and not re.match(reasoning_prefix, reasoning):
+        return None, "reasoning_prefix_mismatch", f"the reasoning does not start with /{reasoning_prefix}/"
     if not has_time_ref(reasoning):
         return None, "reasoning_no_timespan", "the reasoning cites no time reference (e.g. 00:10-00:20)"
     if video_span_s is not None and video_span_s > 0:
