@@ -11,6 +11,17 @@ from longreel.pipelines.inference.text_openai import OpenAITextBackend
 from longreel.pipelines.qra.json_schema import generation_schema
 
 
+def _reply(handler: BaseHTTPRequestHandler, status: int, content: str) -> None:
+    """An OpenAI chat-completions answer (``content`` as the message) or, for another status, an error body."""
+    payload = json.dumps({"choices": [{"message": {"content": content}, "finish_reason": "stop"}]}
+                         if status == 200 else {"error": content}).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(payload)))
+    handler.end_headers()
+    handler.wfile.write(payload)
+
+
 @pytest.fixture
 def server():
     bodies, replies = [], []
@@ -19,14 +30,7 @@ def server():
         def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             bodies.append((self.path, body))
-            status, content = replies.pop(0)
-            payload = json.dumps({"choices": [{"message": {"content": content}, "finish_reason": "stop"}]}
-                                 if status == 200 else {"error": content}).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
+            _reply(self, *replies.pop(0))
 
         def log_message(self, *a):
             pass
@@ -80,15 +84,9 @@ def test_a_videos_requests_are_in_flight_together_up_to_the_limit():
                 state["most"] = max(state["most"], state["now"])
                 lock.notify_all()
                 lock.wait_for(lambda: state["now"] >= limit or state["most"] >= limit, timeout=10)
-            payload = json.dumps({"choices": [{"message": {"content": str(body["seed"])},
-                                               "finish_reason": "stop"}]}).encode()
             with lock:
                 state["now"] -= 1
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
+            _reply(self, 200, str(body["seed"]))
 
         def log_message(self, *a):
             pass
