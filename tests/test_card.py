@@ -554,3 +554,31 @@ def test_source_file_names_keep_no_paths_or_url_tokens():
     assert _basename("/data/videos/v1.mp4") == "v1.mp4"
     assert _basename("https://host/bucket/v2.mp4?X-Amz-Signature=secret#t=3") == "v2.mp4"
     assert _basename("gs://b/raw/v3.mkv") == "v3.mkv"
+
+
+def test_card_reads_shards_with_the_loaders_reader(tmp_path):
+    """card build/verify parse shards with the trainer loader's reader: a member the loader would refuse (here a
+    pickle-style one, and a link) is an error of the card's read, not a silently counted member."""
+    import io
+    import tarfile
+
+    from longreel.pipelines.card.shardread import read_shard
+
+    def member(tar, name, data=b"", kind=tarfile.REGTYPE):
+        ti = tarfile.TarInfo(name)
+        ti.size, ti.type = (len(data), kind) if kind == tarfile.REGTYPE else (0, kind)
+        if kind == tarfile.SYMTYPE:
+            ti.linkname = "/etc/passwd"
+        tar.addfile(ti, io.BytesIO(data) if kind == tarfile.REGTYPE else None)
+
+    path = tmp_path / "ds-rl-000000.tar"
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        member(tar, "good.meta.json", b'{"video_id": "good"}')
+        member(tar, "evil.meta.json", b"{}")
+        member(tar, "evil.state.pkl", b"\x80\x04K\x01.")
+        member(tar, "link.meta.json", kind=tarfile.SYMTYPE)
+    got = read_shard(str(path))
+    assert [s["key"] for s in got["samples"]] == ["good"]
+    assert got["samples"][0]["json"] == {"meta.json": {"video_id": "good"}}
+    assert any("pickle-style" in e for e in got["errors"]) and any("not a regular file" in e for e in got["errors"])
+    assert got["bytes"] == path.stat().st_size

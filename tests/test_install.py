@@ -8,6 +8,7 @@ in that virtualenv's own interpreter, from a neutral directory, so nothing of th
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -38,8 +39,12 @@ PROBE = textwrap.dedent("""
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
+    # built from a copy: setuptools writes build/ and *.egg-info into the source tree
+    src = out / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".tox", ".demo-venv", ".lock-venv", "demo_out",
+                                                              "build", "*.egg-info", "__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out),
-                    str(ROOT)], check=True, capture_output=True, text=True, cwd=out)
+                    str(src)], check=True, capture_output=True, text=True, cwd=out)
     (whl,) = out.glob("longreel-*.whl")
     return whl
 

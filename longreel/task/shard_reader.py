@@ -493,7 +493,7 @@ class LoaderStats:
                 "errors": list(self.errors[-20:])}
 
 
-class _CountingReader(io.RawIOBase):
+class CountingReader(io.RawIOBase):
     """Counts (and optionally hashes) what a tar parser reads from a stream."""
 
     def __init__(self, fh, hasher=None):
@@ -569,7 +569,7 @@ def read_shard(spec: ShardSpec, stats: LoaderStats, fail: Callable[[ShardError, 
         fail(ShardError(spec.url, None, f"cannot open: {e}"), True)
         return
     check_sums = verify != "none"
-    counter = stream if isinstance(stream, _MmapStream) else _CountingReader(stream)
+    counter = stream if isinstance(stream, _MmapStream) else CountingReader(stream)
     index = -1
     broken: ShardError | None = None  # the tar stream itself failed: the rest of the shard is lost
     try:

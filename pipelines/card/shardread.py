@@ -1,9 +1,9 @@
 """Reading WebDataset shards and their wids index back, for ``card verify`` and ``card build``.
 
-Nothing here trusts the pipeline: a shard is streamed once, its bytes hashed on the way, members
-grouped into samples by key (the WebDataset rule: the key is the member name up to its first dot),
-JSON members parsed, and ``.npy`` members only *described* from their header (shape, dtype), never
-unpickled (``allow_pickle`` plays no part: the array data is not loaded at all). Paths may be local or
+Nothing here trusts the pipeline: a shard is streamed once, its bytes hashed on the way, and parsed by the same
+reader the trainer's loader uses (:mod:`longreel.task.shard_reader`: members grouped into samples by key, unsafe
+members refused); JSON members are parsed and ``.npy`` members only *described* from their header (shape, dtype),
+never unpickled (``allow_pickle`` plays no part: the array data is not loaded as an array). Paths may be local or
 URLs: ``http(s)://`` through urllib, ``gs://`` / ``s3://`` through Beam's FileSystems.
 """
 from __future__ import annotations
@@ -13,9 +13,10 @@ import hashlib
 import json
 import os
 import posixpath
-import tarfile
 import urllib.parse
 import urllib.request
+
+from longreel.task import shard_reader
 
 INDEX_SUFFIX = ".index.json"
 CHUNK = 1 << 20
@@ -70,17 +71,6 @@ def read_index(path: str) -> dict:
     return doc
 
 
-class _Hashing:
-    def __init__(self, fh):
-        self.fh, self.h, self.n = fh, hashlib.sha256(), 0
-
-    def read(self, n: int = -1) -> bytes:
-        b = self.fh.read(n)
-        self.h.update(b)
-        self.n += len(b)
-        return b
-
-
 def npy_header(data_head: bytes) -> dict:
     """Shape and dtype of a ``.npy`` from its first bytes (the header is a Python literal; parsed with
     ``ast.literal_eval``, which evaluates no code)."""
@@ -99,55 +89,50 @@ def npy_header(data_head: bytes) -> dict:
 
 def read_shard(url: str) -> dict:
     """Stream one shard: ``{"bytes", "sha256", "samples": [{"key", "members": {name: size}, "sha256": {name: hex},
-    "json": {name: obj}, "npy": {name: header}, "errors": [...]}]}``; a sample whose members are not
-    contiguous in the tar, or a member name without a key, is an error entry, not an exception."""
+    "json": {name: obj}, "npy": {name: header}, "errors": [...]}]}``.
+
+    The tar is parsed by the trainer loader's own reader (:func:`longreel.task.shard_reader.iter_tar_samples`), so
+    what the card counts is what training reads: a member that reader refuses (unsafe name, link, pickle-style or
+    unknown extension), a sample whose members are not contiguous, and a damaged stream are error entries here,
+    not exceptions. ``.npy`` members are described from their header, never loaded."""
     samples: list[dict] = []
     errors: list[str] = []
     seen: set[str] = set()
     with open_bytes(url) as raw:
-        hashed = _Hashing(raw)
+        counted = shard_reader.CountingReader(raw, hashlib.sha256())
         try:
-            with tarfile.open(fileobj=hashed, mode="r|") as tar:
-                for m in tar:
-                    if not m.isfile():
-                        continue
-                    base = posixpath.basename(m.name)
-                    if "." not in base:
-                        errors.append(f"member {m.name!r} has no extension")
-                        continue
-                    key, ext = base.split(".", 1)
-                    if not samples or samples[-1]["key"] != key:
-                        if key in seen:
-                            errors.append(f"sample {key!r} appears twice (members not contiguous)")
-                        seen.add(key)
-                        samples.append({"key": key, "members": {}, "sha256": {}, "json": {}, "npy": {}, "errors": []})
-                    s = samples[-1]
-                    s["members"][ext] = m.size
-                    f = tar.extractfile(m)
-                    h = hashlib.sha256()
-                    if ext.endswith(".json"):
-                        data = f.read()
-                        h.update(data)
-                        try:
-                            s["json"][ext] = json.loads(data)
-                        except ValueError as e:
-                            s["errors"].append(f"{ext}: not JSON ({e})")
-                    else:
-                        head = f.read(4096)
-                        h.update(head)
-                        if ext.endswith(".npy"):
-                            try:
-                                s["npy"][ext] = npy_header(head)
-                            except (ValueError, SyntaxError, KeyError) as e:
-                                s["errors"].append(f"{ext}: bad .npy header ({e})")
-                        while chunk := f.read(CHUNK):
-                            h.update(chunk)
-                    s["sha256"][ext] = h.hexdigest()
-        except (tarfile.TarError, EOFError, OSError) as e:
+            for item in shard_reader.iter_tar_samples(counted, url):
+                if isinstance(item, shard_reader.ShardError):
+                    errors.append(str(item))
+                    continue
+                if item.key in seen:
+                    errors.append(f"sample {item.key!r} appears twice (members not contiguous)")
+                seen.add(item.key)
+                samples.append(_describe(item))
+        except shard_reader.ShardError as e:
             errors.append(f"not a readable tar: {e}")
-        while hashed.read(CHUNK):  # the tar end blocks and padding count in the shard's bytes and hash
+        while counted.read(CHUNK):  # the tar end blocks and padding count in the shard's bytes and hash
             pass
-    return {"url": url, "bytes": hashed.n, "sha256": hashed.h.hexdigest(), "samples": samples, "errors": errors}
+    return {"url": url, "bytes": counted.n, "sha256": counted.h.hexdigest(), "samples": samples, "errors": errors}
+
+
+def _describe(raw) -> dict:
+    """Sizes and sha256 of a sample's members, its JSON members parsed, its ``.npy`` headers."""
+    s = {"key": raw.key, "members": {}, "sha256": {}, "json": {}, "npy": {}, "errors": []}
+    for ext, data in raw.members.items():
+        s["members"][ext] = len(data)
+        s["sha256"][ext] = hashlib.sha256(data).hexdigest()
+        if ext.endswith(".json"):
+            try:
+                s["json"][ext] = json.loads(bytes(data))
+            except ValueError as e:
+                s["errors"].append(f"{ext}: not JSON ({e})")
+        elif ext.endswith(".npy"):
+            try:
+                s["npy"][ext] = npy_header(bytes(data[:4096]))
+            except (ValueError, SyntaxError, KeyError) as e:
+                s["errors"].append(f"{ext}: bad .npy header ({e})")
+    return s
 
 
 def sample_descriptor(split: str, s: dict) -> dict:
