@@ -222,8 +222,28 @@ def shard_features(indexes: list[tuple[str, dict]], max_samples: int = FEATURE_S
 def collect(run_dir: str, shards: str | None = None, *, name: str | None = None, pretty_name: str | None = None,
             command: str | None = None, data_prefix: str = "data/", tables_prefix: str = "tables/",
             features: bool = True) -> dict:
-    """Gather every claim of the card of the run in ``run_dir`` (see the module docstring)."""
-    from longreel.pipelines.card.shardread import list_indexes, read_index
+    """Gather every claim of the card of the run in ``run_dir`` (see the module docstring), one phase per group
+    of claims, in the order the card lists them."""
+    stats, config, tables = _load_run(run_dir)
+    indexes = _load_indexes(shards if shards is not None else os.path.join(run_dir, "shards"))
+    dataset = name or next((d.get("longreel", {}).get("dataset") for _, d in indexes), None) or "longreel"
+    dist, dist_source = _distributions(stats, tables, indexes)
+    videos = sorted(tables["videos"], key=lambda v: v["video_id"])
+    c = Claims()
+    _identity_claims(c, dataset, pretty_name, dist, tables, videos)
+    _reproduction_claims(c, stats, command, config)
+    stage_names = _funnel_claims(c, stats)
+    _reject_claims(c, tables, stage_names)
+    _source_claims(c, videos)
+    _model_claims(c, tables)
+    _distribution_claims(c, dist, dist_source)
+    splits = _release_claims(c, indexes)
+    _hf_claims(c, tables, indexes, splits, dataset, data_prefix, tables_prefix, features)
+    return {"card_schema": CARD_SCHEMA, "claims": c.items}
+
+
+def _load_run(run_dir: str) -> tuple[dict, dict, dict]:
+    """(stats.json, config.yaml, the stage tables) of a run; a run without stats or videos is an error."""
     from longreel.pipelines.stats import read_json
 
     stats = read_json(os.path.join(run_dir, "stats.json") if "://" not in run_dir else run_dir + "/stats.json")
@@ -237,17 +257,23 @@ def collect(run_dir: str, shards: str | None = None, *, name: str | None = None,
     tables = _read_tables(run_dir)
     if "videos" not in tables:
         raise FileNotFoundError(f"{run_dir}: no videos table")
+    return stats, config, tables
 
-    shards = shards if shards is not None else os.path.join(run_dir, "shards")
+
+def _load_indexes(shards: str) -> list[tuple[str, dict]]:
+    """``(path, index)`` of every split's wids index under ``shards`` (none when there are no shards), by name."""
+    from longreel.pipelines.card.shardread import list_indexes, read_index
+
     indexes: list[tuple[str, dict]] = []
     if shards.endswith(".index.json") or "://" in shards or os.path.isdir(shards):
         indexes = [(p, read_index(p)) for p in list_indexes(shards)]
     indexes.sort(key=lambda pd: pd[1]["name"])
+    return indexes
 
-    dataset = name or next((d.get("longreel", {}).get("dataset") for _, d in indexes), None) or "longreel"
-    c = Claims()
 
-    # ---- distributions: from the pipeline when it computed them, else here from the same functions ----
+def _distributions(stats: dict, tables: dict, indexes: list) -> tuple[dict, dict]:
+    """The distributions the pipeline computed, completed here from the tables and shards with the same
+    functions; and where each came from."""
     dist = (stats.get("distributions") or {}).get("sections", {})
     dist_source = {s: "stats.json" for s in dist}
     for table in ("videos", "clips", "captions", "qras", "pass_rate"):
@@ -265,17 +291,18 @@ def collect(run_dir: str, shards: str | None = None, *, name: str | None = None,
             for s in released:
                 if s not in dist and s in computed["sections"]:
                     dist[s], dist_source[s] = computed["sections"][s], "shards (computed by card build)"
-    ordered = [s for s in D.SECTIONS if s in dist] + sorted(s for s in dist if s not in D.SECTIONS)
+    return dist, dist_source
 
-    videos = sorted(tables["videos"], key=lambda v: v["video_id"])
+
+def _identity_claims(c: Claims, dataset: str, pretty_name: str | None, dist: dict, tables: dict,
+                     videos: list) -> None:
+    """The card itself, the dataset's name, licences and size (in released questions when there are any)."""
     released_q = sum(dist.get("released_split_questions", {}).get("counts", {}).values())
     n_for_size = released_q or len(tables.get("qras", [])) or len(videos)
     if "released_license" in dist:
         lic_names = sorted(dist["released_license"]["counts"])
     else:
         lic_names = sorted({v.get("license") or "unknown" for v in videos})
-
-    # ---- identity ----
     c.add("card/schema", CARD_SCHEMA)
     c.add("card/template_sha256", template_sha256())
     c.add("card/plots", {"files": list(PLOTS)})
@@ -288,7 +315,9 @@ def collect(run_dir: str, shards: str | None = None, *, name: str | None = None,
     c.add("dataset/size_unit", "questions" if released_q or tables.get("qras") else "videos")
     c.add("dataset/size_count", n_for_size)
 
-    # ---- reproduction ----
+
+def _reproduction_claims(c: Claims, stats: dict, command: str | None, config: dict) -> None:
+    """Code version, config hashes, the command, and every resolved config value."""
     c.add("reproduction/code_version", stats.get("code_version"), source="stats.json")
     c.add("reproduction/config_hash", stats.get("config_hash"), source="stats.json")
     c.add("reproduction/stats_schema", stats.get("schema_version"), source="stats.json")
@@ -299,11 +328,11 @@ def collect(run_dir: str, shards: str | None = None, *, name: str | None = None,
     if "passrate" in stats and stats["passrate"].get("config_hash"):
         others["filter_config_hash"] = stats["passrate"]["config_hash"]
     c.add("reproduction/other_config_hashes", others, source="stats.json")
-
-    # ---- stage parameters ----
     c.add("config", [{"key": k, "value": v} for k, v in _flatten_config(config)], source="config.yaml")
 
-    # ---- funnel ----
+
+def _funnel_claims(c: Claims, stats: dict) -> list[str]:
+    """Each stage's in/out/rejected and the totals; returns the stage names in run order."""
     stage_names = []
     for st in stats.get("stages", []):
         s = st["stage"]
@@ -315,8 +344,11 @@ def collect(run_dir: str, shards: str | None = None, *, name: str | None = None,
     c.add("funnel/stages", stage_names, source="stats.json")
     if "totals" in stats:
         c.add("funnel/totals", stats["totals"], check="funnel", source="stats.json")
+    return stage_names
 
-    # ---- rejects, by stage and reason, with example keys ----
+
+def _reject_claims(c: Claims, tables: dict, stage_names: list[str]) -> None:
+    """Rejects by stage and reason, with example keys."""
     summary: dict[tuple[str, str], dict] = {}
     for t in REJECT_TABLES:
         for r in tables.get(t, []):
@@ -335,7 +367,9 @@ def collect(run_dir: str, shards: str | None = None, *, name: str | None = None,
                           stage_names.index(kv[0][0]) if kv[0][0] in stage_names else len(stage_names), kv[0]))],
           source="rejects tables")
 
-    # ---- sources ----
+
+def _source_claims(c: Claims, videos: list) -> None:
+    """The source videos: count, hours, licences and one line each."""
     total_ms = sum(D._ms(v["duration_s"]) for v in videos)
     c.add("sources/videos", len(videos), source="videos table")
     c.add("sources/duration_s", round(total_ms / 1000, 3), source="videos table")
@@ -349,19 +383,26 @@ def collect(run_dir: str, shards: str | None = None, *, name: str | None = None,
                             "width": v["width"], "height": v["height"], "sha256": v["sha256"]} for v in videos],
           source="videos table")
 
-    # ---- models ----
+
+def _model_claims(c: Claims, tables: dict) -> None:
+    """The models behind each stage's rows, from the provenance columns."""
     c.add("models/caption", _provenance(tables.get("captions", []), CAPTION_PROVENANCE), source="captions table")
     c.add("models/qra", _provenance(tables.get("qras", []), QRA_PROVENANCE), source="qras table")
     c.add("models/pass_rate", _provenance(tables.get("pass_rate", []), PASS_RATE_PROVENANCE),
           source="pass_rate table")
 
-    # ---- distributions ----
+
+def _distribution_claims(c: Claims, dist: dict, dist_source: dict) -> None:
+    """Every distribution section (released ones are checked against the shards by ``card verify``)."""
+    ordered = [s for s in D.SECTIONS if s in dist] + sorted(s for s in dist if s not in D.SECTIONS)
     c.add("dist/sections", ordered)
     for s in ordered:
         check = "shards" if D.SECTIONS.get(s, {}).get("table") in ("pack_samples", "shards") else "recorded"
         c.add(f"dist/{s}", dict(dist[s]["counts"]), check=check, source=dist_source.get(s, "stats.json"))
 
-    # ---- released shards ----
+
+def _release_claims(c: Claims, indexes: list) -> list[str]:
+    """The released shards (one claim per split and per shard); returns the splits."""
     splits = []
     for path, doc in indexes:
         lr = doc.get("longreel", {})
@@ -381,8 +422,12 @@ def collect(run_dir: str, shards: str | None = None, *, name: str | None = None,
           source="index")
     c.add("released/processor", (indexes[0][1].get("longreel", {}).get("processor") if indexes else None) or {},
           source="index")
+    return splits
 
-    # ---- Hugging Face configs / features ----
+
+def _hf_claims(c: Claims, tables: dict, indexes: list, splits: list[str], dataset: str, data_prefix: str,
+               tables_prefix: str, features: bool) -> None:
+    """Hugging Face configs and features."""
     configs = []
     if indexes:
         configs.append({"config_name": "default",
@@ -405,7 +450,6 @@ def collect(run_dir: str, shards: str | None = None, *, name: str | None = None,
                             "splits": [{"name": "train", "num_bytes": to_table(t["kind"], tables[t["table"]]).nbytes,
                                         "num_examples": t["rows"]}]})
     c.add("hf/configs", configs)
-    return {"card_schema": CARD_SCHEMA, "claims": c.items}
 
 
 def claims_split(c: Claims, split: str) -> dict:
