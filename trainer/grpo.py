@@ -226,13 +226,30 @@ class GRPOTrainer:
         return mixed, r[0], f[0], a[0]
 
     def step(self) -> dict[str, Any]:
-        s, cfg = self.sess, self.cfg
+        """One GRPO step: rollouts, rewards and advantages, old/reference log-probs, the update, and the metrics
+        (global over ranks)."""
+        s = self.sess
         step = s.step + 1
         t0 = time.perf_counter()
         local = self._prompts(s.local_batch())
-        model = s.model
+        groups, embeds, vkeys, positions = self._rollout(step, local)
+        t_rollout = time.perf_counter()
+        batches, stats = self._score_groups(local, groups, embeds, vkeys, positions)
+        t_reward = time.perf_counter()
+        sums_behav = self._old_and_ref_logprobs(batches)
+        t_logprob = time.perf_counter()
+        loss_total, sums, grad_norm, signal = self._update(step, batches)
+        t_update = time.perf_counter()
+        s.step = step
+        times = {"time_rollout": t_rollout - t0, "time_reward": t_reward - t_rollout,
+                 "time_logprob": t_logprob - t_reward, "time_update": t_update - t_logprob,
+                 "time_step": t_update - t0}
+        return self._metrics(stats, sums, sums_behav, loss_total, grad_norm, signal, times)
 
-        # 1. rollout (video encoded once per prompt, reused below; with MR-SP once per unique video of the step)
+    def _rollout(self, step: int, local: list) -> tuple[list, list, list, list]:
+        """G responses per prompt; each video is encoded once (with MR-SP once per unique video of the step) and
+        its embeddings are reused by every later pass. Returns (groups, embeds, video keys, positions)."""
+        cfg, model = self.cfg, self.sess.model
         model.eval()
         vkeys: list[str | None] = [None] * len(local)
         positions: list = [None] * len(local)
@@ -247,9 +264,13 @@ class GRPOTrainer:
         seeds = [rollout_seed(cfg.run.seed, step, j) for j, _, _, _ in local]
         groups = self.engine.generate([p for *_, p in local], self.sampling, seeds, video_embeds=embeds,
                                       items=[it for _, _, it, _ in local])
-        t_rollout = time.perf_counter()
+        return groups, embeds, vkeys, positions
 
-        # 2. rewards and advantages
+    def _score_groups(self, local: list, groups: list, embeds: list, vkeys: list,
+                      positions: list) -> tuple[list[GroupBatch], dict]:
+        """Rewards and advantages per group (an item whose reference cannot be scored is skipped and counted);
+        with ``grpo.mix_policy`` the last response of a group is the item's offline CoT target."""
+        s, cfg = self.sess, self.cfg
         pad_id = getattr(self.engine, "pad_id", 0)
         eos_id = s.processor.tokenizer.eos_token_id
         batches: list[GroupBatch] = []
@@ -279,9 +300,12 @@ class GRPOTrainer:
             batches.append(GroupBatch(i, prompt, ids, mask, adv, r, embeds=emb, old_logp=behav,
                                       offline=bool(cfg.grpo.mix_policy and item.get("target")), video_key=vkey,
                                       positions=pos))
-        t_reward = time.perf_counter()
+        return batches, stats
 
-        # 3. old / reference log-probs (no grad, reusing the step's video embeddings)
+    def _old_and_ref_logprobs(self, batches: list[GroupBatch]) -> list[float]:
+        """The proximal (old) and reference log-probs of every response, without gradients, from the step's
+        video embeddings; returns [sum |old - engine|, tokens] over the engine-reported log-probs."""
+        cfg, model = self.cfg, self.sess.model
         sums_behav = [0.0, 0.0]
         with torch.no_grad():
             for b in batches:
@@ -310,9 +334,12 @@ class GRPOTrainer:
                     ref_emb = encode_video(self.ref, b.prompt)
                     b.ref_logp = sequence_logprobs(self.ref, b.prompt, b.response_ids, b.response_mask,
                                                    temperature=cfg.rollout.temperature, video_embeds=ref_emb)
-        t_logprob = time.perf_counter()
+        return sums_behav
 
-        # 4. update
+    def _update(self, step: int, batches: list[GroupBatch]) -> tuple[float, dict, float, bool]:
+        """``grpo.ppo_epochs`` passes of the clipped loss over the groups in ``optim.grad_accum`` chunks, one
+        optimizer step per epoch; returns (loss, metric sums, grad norm, whether any group carried signal)."""
+        s, cfg, model = self.sess, self.cfg, self.sess.model
         model.train()
         denominator = _denominator(batches, cfg.grpo.loss_agg, s.info)
         # groups with a non-zero advantage (and KL, when on) are what moves the policy
@@ -363,10 +390,12 @@ class GRPOTrainer:
             loss_total = _replica_sum(epoch_loss, s.info)
         if self.engine.name != "transformers":
             self.engine.sync_weights(model, s.full_state_dict())
-        t_update = time.perf_counter()
-        s.step = step
+        return loss_total, sums, grad_norm, signal
 
-        # metrics (global over ranks)
+    def _metrics(self, stats: dict, sums: dict, sums_behav: list[float], loss_total: float, grad_norm: float,
+                 signal: bool, times: dict) -> dict[str, Any]:
+        """The step's metrics, global over ranks (an SP group's ranks saw the same prompts: counted once)."""
+        s = self.sess
         gathered = all_gather_objects({"stats": stats, "sums": sums, "rejected": self.rejected,
                                        "behav": sums_behav, "lead": s.info.sp_leader}, s.info)
         gathered = [gth for gth in gathered if gth["lead"]]  # an SP group's ranks saw the same prompts: count once
@@ -375,7 +404,7 @@ class GRPOTrainer:
         rewards = torch.tensor(allv("reward") or [0.0])
         lengths = allv("length")
         tokens = max(total("tokens"), 1.0)
-        step_time = t_update - t0
+        step_time = times["time_step"]
         metrics = {
             "loss": loss_total,
             "reward_mean": float(rewards.mean()),
@@ -393,11 +422,7 @@ class GRPOTrainer:
             "grad_norm": grad_norm,
             "lr": s.scheduler.get_last_lr()[0],
             "tokens_per_s": total("tokens") / max(step_time, 1e-9),
-            "time_rollout": t_rollout - t0,
-            "time_reward": t_reward - t_rollout,
-            "time_logprob": t_logprob - t_reward,
-            "time_update": t_update - t_logprob,
-            "time_step": step_time,
+            **times,
             "rejected_items": sum(gth["rejected"] for gth in gathered),
             "skipped_update": 0.0 if signal else 1.0,
             "offline_groups": sum(gth["stats"]["offline"] for gth in gathered),
