@@ -275,94 +275,126 @@ def validate_item(item: dict, *, category: str, video_span_s: float | None,
         return None, UNPARSEABLE, f"item is not a JSON object but {type(item).__name__}"
     fields = _canonical_fields(item)
     notes: list[str] = []
+    try:
+        ptype = _problem_type(fields, category, notes)
+        question, reasoning, answer = _texts(fields)
+        if ptype == "multiple_choice":
+            options, answer = _multiple_choice(fields, question, answer, notes)
+        else:
+            options = None
+            _open_ended(fields, question, answer)
+        _grounding(question, reasoning, video_span_s, reasoning_prefix)
+    except _Reject as r:
+        return None, r.reason, r.message
+    if ptype == "multiple_choice":
+        concluded = concluded_letter(reasoning)
+        if concluded is not None and concluded != answer:
+            return None, "reasoning_contradicts_answer", f"the reasoning concludes {concluded}, the answer is {answer}"
+    if normalize_question(question) in seen_questions:
+        return None, "near_duplicate", "the same question (normalized) was already kept for this video"
+    kept = {"question": question, "problem_type": ptype, "options": options, "answer": answer,
+            "reasoning": reasoning, "category": category}
+    return kept, None, "; ".join(notes)
 
+
+class _Reject(Exception):
+    """An item's first failed rule (a code of :data:`REASONS` and a message), raised by the phases below."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason, self.message = reason, message
+
+
+def _problem_type(fields: dict, category: str, notes: list[str]) -> str:
+    """The required fields are there, the declared category (if any) is the requested one, and the problem type
+    is one generated here (read from the fields when it is not declared)."""
     for name in ("question", "answer", "reasoning"):
         if fields.get(name) is None:
-            return None, "missing_field", f"{name!r} is missing or null"
-
+            raise _Reject("missing_field", f"{name!r} is missing or null")
     declared = fields.get("category")
     if declared is not None and not (isinstance(declared, str) and not declared.strip()):
         norm = re.sub(r"[\s\-/]+", "_", _nfkc(declared).strip().casefold()) if isinstance(declared, str) else None
         if norm != category:
-            return None, "wrong_category", f"item declares category {declared!r}, requested {category!r}"
-
+            raise _Reject("wrong_category", f"item declares category {declared!r}, requested {category!r}")
     try:
         ptype = problem_type_of(fields)
     except ValueError as err:
-        return None, "bad_problem_type", str(err)
+        raise _Reject("bad_problem_type", str(err)) from None
     if ptype not in GENERATED_PROBLEM_TYPES:
-        return None, "bad_problem_type", f"problem type {ptype!r} is not generated here ({GENERATED_PROBLEM_TYPES})"
+        raise _Reject("bad_problem_type", f"problem type {ptype!r} is not generated here ({GENERATED_PROBLEM_TYPES})")
     if fields.get("problem_type") != ptype:
         notes.append(f"problem_type {fields.get('problem_type')!r} read as {ptype!r}")
-    raw_options = fields.get("options")
-    if ptype == "open_ended" and raw_options not in (None, [], {}):
-        return None, "bad_problem_type", "an open_ended item carries options"
+    if ptype == "open_ended" and fields.get("options") not in (None, [], {}):
+        raise _Reject("bad_problem_type", "an open_ended item carries options")
+    return ptype
 
+
+def _texts(fields: dict) -> tuple[str, str, str]:
+    """(question, reasoning, answer) as text (a number is text only for the answer); question and reasoning
+    not blank."""
     question = _as_text(fields["question"], numbers=False)
     reasoning = _as_text(fields["reasoning"], numbers=False)
     answer = _as_text(fields["answer"], numbers=True)
     for name, value in (("question", question), ("reasoning", reasoning), ("answer", answer)):
         if value is None:
-            return None, "missing_field", f"{name!r} is not text: {type(fields[name]).__name__}"
+            raise _Reject("missing_field", f"{name!r} is not text: {type(fields[name]).__name__}")
     assert question is not None and reasoning is not None and answer is not None
     if not question:
-        return None, "question_empty", "the question is blank"
+        raise _Reject("question_empty", "the question is blank")
     if not reasoning:
-        return None, "reasoning_empty", "the reasoning is blank"
+        raise _Reject("reasoning_empty", "the reasoning is blank")
+    return question, reasoning, answer
 
-    options: list[str] | None = None
-    if ptype == "multiple_choice":
-        if raw_options is None:
-            return None, "missing_field", "a multiple-choice item has no options"
-        options, reason, message = _normalize_options(raw_options)
-        if options is None:
-            return None, reason, message
-        if options != raw_options:
-            notes.append("options normalized")
-        letter, note = _answer_letter(answer, options)
-        if letter is None:
-            return None, "mc_answer_not_in_options", note
-        if note:
-            notes.append(note)
-        answer = letter
-        others = [_leak_key(o) for i, o in enumerate(options) if OPTION_LETTERS[i] != letter]
-        correct = _leak_key(options[OPTION_LETTERS.index(letter)])
-        qkey = _leak_key(question)
-        if correct.strip() and correct in qkey and not any(o.strip() and o in qkey for o in others):
-            return None, "answer_leaked", f"the correct option {letter} appears in the question"
-    else:
-        if not answer:
-            return None, "open_answer_empty", "the open-ended answer is blank"
-        if fields.get("problem_type") in (None, "") and _LETTER_ANSWER_RE.match(_nfkc(answer)):
-            # No problem_type, no options, and a letter for an answer: a multiple-choice item that lost
-            # its options, not an open-ended one.
-            return None, "missing_field", f"answer {answer!r} is an option letter but the item has no options"
-        akey = _leak_key(answer)
-        if (len(akey.split()) >= LEAK_MIN_WORDS or len(akey.strip()) >= LEAK_MIN_CHARS) and akey in _leak_key(question):
-            return None, "answer_leaked", "the answer appears in the question"
 
+def _multiple_choice(fields: dict, question: str, answer: str, notes: list[str]) -> tuple[list[str], str]:
+    """(normalized options, the answer's letter); the correct option must not be readable in the question."""
+    raw_options = fields.get("options")
+    if raw_options is None:
+        raise _Reject("missing_field", "a multiple-choice item has no options")
+    options, reason, message = _normalize_options(raw_options)
+    if options is None:
+        raise _Reject(reason, message)
+    if options != raw_options:
+        notes.append("options normalized")
+    letter, note = _answer_letter(answer, options)
+    if letter is None:
+        raise _Reject("mc_answer_not_in_options", note)
+    if note:
+        notes.append(note)
+    others = [_leak_key(o) for i, o in enumerate(options) if OPTION_LETTERS[i] != letter]
+    correct = _leak_key(options[OPTION_LETTERS.index(letter)])
+    qkey = _leak_key(question)
+    if correct.strip() and correct in qkey and not any(o.strip() and o in qkey for o in others):
+        raise _Reject("answer_leaked", f"the correct option {letter} appears in the question")
+    return options, letter
+
+
+def _open_ended(fields: dict, question: str, answer: str) -> None:
+    """An open-ended answer: not blank, not a bare option letter, not in the question."""
+    if not answer:
+        raise _Reject("open_answer_empty", "the open-ended answer is blank")
+    if fields.get("problem_type") in (None, "") and _LETTER_ANSWER_RE.match(_nfkc(answer)):
+        # No problem_type, no options, and a letter for an answer: a multiple-choice item that lost
+        # its options, not an open-ended one.
+        raise _Reject("missing_field", f"answer {answer!r} is an option letter but the item has no options")
+    akey = _leak_key(answer)
+    if (len(akey.split()) >= LEAK_MIN_WORDS or len(akey.strip()) >= LEAK_MIN_CHARS) and akey in _leak_key(question):
+        raise _Reject("answer_leaked", "the answer appears in the question")
+
+
+def _grounding(question: str, reasoning: str, video_span_s: float | None, reasoning_prefix: str) -> None:
+    """The reasoning opens as required, cites a time, and no cited time lies beyond the video."""
     if reasoning_prefix and not re.match(reasoning_prefix, reasoning):
-        return None, "reasoning_prefix_mismatch", f"the reasoning does not start with /{reasoning_prefix}/"
+        raise _Reject("reasoning_prefix_mismatch", f"the reasoning does not start with /{reasoning_prefix}/")
     if not has_time_ref(reasoning):
-        return None, "reasoning_no_timespan", "the reasoning cites no time reference (e.g. 00:10-00:20)"
+        raise _Reject("reasoning_no_timespan", "the reasoning cites no time reference (e.g. 00:10-00:20)")
     if video_span_s is not None and video_span_s > 0:
         limit = video_span_s + SPAN_TOLERANCE_S
         for name, text in (("question", question), ("reasoning", reasoning)):
             beyond = [t for t in time_refs_s(text) if t > limit]
             if beyond:
-                return None, "timespan_out_of_range", (f"the {name} cites {max(beyond):g} s; the video lasts "
-                                                       f"{video_span_s:g} s")
-    if ptype == "multiple_choice":
-        concluded = concluded_letter(reasoning)
-        if concluded is not None and concluded != answer:
-            return None, "reasoning_contradicts_answer", f"the reasoning concludes {concluded}, the answer is {answer}"
-
-    if normalize_question(question) in seen_questions:
-        return None, "near_duplicate", "the same question (normalized) was already kept for this video"
-
-    kept = {"question": question, "problem_type": ptype, "options": options, "answer": answer,
-            "reasoning": reasoning, "category": category}
-    return kept, None, "; ".join(notes)
+                raise _Reject("timespan_out_of_range", (f"the {name} cites {max(beyond):g} s; the video lasts "
+                                                        f"{video_span_s:g} s"))
 
 
 def validate_generation(text: str, *, category: str, video_span_s: float | None,
