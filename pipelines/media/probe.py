@@ -7,6 +7,8 @@ Ogg do) and a truncated file keeps its header's claims.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 PROBE_VERSION = "probe-v1"
 
 # A file whose demuxed frames fall this far short of its header's claim is truncated.
@@ -36,13 +38,7 @@ def probe_file(path: str) -> dict:
     """
     import av  # imported here: the worker imports it once; the pipeline process never needs it
 
-    try:
-        container = av.open(path, metadata_errors="ignore")
-    except av.error.InvalidDataError as e:
-        raise ProbeError("not_a_video", f"not a readable media container: {e}") from None
-    except (av.error.FFmpegError, UnicodeDecodeError) as e:
-        raise ProbeError("not_a_video", f"cannot open as media: {e}") from None
-    with container:
+    with _open(av, path) as container:
         if not container.streams.video:
             kinds = sorted({s.type for s in container.streams})
             raise ProbeError("no_video_stream", f"no video stream (streams: {kinds or 'none'})")
@@ -50,73 +46,18 @@ def probe_file(path: str) -> dict:
         cc = vs.codec_context
         audio = container.streams.audio
         header_frames = int(vs.frames or 0)
-        fps_avg = _rate(vs.average_rate)
+        scan = _scan_packets(av, container, vs)
+        duration = _duration(container, vs, scan, header_frames)
+        fps_avg = _rate(vs.average_rate) or scan.n / duration
         fps_real = _rate(vs.base_rate) or _rate(vs.guessed_rate)
+        rotation, width, height = _first_frame(av, container, vs)
         tb = vs.time_base
-
-        # Count the frames by demuxing (cheap: no decoding), and find the real end time.
-        n = 0
-        n_data = 0  # AVI stores repeated frames as empty packets: they count as frames, but not alone
-        first_pts = None
-        first_dts = None
-        last_end = None
-        demux_error = None
-        try:
-            for pkt in container.demux(vs):
-                if pkt.dts is None and pkt.pts is None and pkt.size == 0:
-                    continue  # the demuxer's flush packet
-                n += 1
-                n_data += pkt.size > 0
-                if first_dts is None and pkt.dts is not None:
-                    first_dts = pkt.dts
-                if pkt.pts is not None:
-                    first_pts = pkt.pts if first_pts is None else min(first_pts, pkt.pts)
-                    end = pkt.pts + (pkt.duration or 0)
-                    last_end = end if last_end is None else max(last_end, end)
-        except av.error.FFmpegError as e:
-            demux_error = str(e)
-        if n_data == 0:
-            raise ProbeError("undecodable", f"no video packets could be read{': ' + demux_error if demux_error else ''}")
-        span = None
-        if first_pts is not None and last_end is not None and tb is not None and last_end > first_pts:
-            span = float((last_end - first_pts) * tb)
-        header_duration = float(vs.duration * tb) if vs.duration and tb is not None else None
-        # Compare times, not packet counts: AVI and some codecs skip repeated frames (cinepak stores 68
-        # packets for 444 frames), but a truncated file always ends early.
-        if span is not None and header_duration and span < TRUNCATION_RATIO * header_duration:
-            raise ProbeError("truncated", f"header says {header_duration:.2f} s but the packets end at {span:.2f} s"
-                                          f"{' (' + demux_error + ')' if demux_error else ''}")
-        if span is None and header_frames and n < TRUNCATION_RATIO * header_frames:
-            raise ProbeError("truncated", f"header claims {header_frames} frames but only {n} could be read")
-
-        # The stream's own duration can be missing (Ogg, MPEG-PS): fall back to packet times, then the container.
-        duration = span or header_duration
-        if not duration and container.duration:
-            duration = container.duration / 1e6
-        if not duration or duration <= 0:
-            raise ProbeError("zero_duration", "the video stream has no duration")
-        if fps_avg is None:
-            fps_avg = n / duration
-
-        # One decoded frame proves the codec works and tells the display rotation.
-        container.seek(0)
-        rotation = 0
-        width, height = cc.width, cc.height
-        try:
-            frame = next(container.decode(vs))
-            rotation = int(getattr(frame, "rotation", 0) or 0)
-            width, height = frame.width, frame.height
-        except (StopIteration, av.error.FFmpegError) as e:
-            raise ProbeError("undecodable", f"no frame of the {cc.name} stream decodes: {e}") from None
-        if not width or not height:
-            raise ProbeError("undecodable", "the video stream has no frame size")
-
         return {
             "container": container.format.name,
             "duration_s": round(duration, 6),
             "fps_avg": round(fps_avg, 6),
             "fps_real": round(fps_real, 6) if fps_real else None,
-            "n_frames": n,
+            "n_frames": scan.n,
             "n_frames_header": header_frames or None,
             "width": int(width),
             "height": int(height),
@@ -126,6 +67,86 @@ def probe_file(path: str) -> dict:
             "has_audio": bool(audio),
             "audio_codec": audio[0].codec_context.name if audio else None,
             # B-frame reordering makes the first decode timestamp negative; muxers shift every timestamp by it
-            "decode_delay_s": round(max(0.0, float(-first_dts * tb)), 6) if first_dts is not None and tb else 0.0,
+            "decode_delay_s": (round(max(0.0, float(-scan.first_dts * tb)), 6)
+                               if scan.first_dts is not None and tb else 0.0),
             "probe_version": PROBE_VERSION,
         }
+
+
+def _open(av, path: str):
+    try:
+        return av.open(path, metadata_errors="ignore")
+    except av.error.InvalidDataError as e:
+        raise ProbeError("not_a_video", f"not a readable media container: {e}") from None
+    except (av.error.FFmpegError, UnicodeDecodeError) as e:
+        raise ProbeError("not_a_video", f"cannot open as media: {e}") from None
+
+
+@dataclass
+class _PacketScan:
+    n: int = 0  # frames, counted by demuxing (no decoding)
+    n_data: int = 0  # AVI stores repeated frames as empty packets: they count as frames, but not alone
+    first_pts: int | None = None
+    first_dts: int | None = None
+    last_end: int | None = None  # the real end time, in the stream's time base
+    error: str | None = None  # the demuxer's error, if it stopped early
+
+
+def _scan_packets(av, container, vs) -> _PacketScan:
+    """Every packet of the video stream, demuxed once: the frame count and the first and last times."""
+    s = _PacketScan()
+    try:
+        for pkt in container.demux(vs):
+            if pkt.dts is None and pkt.pts is None and pkt.size == 0:
+                continue  # the demuxer's flush packet
+            s.n += 1
+            s.n_data += pkt.size > 0
+            if s.first_dts is None and pkt.dts is not None:
+                s.first_dts = pkt.dts
+            if pkt.pts is not None:
+                s.first_pts = pkt.pts if s.first_pts is None else min(s.first_pts, pkt.pts)
+                end = pkt.pts + (pkt.duration or 0)
+                s.last_end = end if s.last_end is None else max(s.last_end, end)
+    except av.error.FFmpegError as e:
+        s.error = str(e)
+    if s.n_data == 0:
+        raise ProbeError("undecodable", f"no video packets could be read{': ' + s.error if s.error else ''}")
+    return s
+
+
+def _duration(container, vs, scan: _PacketScan, header_frames: int) -> float:
+    """The video's duration from its packet times (else the stream header, else the container); a file whose
+    packets end well before its header says is ``truncated``."""
+    tb = vs.time_base
+    span = None
+    if scan.first_pts is not None and scan.last_end is not None and tb is not None and scan.last_end > scan.first_pts:
+        span = float((scan.last_end - scan.first_pts) * tb)
+    header_duration = float(vs.duration * tb) if vs.duration and tb is not None else None
+    # Compare times, not packet counts: AVI and some codecs skip repeated frames (cinepak stores 68
+    # packets for 444 frames), but a truncated file always ends early.
+    if span is not None and header_duration and span < TRUNCATION_RATIO * header_duration:
+        raise ProbeError("truncated", f"header says {header_duration:.2f} s but the packets end at {span:.2f} s"
+                                      f"{' (' + scan.error + ')' if scan.error else ''}")
+    if span is None and header_frames and scan.n < TRUNCATION_RATIO * header_frames:
+        raise ProbeError("truncated", f"header claims {header_frames} frames but only {scan.n} could be read")
+    # The stream's own duration can be missing (Ogg, MPEG-PS): fall back to packet times, then the container.
+    duration = span or header_duration
+    if not duration and container.duration:
+        duration = container.duration / 1e6
+    if not duration or duration <= 0:
+        raise ProbeError("zero_duration", "the video stream has no duration")
+    return duration
+
+
+def _first_frame(av, container, vs) -> tuple[int, int, int]:
+    """(rotation, width, height) from one decoded frame, which also proves the codec works."""
+    container.seek(0)
+    cc = vs.codec_context
+    try:
+        frame = next(container.decode(vs))
+    except (StopIteration, av.error.FFmpegError) as e:
+        raise ProbeError("undecodable", f"no frame of the {cc.name} stream decodes: {e}") from None
+    width, height = frame.width, frame.height
+    if not width or not height:
+        raise ProbeError("undecodable", "the video stream has no frame size")
+    return int(getattr(frame, "rotation", 0) or 0), width, height
