@@ -50,6 +50,7 @@ def _bars(ax, labels, values, color, title, xlabel, ylabel, rotate=False):
 
 
 def write_plots(card: dict, out_dir: str) -> list[str]:
+    """The card's four plots (``PLOTS``) as PNG files in ``out_dir``; returns their paths."""
     import matplotlib
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
@@ -60,95 +61,97 @@ def write_plots(card: dict, out_dir: str) -> list[str]:
     dist = {s: cl[f"dist/{s}"] for s in cl["dist/sections"]}
     paths = []
     with matplotlib.rc_context(RC):
-        # funnel (stages count different units: a log scale when they differ by orders of magnitude)
-        stages = [cl[f"funnel/{s}"] | {"stage": s} for s in cl["funnel/stages"]]
-        fig, ax = plt.subplots(figsize=(max(FIGSIZE[0], 1.15 * len(stages)), FIGSIZE[1]))
-        xs = list(range(len(stages)))
-        w = 0.27
-        for i, (what, vals) in enumerate((("in", [s["in"] for s in stages]), ("out", [s["out"] for s in stages]),
-                                          ("rejected", [s["rejected_total"] for s in stages]))):
-            bx = [x + (i - 1) * w for x in xs]
-            ax.bar(bx, vals, width=w, color=COLORS[what], label=what)
-            for x, v in zip(bx, vals):
-                ax.annotate(compact(v), (x, v), ha="center", va="bottom", fontsize=7, xytext=(0, 2),
-                            textcoords="offset points")
-        ax.set_xticks(xs)
-        ax.set_xticklabels([f"{s['stage']}\n({s['unit']})" for s in stages])
-        top = max([s["in"] for s in stages] + [1])
-        low = min([s["in"] for s in stages if s["in"]] + [top])
-        if top / low > 50:
-            ax.set_yscale("symlog", linthresh=1)
-            ax.set_ylim(0, top * 6)
-            ax.set_title("Filter funnel: in / out / rejected per stage (log scale)")
-        else:
-            ax.set_ylim(0, top * 1.18)
-            ax.yaxis.get_major_locator().set_params(integer=True)
-            ax.set_title("Filter funnel: in / out / rejected per stage")
-        ax.set_ylabel("count (in the stage's unit)")
-        ax.legend(frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-        fig.tight_layout()
-        paths.append(_save(fig, os.path.join(out_dir, "funnel.png")))
-        plt.close(fig)
-
-        # category balance
-        fig, ax = plt.subplots(figsize=FIGSIZE)
-        sect = "released_category" if sum(dist.get("released_category", {}).values()) else "qra_category"
-        counts = dist.get(sect, {})
-        if counts:
-            _bars(ax, list(counts), list(counts.values()), COLORS["bar"],
-                  f"Category balance ({'released' if sect.startswith('released') else 'generated'} questions)",
-                  "category", "questions")
-        else:
-            ax.set_axis_off()
-            ax.set_title("Category balance: no questions in this run")
-        fig.tight_layout()
-        paths.append(_save(fig, os.path.join(out_dir, "category_balance.png")))
-        plt.close(fig)
-
-        # pass-count histogram: every scored question, and the released ones beside them
-        fig, ax = plt.subplots(figsize=FIGSIZE)
-        scored = dist.get("pass_count", {})
-        released = dist.get("released_pass_count", {})
-        if sum(scored.values()) or sum(released.values()):
-            ks = sorted(int(k) for k, n in dist.get("pass_k", {}).items() if n)
-            seen = [int(x) for x, n in list(scored.items()) + list(released.items()) if n]
-            k = max(ks + seen)
-            xs = list(range(k + 1))
-            series = [("scored", scored, COLORS["in"]), ("released", released, COLORS["out"])]
-            series = [s for s in series if sum(s[1].values())]
-            w = 0.8 / len(series)
-            for i, (what, counts, color) in enumerate(series):
-                bx = [x + (i - (len(series) - 1) / 2) * w for x in xs]
-                vals = [int(counts.get(str(x), 0)) for x in xs]
-                ax.bar(bx, vals, width=w, color=color, label=what)
-                for x, v in zip(bx, vals):
-                    ax.annotate(compact(v), (x, v), ha="center", va="bottom", fontsize=8, xytext=(0, 2),
-                                textcoords="offset points")
-            top = max([int(v) for _, c, _ in series for v in c.values()] + [1])
-            ax.set_ylim(0, top * 1.18)
-            ax.set_xticks(xs)
-            ax.yaxis.get_major_locator().set_params(integer=True)
-            ax.set_title(f"Pass-count histogram (k = {', '.join(map(str, ks)) if ks else k})")
-            ax.set_xlabel("samples answered correctly out of k")
-            ax.set_ylabel("questions")
-            ax.legend(frameon=False, loc="upper right")
-        else:
-            ax.set_axis_off()
-            ax.set_title("Pass-count histogram: no pass-rate filter in this run")
-        fig.tight_layout()
-        paths.append(_save(fig, os.path.join(out_dir, "pass_count.png")))
-        plt.close(fig)
-
-        # duration histogram
-        fig, ax = plt.subplots(figsize=FIGSIZE)
-        counts = dist.get("video_duration_s", {})
-        if counts:
-            _bars(ax, list(counts), list(counts.values()), COLORS["alt"], "Source videos by duration",
-                  "duration (s)", "videos", rotate=True)
-        else:
-            ax.set_axis_off()
-            ax.set_title("Video durations: no videos")
-        fig.tight_layout()
-        paths.append(_save(fig, os.path.join(out_dir, "duration.png")))
-        plt.close(fig)
+        for name, draw, size in (("funnel.png", _funnel, (max(FIGSIZE[0], 1.15 * len(cl["funnel/stages"])),
+                                                          FIGSIZE[1])),
+                                 ("category_balance.png", _category_balance, FIGSIZE),
+                                 ("pass_count.png", _pass_counts, FIGSIZE),
+                                 ("duration.png", _durations, FIGSIZE)):
+            fig, ax = plt.subplots(figsize=size)
+            draw(ax, cl, dist)
+            fig.tight_layout()
+            paths.append(_save(fig, os.path.join(out_dir, name)))
+            plt.close(fig)
     return paths
+
+
+def _funnel(ax, cl: dict, dist: dict) -> None:
+    """In / out / rejected per stage (stages count different units: a log scale when they differ by orders of
+    magnitude)."""
+    stages = [cl[f"funnel/{s}"] | {"stage": s} for s in cl["funnel/stages"]]
+    xs = list(range(len(stages)))
+    w = 0.27
+    for i, (what, vals) in enumerate((("in", [s["in"] for s in stages]), ("out", [s["out"] for s in stages]),
+                                      ("rejected", [s["rejected_total"] for s in stages]))):
+        bx = [x + (i - 1) * w for x in xs]
+        ax.bar(bx, vals, width=w, color=COLORS[what], label=what)
+        for x, v in zip(bx, vals):
+            ax.annotate(compact(v), (x, v), ha="center", va="bottom", fontsize=7, xytext=(0, 2),
+                        textcoords="offset points")
+    ax.set_xticks(xs)
+    ax.set_xticklabels([f"{s['stage']}\n({s['unit']})" for s in stages])
+    top = max([s["in"] for s in stages] + [1])
+    low = min([s["in"] for s in stages if s["in"]] + [top])
+    if top / low > 50:
+        ax.set_yscale("symlog", linthresh=1)
+        ax.set_ylim(0, top * 6)
+        ax.set_title("Filter funnel: in / out / rejected per stage (log scale)")
+    else:
+        ax.set_ylim(0, top * 1.18)
+        ax.yaxis.get_major_locator().set_params(integer=True)
+        ax.set_title("Filter funnel: in / out / rejected per stage")
+    ax.set_ylabel("count (in the stage's unit)")
+    ax.legend(frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+
+
+def _category_balance(ax, cl: dict, dist: dict) -> None:
+    sect = "released_category" if sum(dist.get("released_category", {}).values()) else "qra_category"
+    counts = dist.get(sect, {})
+    if counts:
+        _bars(ax, list(counts), list(counts.values()), COLORS["bar"],
+              f"Category balance ({'released' if sect.startswith('released') else 'generated'} questions)",
+              "category", "questions")
+    else:
+        ax.set_axis_off()
+        ax.set_title("Category balance: no questions in this run")
+
+
+def _pass_counts(ax, cl: dict, dist: dict) -> None:
+    """The pass-count histogram: every scored question, and the released ones beside them."""
+    scored = dist.get("pass_count", {})
+    released = dist.get("released_pass_count", {})
+    if sum(scored.values()) or sum(released.values()):
+        ks = sorted(int(k) for k, n in dist.get("pass_k", {}).items() if n)
+        seen = [int(x) for x, n in list(scored.items()) + list(released.items()) if n]
+        k = max(ks + seen)
+        xs = list(range(k + 1))
+        series = [("scored", scored, COLORS["in"]), ("released", released, COLORS["out"])]
+        series = [s for s in series if sum(s[1].values())]
+        w = 0.8 / len(series)
+        for i, (what, counts, color) in enumerate(series):
+            bx = [x + (i - (len(series) - 1) / 2) * w for x in xs]
+            vals = [int(counts.get(str(x), 0)) for x in xs]
+            ax.bar(bx, vals, width=w, color=color, label=what)
+            for x, v in zip(bx, vals):
+                ax.annotate(compact(v), (x, v), ha="center", va="bottom", fontsize=8, xytext=(0, 2),
+                            textcoords="offset points")
+        top = max([int(v) for _, c, _ in series for v in c.values()] + [1])
+        ax.set_ylim(0, top * 1.18)
+        ax.set_xticks(xs)
+        ax.yaxis.get_major_locator().set_params(integer=True)
+        ax.set_title(f"Pass-count histogram (k = {', '.join(map(str, ks)) if ks else k})")
+        ax.set_xlabel("samples answered correctly out of k")
+        ax.set_ylabel("questions")
+        ax.legend(frameon=False, loc="upper right")
+    else:
+        ax.set_axis_off()
+        ax.set_title("Pass-count histogram: no pass-rate filter in this run")
+
+
+def _durations(ax, cl: dict, dist: dict) -> None:
+    counts = dist.get("video_duration_s", {})
+    if counts:
+        _bars(ax, list(counts), list(counts.values()), COLORS["alt"], "Source videos by duration",
+              "duration (s)", "videos", rotate=True)
+    else:
+        ax.set_axis_off()
+        ax.set_title("Video durations: no videos")
