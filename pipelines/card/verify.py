@@ -28,9 +28,11 @@ The result is a table ``claim | card | recomputed | ok``; any mismatch makes the
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import os
+from dataclasses import dataclass
 
 from longreel.pipelines import distributions as D
 from longreel.pipelines.card.build import claims_by_id, render_readme, template_sha256
@@ -139,37 +141,64 @@ def read_all(shards: str | list[str]) -> dict:
 
 
 def check_shards(card: dict, data: dict, rep: Report) -> None:
+    """Every shard against its index and the card, every sample against its sums.json, the splits, and the
+    released distributions recomputed from what was read."""
     cl = claims_by_id(card)
     card_shards = {i["id"][len("shard/"):]: i["value"] for i in card["claims"] if i["id"].startswith("shard/")}
+    found = _SampleFindings()
+    splits, infos, seen = _check_each_shard(card_shards, data, rep, found)
+    _check_shard_lists(card_shards, data, seen, rep)
+    rep.add("samples: sums.json matches every member", [], sorted(found.sums_bad), not found.sums_bad)
+    rep.add("samples: meta.json num_frames = frames.npy frames", [], sorted(found.meta_frames_bad),
+            not found.meta_frames_bad)
+    if found.errors:
+        rep.add("samples: well-formed", [], found.errors, False)
+    _check_splits(cl, splits, rep)
+    _check_released_distributions(card, cl, infos, found, rep)
+
+
+@dataclass
+class _SampleFindings:
+    """What the samples of every shard showed: descriptors and video facts for the distributions, and problems."""
+    descriptors: list = dataclasses.field(default_factory=list)
+    facts: set = dataclasses.field(default_factory=set)
+    meta_frames_bad: list = dataclasses.field(default_factory=list)
+    sums_bad: list = dataclasses.field(default_factory=list)
+    errors: list = dataclasses.field(default_factory=list)
+
+    def add(self, split: str, s: dict) -> int:
+        """Check one sample read from a shard of ``split``; return its question count."""
+        q = s["json"].get("qras.json")
+        self.descriptors.append(sample_descriptor(split, s))
+        meta = s["json"].get("meta.json") or {}
+        npy = s["npy"].get("frames.npy")
+        frames = npy["shape"][0] if npy and npy["shape"] else None
+        if frames is None or meta.get("num_frames") != frames:
+            self.meta_frames_bad.append(s["key"])
+        self.facts.add((meta.get("video_id", s["key"]), frames if frames is not None else -1,
+                        meta.get("license") or "unknown", meta.get("attribution") or ""))
+        sums = s["json"].get("sums.json") or {}
+        for member, digest in s["sha256"].items():
+            if member == "sums.json":
+                continue
+            want = sums.get(member, {})
+            if want.get("sha256") != digest or want.get("bytes") != s["members"][member]:
+                self.sums_bad.append(f"{s['key']}.{member}")
+        self.sums_bad += [f"{s['key']}.{m} (missing)" for m in sorted(set(sums) - set(s["sha256"]))]
+        self.errors += [f"{s['key']}: {e}" for e in s["errors"]]
+        return len(q) if isinstance(q, list) else 0
+
+
+def _check_each_shard(card_shards: dict, data: dict, rep: Report, found: _SampleFindings):
+    """Each shard as read against its index entry and its card claim; returns (per-split totals, the shard
+    infos the distributions take, the shard names seen)."""
     seen = set()
     splits: dict[str, dict] = {}
-    descriptors, infos, facts = [], [], set()
-    meta_frames_bad, sums_bad, sample_errors = [], [], []
+    infos = []
     for sh in data["shards"]:
         name, got, idx = sh["name"], sh["read"], sh["index"]
         seen.add(name)
-        nq = 0
-        for s in got["samples"]:
-            q = s["json"].get("qras.json")
-            nq += len(q) if isinstance(q, list) else 0
-            descriptors.append(sample_descriptor(sh["split"], s))
-            meta = s["json"].get("meta.json") or {}
-            npy = s["npy"].get("frames.npy")
-            frames = npy["shape"][0] if npy and npy["shape"] else None
-            if frames is None or meta.get("num_frames") != frames:
-                meta_frames_bad.append(s["key"])
-            facts.add((meta.get("video_id", s["key"]), frames if frames is not None else -1,
-                       meta.get("license") or "unknown", meta.get("attribution") or ""))
-            sums = s["json"].get("sums.json") or {}
-            for member, digest in s["sha256"].items():
-                if member == "sums.json":
-                    continue
-                want = sums.get(member, {})
-                if want.get("sha256") != digest or want.get("bytes") != s["members"][member]:
-                    sums_bad.append(f"{s['key']}.{member}")
-            missing = sorted(set(sums) - set(s["sha256"]))
-            sums_bad += [f"{s['key']}.{m} (missing)" for m in missing]
-            sample_errors += [f"{s['key']}: {e}" for e in s["errors"]]
+        nq = sum(found.add(sh["split"], s) for s in got["samples"])
         recomputed = {"split": sh["split"], "nsamples": len(got["samples"]), "nquestions": nq,
                       "bytes": got["bytes"], "sha256": got["sha256"]}
         infos.append({"url": name, **recomputed})
@@ -188,6 +217,11 @@ def check_shards(card: dict, data: dict, rep: Report) -> None:
         sp["samples"] += recomputed["nsamples"]
         sp["questions"] += nq
         sp["bytes"] += got["bytes"] or 0
+    return splits, infos, seen
+
+
+def _check_shard_lists(card_shards: dict, data: dict, seen: set, rep: Report) -> None:
+    """No shard file of a split is missing from its index, and no shard the card claims is missing."""
     for d in sorted({os.path.dirname(ix["path"]) for ix in data["indexes"] if "://" not in ix["path"]}):
         prefixes = tuple(f"{ix['doc']['name']}-" for ix in data["indexes"])
         unlisted = sorted(n for n in os.listdir(d) if n.endswith(".tar") and n.startswith(prefixes) and n not in seen)
@@ -196,11 +230,8 @@ def check_shards(card: dict, data: dict, rep: Report) -> None:
     for name in sorted(set(card_shards) - seen):
         rep.add(f"shard/{name}", card_shards[name], "not in the shards' index", False)
 
-    rep.add("samples: sums.json matches every member", [], sorted(sums_bad), not sums_bad)
-    rep.add("samples: meta.json num_frames = frames.npy frames", [], sorted(meta_frames_bad), not meta_frames_bad)
-    if sample_errors:
-        rep.add("samples: well-formed", [], sample_errors, False)
 
+def _check_splits(cl: dict, splits: dict, rep: Report) -> None:
     for split in sorted(set(splits) | set(cl.get("splits", []))):
         claimed = cl.get(f"split/{split}")
         got = splits.get(split)
@@ -210,13 +241,16 @@ def check_shards(card: dict, data: dict, rep: Report) -> None:
         for field in ("shards", "samples", "questions", "bytes"):
             rep.add(f"split/{split}: {field}", claimed[field], got[field])
 
+
+def _check_released_distributions(card: dict, cl: dict, infos: list, found: _SampleFindings, rep: Report) -> None:
+    """The distributions the card states about the released data, recomputed from what was read."""
     pairs = D.pairs_for_rows("shards", infos)
-    for s in descriptors:
+    for s in found.descriptors:
         try:
             pairs += D.released_pairs(s)
         except (KeyError, TypeError, ValueError) as e:
             rep.add(f"sample {s['key']}: readable questions", "qras.json with questions", str(e), False)
-    for f in sorted(facts):
+    for f in sorted(found.facts):
         pairs += D.video_fact_pairs(f)
     recomputed_sections = D.fold_distributions(D.sum_pairs(pairs))["sections"]
     claimed_sections = [i["id"][len("dist/"):] for i in card["claims"]
