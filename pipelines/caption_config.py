@@ -104,18 +104,18 @@ class ModelConfig:
 class OpenAIConfig:
     base_url: str = cfg("http://127.0.0.1:8000/v1", "OpenAI-compatible API root (…/v1); POST {base_url}/chat/completions.")
     api_key_env: str = cfg("OPENAI_API_KEY", "Environment variable holding the API key (sent as a Bearer token; "
-                                             "none sent when unset). The key itself never goes into a config.")
+                                             "a placeholder when unset, which local servers ignore). The key "
+                                             "itself never goes into a config.")
     timeout_s: float = cfg(120.0, "Seconds per HTTP request.")
-    max_retries: int = cfg(4, "Retries after a timeout, connection error, HTTP 408/409/429 or 5xx.")
-    backoff_s: float = cfg(1.0, "First retry delay; doubles per retry (with jitter), capped at 60 s; a Retry-After "
-                                "header is honoured.")
+    max_retries: int = cfg(4, "Retries after a timeout, connection error, HTTP 408/409/429 or 5xx (the openai "
+                               "package's backoff: 0.5 s doubling to 8 s, with jitter; Retry-After is honoured).")
     concurrency: int = cfg(8, "Requests in flight at once per worker process.")
     jpeg_quality: int = cfg(90, "JPEG quality of the frames sent as base64 image parts.")
     image_detail: str | None = cfg(None, "Optional 'detail' of each image part (low, high, auto); null: not sent.")
 
     def validate(self):
-        if self.timeout_s <= 0 or self.max_retries < 0 or self.backoff_s < 0 or self.concurrency < 1:
-            raise ConfigError("caption.openai: timeout_s > 0, max_retries >= 0, backoff_s >= 0, concurrency >= 1")
+        if self.timeout_s <= 0 or self.max_retries < 0 or self.concurrency < 1:
+            raise ConfigError("caption.openai: timeout_s > 0, max_retries >= 0, concurrency >= 1")
         if not 1 <= self.jpeg_quality <= 100:
             raise ConfigError("caption.openai.jpeg_quality must be in 1..100")
 

@@ -167,7 +167,7 @@ def test_openai_backend_in_the_pipeline(server, movie_5s, tmp_path):
     out = copy_out(movie_5s, tmp_path / "out")
     cfg = caption_cfg(backend="openai", **{
         "model.path": "test-vlm", "openai.base_url": server.base_url, "openai.timeout_s": 0.5,
-        "openai.max_retries": 2, "openai.backoff_s": 0.05, "openai.concurrency": 2, "model.batch_size": 4,
+        "openai.max_retries": 2, "openai.concurrency": 2, "model.batch_size": 4,
         "frames.max_pixels": 200704})
     t0 = time.monotonic()
     run_caption(str(out), cfg)
@@ -210,8 +210,7 @@ def test_a_dead_server_is_rejects_not_a_crash(movie_5s, tmp_path):
         port = s.getsockname()[1]
     out = copy_out(movie_5s, tmp_path / "out")
     run_caption(str(out), caption_cfg(backend="openai", **{
-        "model.path": "m", "openai.base_url": f"http://127.0.0.1:{port}/v1", "openai.max_retries": 1,
-        "openai.backoff_s": 0.01}))
+        "model.path": "m", "openai.base_url": f"http://127.0.0.1:{port}/v1", "openai.max_retries": 1}))
     caps, _, rejects, stats = tables(out)
     assert caps == [] and stage(stats, "caption")["rejected"] == {"request_failed": 12}
     assert all("connection error" in r["message"] for r in rejects)

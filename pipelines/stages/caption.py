@@ -85,7 +85,7 @@ def client_spec(cfg: CaptionConfig) -> ClientSpec:
         o = cfg.openai
         return ClientSpec("openai", {"base_url": o.base_url, "model": m.path, "api_key_env": o.api_key_env,
                                      "timeout_s": o.timeout_s, "max_retries": o.max_retries,
-                                     "backoff_s": o.backoff_s, "concurrency": o.concurrency,
+                                     "concurrency": o.concurrency,
                                      "jpeg_quality": o.jpeg_quality, "image_detail": o.image_detail,
                                      "revision": m.revision})
     if cfg.backend == "vllm":
