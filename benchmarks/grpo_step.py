@@ -44,14 +44,16 @@ def make_items(n_items: int, frames: int) -> list[dict]:
     tiny processor keeps: 168 x 280)."""
     import torch
 
-    from mrsp import SHARED, VIDEO
+    from mrsp import VIDEO
+
     from longreel.pipelines.media.decode import decode_frames, sample_timestamps
+    from longreel.testing.sample_videos import ensure_videos
 
     items = []
     for i in range(n_items):
         start = 30.0 + 60.0 * i
-        dec = decode_frames(str(SHARED / VIDEO), sample_timestamps(start, start + frames / 8.0, frames),
-                            width=280, height=168)
+        dec = decode_frames(str(ensure_videos([VIDEO]) / VIDEO),
+                            sample_timestamps(start, start + frames / 8.0, frames), width=280, height=168)
         meta = {"fps": dec.fps, "frames_indices": list(dec.indices), "total_num_frames": 14315,
                 "duration": 596.458, "width": 280, "height": 168}
         items.append({"key": f"bbb_{i}", "video_id": f"bbb_{i}", "frames": torch.from_numpy(dec.frames),
