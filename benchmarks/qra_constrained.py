@@ -34,7 +34,7 @@ def main() -> int:
 
     backend = TransformersTextBackend("smollm2")
     backend.setup()
-    backend.masker()
+    backend.ll_tokenizer()  # the vocabulary is read once per model; not part of any request's time
     scenes = ["a rabbit wakes up in a green meadow", "a butterfly lands on a flower", "three rodents watch from a tree",
               "the rodents throw a nut at the rabbit", "the rabbit builds a trap", "the rodents fall into the trap"]
     captions = "\n".join(f"[00:{10 * i:02d}-00:{10 * i + 10:02d}] {s}" if i < 5 else f"[00:50-01:00] {s}"

@@ -88,7 +88,8 @@ class QRAConfig:
     reasoning_prefix: str = cfg("", "A regular expression every reasoning must start with, e.g. "
                                     "'Checking the video at \\[[0-9]{2}:[0-9]{2}-[0-9]{2}:[0-9]{2}\\]' to make "
                                     "each reasoning open on the time span it rests on. Backends whose guided "
-                                    "decoding takes a JSON-schema pattern (vllm, openai) are constrained to it; "
+                                    "decoding takes a JSON-schema pattern (transformers, vllm, openai) are "
+                                    "constrained to it; "
                                     "every output is checked (reject reasoning_prefix_mismatch). '' = no rule.")
     parquet_shards: int = cfg(1, "Parquet files of the qras table.")
 

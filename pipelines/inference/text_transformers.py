@@ -1,19 +1,24 @@
 """``transformers`` text backend: a local causal LM with JSON-schema-constrained decoding.
 
-The decoding loop is our own (a left-padded batch of requests sharing one KV cache, one token per row and
-step; ``batch_size`` requests at a time) so that each row's schema mask comes first,
-before the repetition penalty, temperature and top-p: a sampling warper can then never remove every
-allowed token. Greedy when ``temperature == 0`` (deterministic); otherwise sampled with a
-``torch.Generator`` seeded from the request's seed. See :mod:`longreel.pipelines.inference.constrained` for the mask.
+Decoding is transformers' ``model.generate`` (a left-padded batch, one KV cache). The schema constraint is
+llguidance's JSON-schema grammar (chosen by ``benchmarks/constrained_libs.py``: as fast and as valid as xgrammar
+on SmolLM2 here, and a single wheel without dependencies), applied as the *first* logits processor of every row,
+before the repetition penalty, temperature and top-p: a sampling warper can then never remove every allowed
+token. ``generate``'s own processors are switched off for that reason and longreel adds them after the mask.
+Greedy when ``temperature == 0`` (deterministic); otherwise rows are sampled per seed (one ``generate`` call per
+distinct seed, under a forked RNG), so a request's sample does not depend on its batch. Each JSON string is
+capped at the request's ``max_string_chars`` (``maxLength`` in the grammar), and a schema ``pattern`` (e.g.
+``qra.reasoning_prefix``) is enforced by the grammar.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
 
-from longreel.pipelines.inference.text_base import TextBackend, TextRequest, TextResult
 from longreel.pipelines.inference.base import weights_revision
+from longreel.pipelines.inference.text_base import TextBackend, TextRequest, TextResult
 from longreel.pipelines.inference.text_models import load_tokenizer, resolve_model
 
 log = logging.getLogger("longreel")
@@ -22,7 +27,7 @@ log = logging.getLogger("longreel")
 class TransformersTextBackend(TextBackend):
     backend = "transformers"
     supports_guided = True
-    supports_pattern = False  # the constrained decoder here has no regex support
+    supports_pattern = True  # llguidance's grammar takes JSON-schema patterns
 
     def __init__(self, model: str = "smollm2", revision: str = "", *, trust_remote_code: bool = False,
                  dtype: str = "float32", threads: int | None = None, batch_size: int = 1):
@@ -36,7 +41,7 @@ class TransformersTextBackend(TextBackend):
         self.batch_size = max(1, int(batch_size))
         self._model = None
         self._tok = None
-        self._masker = None
+        self._lltok = None
 
     def setup(self) -> None:
         if self._model is not None:
@@ -60,19 +65,26 @@ class TransformersTextBackend(TextBackend):
             self._tok = load_tokenizer(self.model)
         return self._tok
 
-    def masker(self):
-        if self._masker is None:
-            from longreel.pipelines.inference.constrained import TokenMasker, token_texts
+    def eos_ids(self) -> list[int]:
+        """Every token that ends a response: the tokenizer's end of sequence and the model's own."""
+        tok = self.tokenizer
+        eos = {tok.eos_token_id} if tok.eos_token_id is not None else set()
+        gen_eos = getattr(getattr(self._model, "generation_config", None), "eos_token_id", None)
+        if isinstance(gen_eos, int):
+            eos.add(gen_eos)
+        elif gen_eos:
+            eos.update(gen_eos)
+        return sorted(eos)
 
-            tok = self.tokenizer
-            eos = {tok.eos_token_id} if tok.eos_token_id is not None else set()
-            gen_eos = getattr(getattr(self._model, "generation_config", None), "eos_token_id", None)
-            if isinstance(gen_eos, int):
-                eos.add(gen_eos)
-            elif gen_eos:
-                eos.update(gen_eos)
-            self._masker = TokenMasker(token_texts(tok), sorted(eos))
-        return self._masker
+    def ll_tokenizer(self):
+        """The vocabulary as llguidance sees it (built once per model)."""
+        if self._lltok is None:
+            import llguidance.hf
+
+            self.setup()
+            self._lltok = llguidance.hf.from_tokenizer(self.tokenizer, n_vocab=self._model.config.vocab_size,
+                                                       eos_token=self.eos_ids())
+        return self._lltok
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
         tok = self.tokenizer
@@ -108,89 +120,117 @@ class TransformersTextBackend(TextBackend):
         return out
 
     def _generate_batch(self, reqs: list[TextRequest]) -> list[TextResult]:
-        """Decode a batch together (left padded, one KV cache), each row with its own schema mask, seed and
-        sampling parameters. A row stops at end of sequence or at its own max_new_tokens."""
+        """A batch, in groups of rows that share their sampling settings (and seed, when sampling): one
+        ``generate`` call per group, results in request order."""
+        groups: dict[tuple, list[int]] = {}
+        for i, r in enumerate(reqs):
+            sampled = r.temperature > 0
+            key = (r.temperature, r.top_p if sampled else 1.0, r.repetition_penalty, r.seed if sampled else None)
+            groups.setdefault(key, []).append(i)
+        out: list[TextResult | None] = [None] * len(reqs)
+        for rows in groups.values():
+            for i, res in zip(rows, self._generate_group([reqs[i] for i in rows])):
+                out[i] = res
+        return out
+
+    def _generate_group(self, reqs: list[TextRequest]) -> list[TextResult]:
         import torch
+        from transformers import (GenerationConfig, LogitsProcessorList, RepetitionPenaltyLogitsProcessor,
+                                  TemperatureLogitsWarper, TopPLogitsWarper)
 
-        from longreel.pipelines.inference.constrained import Matcher
-
-        tok, model = self.tokenizer, self._model
+        tok, model, first = self.tokenizer, self._model, reqs[0]
         prompts = [self.prompt_ids(r.messages) for r in reqs]
-        b, width = len(reqs), max(len(p) for p in prompts)
+        width = max(len(p) for p in prompts)
         pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-        input_ids = torch.full((b, width), pad, dtype=torch.long)
-        attn = torch.zeros((b, width), dtype=torch.long)
+        input_ids = torch.full((len(reqs), width), pad, dtype=torch.long)
+        attn = torch.zeros((len(reqs), width), dtype=torch.long)
         for i, ids in enumerate(prompts):
             input_ids[i, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
             attn[i, width - len(ids):] = 1
-        positions = (attn.cumsum(-1) - 1).clamp(min=0)
-        masker = self.masker() if any(r.schema is not None for r in reqs) else None
-        eos_ids = set(masker.eos_ids) if masker else {tok.eos_token_id}
-        matchers = [Matcher.start(r.schema, r.max_string_chars) if r.schema is not None else None for r in reqs]
-        gens = [torch.Generator().manual_seed(int(r.seed)) for r in reqs]
-        produced: list[list[int]] = [[] for _ in reqs]
-        finish = ["length"] * b
-        done = [False] * b
-        past = None
-        limit = max(r.max_new_tokens for r in reqs)
-        with torch.inference_mode():
-            for step in range(limit):
-                outputs = model(input_ids=input_ids, attention_mask=attn, position_ids=positions,
-                                past_key_values=past, use_cache=True, logits_to_keep=1)
-                past = outputs.past_key_values
-                logits_all = outputs.logits[:, -1, :].float()
-                nxt_ids = []
-                for i, req in enumerate(reqs):
-                    if done[i]:
-                        nxt_ids.append(pad)
-                        continue
-                    nxt = self._pick(logits_all[i], req, matchers[i], masker, produced[i], gens[i])
-                    if nxt is None:
-                        finish[i], done[i] = "dead_end", True
-                        nxt_ids.append(pad)
-                        continue
-                    if nxt in eos_ids:
-                        finish[i], done[i] = "stop", True
-                        nxt_ids.append(pad)
-                        continue
-                    produced[i].append(nxt)
-                    if matchers[i] is not None:
-                        matchers[i] = matchers[i].advance(masker.texts[nxt])
-                    if len(produced[i]) >= req.max_new_tokens:
-                        done[i] = True
-                    nxt_ids.append(nxt)
-                if all(done):
-                    break
-                input_ids = torch.tensor(nxt_ids, dtype=torch.long)[:, None]
-                attn = torch.cat([attn, torch.ones((b, 1), dtype=torch.long)], dim=1)  # finished rows: ignored
-                positions = positions[:, -1:] + 1
-        return [TextResult(text=tok.decode(p, skip_special_tokens=True), finish=f, prompt_tokens=len(ids),
-                           new_tokens=len(p), guided=m is not None or r.schema is not None)
-                for p, f, ids, m, r in zip(produced, finish, prompts, matchers, reqs)]
+        mask = SchemaMask([r.schema for r in reqs], [r.max_string_chars for r in reqs], self.ll_tokenizer())
+        processors = LogitsProcessorList([mask])
+        if first.repetition_penalty and first.repetition_penalty != 1.0:
+            processors.append(RepetitionPenaltyLogitsProcessor(first.repetition_penalty))
+        sampled = first.temperature > 0
+        if sampled:
+            processors.append(TemperatureLogitsWarper(first.temperature))
+            if first.top_p < 1.0:
+                processors.append(TopPLogitsWarper(first.top_p))
+        eos = self.eos_ids()
+        # generate's own processors off: every one of them is in `processors`, after the mask
+        config = GenerationConfig(max_new_tokens=max(r.max_new_tokens for r in reqs), do_sample=sampled,
+                                  temperature=1.0, top_p=1.0, top_k=None, repetition_penalty=1.0,
+                                  pad_token_id=pad, eos_token_id=eos)
+        with torch.random.fork_rng(devices=[]), torch.inference_mode():
+            torch.manual_seed(int(first.seed))
+            out = model.generate(input_ids=input_ids, attention_mask=attn, generation_config=config,
+                                 logits_processor=processors)
+        results = []
+        for i, (r, ids) in enumerate(zip(reqs, prompts)):
+            new = [int(x) for x in out[i, width:]]
+            stop = next((k for k, x in enumerate(new) if x in eos), None)
+            stopped = stop is not None and stop < r.max_new_tokens  # ended before its own token limit
+            text_ids = new[:stop] if stopped else new[:r.max_new_tokens]
+            finish = "dead_end" if mask.dead_end(i) else "stop" if stopped else "length"
+            results.append(TextResult(text=tok.decode(text_ids, skip_special_tokens=True), finish=finish,
+                                      prompt_tokens=len(ids), new_tokens=len(text_ids), guided=r.schema is not None))
+        return results
 
-    def _pick(self, logits, req: TextRequest, matcher, masker, produced: list[int], gen) -> int | None:
-        """The next token of one row: schema mask first, then repetition penalty, temperature, top-p."""
-        import torch
 
-        n_vocab = logits.shape[0]
-        if matcher is not None:
-            allowed = masker.allowed(matcher)
-            if allowed.shape[0] < n_vocab:  # the model's head may be padded beyond the tokenizer
-                allowed = torch.cat([allowed, torch.zeros(n_vocab - allowed.shape[0], dtype=torch.bool)])
-            allowed = allowed[:n_vocab]
-            if not bool(allowed.any()):
-                return None
-            logits = logits.masked_fill(~allowed, float("-inf"))
-        if req.repetition_penalty and req.repetition_penalty != 1.0 and produced:
-            seen = torch.tensor(sorted(set(produced)), dtype=torch.long)
-            vals = logits[seen]
-            logits[seen] = torch.where(vals > 0, vals / req.repetition_penalty, vals * req.repetition_penalty)
-        if req.temperature <= 0:
-            return int(torch.argmax(logits))
-        probs = torch.softmax(logits / req.temperature, dim=-1)
-        if req.top_p < 1.0:
-            sp, si = torch.sort(probs, descending=True)
-            keep = torch.cumsum(sp, 0) - sp < req.top_p
-            keep[0] = True
-            probs = torch.zeros_like(probs).scatter(0, si[keep], sp[keep])
-        return int(torch.multinomial(probs, 1, generator=gen))
+def with_max_length(schema, limit: int):
+    """``schema`` with ``maxLength: limit`` on every free string (what ``max_string_chars`` promises)."""
+    if isinstance(schema, dict):
+        out = {k: with_max_length(v, limit) for k, v in schema.items()}
+        if out.get("type") == "string" and "enum" not in out:
+            out["maxLength"] = min(limit, out.get("maxLength", limit))
+        return out
+    if isinstance(schema, list):
+        return [with_max_length(v, limit) for v in schema]
+    return schema
+
+
+class SchemaMask:
+    """A logits processor holding one llguidance matcher per row (None: that row is free text). At each step it
+    first feeds every matcher the token its row chose last, then masks each row's logits to what its grammar
+    allows; a finished row is pinned to end of sequence."""
+
+    def __init__(self, schemas: list, max_chars: list[int], lltok):
+        import llguidance
+        import llguidance.torch
+
+        self.lltok = lltok
+        self.matchers = []
+        for schema, limit in zip(schemas, max_chars):
+            if schema is None:
+                self.matchers.append(None)
+                continue
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(
+                json.dumps(with_max_length(schema, limit)), overrides={"whitespace_flexible": False})
+            self.matchers.append(llguidance.LLMatcher(lltok, grammar))
+        self.bitmask = llguidance.torch.allocate_token_bitmask(len(schemas), lltok.vocab_size)
+        self.started = False
+
+    def dead_end(self, row: int) -> bool:
+        m = self.matchers[row]
+        return m is not None and m.is_error()
+
+    def __call__(self, input_ids, scores):
+        import llguidance.torch
+
+        if not any(self.matchers):
+            return scores
+        for row, m in enumerate(self.matchers):
+            if m is None:
+                continue
+            if self.started and not m.is_stopped() and not m.is_error():
+                m.consume_token(int(input_ids[row, -1]))
+            llguidance.torch.fill_next_token_bitmask(m, self.bitmask, row)
+        self.started = True
+        rows = [row for row, m in enumerate(self.matchers) if m is not None]
+        if len(rows) == len(self.matchers):
+            llguidance.torch.apply_token_bitmask_inplace(scores, self.bitmask)
+        else:  # free-text rows keep their logits
+            sub = scores[rows]
+            llguidance.torch.apply_token_bitmask_inplace(sub, self.bitmask[rows])
+            scores[rows] = sub
+        return scores

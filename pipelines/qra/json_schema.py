@@ -12,8 +12,8 @@ The schemas use only the keywords that every common constrained-decoding backend
 on the transformers side): ``type``, ``properties``, ``required``, ``additionalProperties``, ``enum``,
 ``anyOf``, ``items``, ``minItems``, ``maxItems``, ``minLength``. No ``$ref``, ``oneOf``, ``if/then`` or
 ``format``; ``pattern`` appears only on the reasoning, only when ``qra.reasoning_prefix`` is set, and only in the
-schemas sent to backends whose constrained decoding takes it (vLLM's xgrammar, OpenAI-compatible structured
-outputs). :data:`SCHEMA_KEYWORDS` lists them and a test enforces it.
+schemas sent to backends whose constrained decoding takes it (llguidance in the transformers backend, vLLM's
+structured outputs, OpenAI-compatible servers). :data:`SCHEMA_KEYWORDS` lists them and a test enforces it.
 
 Property order matters to grammar-based backends (they emit properties in schema order): ``reasoning``
 comes before ``answer`` so the model writes its argument before committing to an answer.
