@@ -65,13 +65,21 @@ def atomic_open(path: str | os.PathLike, *, fsync: bool = False) -> Iterator[Bin
     except BaseException:
         _delete_quiet(tmp)
         raise
+    try:
+        _publish(tmp, path)
+    except BaseException:  # e.g. a directory where the file must go: nothing of this write stays behind
+        _delete_quiet(tmp)
+        raise
+
+
+def _publish(tmp: str, path: str) -> None:
     if _remote(path):
         from apache_beam.io.filesystems import FileSystems
         if FileSystems.exists(path):
             FileSystems.delete([path])
         FileSystems.rename([tmp], [path])
     else:
-        os.replace(tmp, path)
+        os.replace(tmp, path)  # refuses to replace a directory (IsADirectoryError): never removes one
 
 
 def write_atomic(path: str | os.PathLike, data: bytes | str, *, fsync: bool = False) -> str:

@@ -269,6 +269,17 @@ def _dir_where_a_file_goes(c: Ctx):
     return c.curate(c.video())
 
 
+def _stats_json_is_a_directory(c: Ctx):
+    (c.out / "stats.json").mkdir(parents=True)
+    (c.out / "stats.json" / "notes.txt").write_text("mine")
+    return c.curate(c.video())
+
+
+def _check_directory_kept_and_no_temp(c: Ctx):
+    assert (c.out / "stats.json" / "notes.txt").read_text() == "mine"
+    assert not [n for n in os.listdir(c.out) if n.startswith(".tmp-")], os.listdir(c.out)
+
+
 def _check_overwritten(c: Ctx):
     marker = json.loads((c.out / MARKER).read_text())
     assert marker["config"]["segment"]["clip_s"] == 5
@@ -352,6 +363,9 @@ CASES = [
          message="failed: No space left on device", marker=False),
     Case("dir_where_file_goes", "a directory where a file must be written (OUT/config.yaml)", _dir_where_a_file_goes,
          1, message="failed: Is a directory", marker=False),
+    Case("stats_json_is_a_dir", "a directory named OUT/stats.json, holding a file", _stats_json_is_a_directory, 1,
+         message="failed: Is a directory", marker=False, check=_check_directory_kept_and_no_temp,
+         note="the directory and its file left as they were; no temporary file left behind"),
 ]
 
 
