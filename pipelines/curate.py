@@ -11,6 +11,7 @@ files; the rules for a directory that holds another run are in :mod:`longreel.pi
 from __future__ import annotations
 
 import logging
+import shlex
 import time
 
 import apache_beam as beam
@@ -174,8 +175,22 @@ def run_curate(items: list[dict], out_dir: str, cfg: CurateConfig, beam_args: li
     return stats
 
 
+#: flags about the output directory, not the data: the outputs of a resumed or overwriting run are those of the
+#: plain command, so the command recorded in stats.json and the card leaves them out (the lock shows them)
+DIRECTORY_FLAGS = ("--resume", "--overwrite")
+
+
+def reproduction_command(command: str | None) -> str | None:
+    """``command`` without :data:`DIRECTORY_FLAGS`."""
+    if not command:
+        return command
+    return shlex.join([part for part in shlex.split(command) if part not in DIRECTORY_FLAGS])
+
+
 def _run_locked(items: list[dict], out_dir: str, cfg: CurateConfig, beam_args, command, handlers) -> dict:
     import json
+
+    command = reproduction_command(command)
 
     with FileSystems.create(FileSystems.join(out_dir, "config.yaml")) as fh:
         fh.write(dump_yaml(cfg).encode())

@@ -280,6 +280,11 @@ def _check_directory_kept_and_no_temp(c: Ctx):
     assert not [n for n in os.listdir(c.out) if n.startswith(".tmp-")], os.listdir(c.out)
 
 
+def _check_command_recorded_without_resume(c: Ctx):
+    command = json.loads((c.out / "stats.json").read_text())["command"]
+    assert command.startswith("longreel") and "curate" in command.split() and "--resume" not in command.split(), command
+
+
 def _check_overwritten(c: Ctx):
     marker = json.loads((c.out / MARKER).read_text())
     assert marker["config"]["segment"]["clip_s"] == 5
@@ -352,7 +357,8 @@ CASES = [
     Case("out_unfinished", "--out holding an unfinished run (no _SUCCESS.json)", _unfinished_run, 2,
          message="unfinished run", unchanged=True),
     Case("out_unfinished_resume", "the same, with --resume", _unfinished_run_resume, 0, marker=True,
-         note="the run is finished in place"),
+         check=_check_command_recorded_without_resume,
+         note="the run is finished in place; stats.json records the command without --resume"),
     Case("out_not_a_run", "--out holding files with longreel's names but no run, with --overwrite", _not_a_run, 2,
          message="no sign of a longreel run", unchanged=True, check=_check_not_a_run_left_alone,
          note="nothing removed"),
@@ -504,11 +510,10 @@ def test_sigkill_then_resume_gives_the_same_bytes(tmp_path):
     """The demo killed with SIGKILL when each kill point's first file appears (polled every 20 ms), then
     ``--resume``: exit 0, no refusal (the dead run's lock is taken over), ``_SUCCESS.json`` there, and every file
     byte-identical to an uninterrupted run's (``stats.json`` but its ``run`` key; the marker but the stats digest).
-    A run that finishes before its kill point appears fails the test (it never silently skips). The data card
-    and stats.json record the command as typed, so the uninterrupted reference is typed with ``--resume`` too."""
-    # The command as typed is recorded (stats.json, card), so the reference is typed with --resume too (on a new
-    # directory that is a fresh run): the one difference a resumed run may show is the flag in that string.
-    ref = _demo(tmp_path / "ref", "--resume")
+    A run that finishes before its kill point appears fails the test (it never silently skips). The reference is
+    the plain command: stats.json and the card record the command without ``--resume``/``--overwrite`` (they
+    concern the directory, not the data)."""
+    ref = _demo(tmp_path / "ref")
     assert ref.returncode == 0, ref.stderr[-3000:]
     reference = _files(tmp_path / "ref" / "out")
     assert MARKER in reference
