@@ -25,6 +25,8 @@ import os
 import tempfile
 import time
 
+from longreel.pipelines.inference.text_transformers import with_max_length
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCENES = ["a rabbit wakes up in a green meadow", "a butterfly lands on a flower", "three rodents watch from a tree",
           "the rodents throw a nut at the rabbit", "the rabbit builds a trap", "the rodents fall into the trap"]
@@ -44,18 +46,6 @@ def prompts(n: int) -> list[tuple[list[dict], dict]]:
         msgs, _ = generation_messages(category, n_questions=1, problem_type=ptype, duration_s=60.0, captions=captions)
         out.append((msgs, generation_schema([ptype], min_questions=1, max_questions=1)))
     return out
-
-
-def with_max_length(schema, limit: int):
-    """The schema with ``maxLength`` on every string (the hand-written decoder's ``max_string_chars``)."""
-    if isinstance(schema, dict):
-        out = {k: with_max_length(v, limit) for k, v in schema.items()}
-        if out.get("type") == "string" and "enum" not in out:
-            out["maxLength"] = limit
-        return out
-    if isinstance(schema, list):
-        return [with_max_length(v, limit) for v in schema]
-    return schema
 
 
 def judge(text: str, schema: dict) -> bool:

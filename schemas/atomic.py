@@ -17,7 +17,13 @@ import uuid
 from typing import BinaryIO, Iterator
 
 #: the temporary names this module writes (a directory's cleanup may remove what a killed writer left)
-TEMP_RE = re.compile(r"\.tmp-[0-9a-f]{32}-.+")
+TEMP_RE = re.compile(r"\.tmp-[0-9a-f]{32}-(?P<target>.+)")
+
+
+def temp_target(name: str) -> str | None:
+    """The file name a temporary name of this module was writing (None: not one of its temporary names)."""
+    m = TEMP_RE.fullmatch(name)
+    return m.group("target") if m else None
 
 
 def _remote(path: str) -> bool:

@@ -135,10 +135,7 @@ class OpenAIChatClient:
                           attempts=attempts)
 
     def generate(self, requests: list[Request], params: GenerationParams) -> list[Generation]:
-        if len(requests) == 1:
-            return [self._one(requests[0], params)]
-        futures = [self._pool.submit(self._one, r, params) for r in requests]
-        return [f.result() for f in futures]
+        return self.generate_each([(r, params) for r in requests])
 
     def generate_each(self, items: list[tuple[Request, GenerationParams]]) -> list[Generation]:
         """Each request with its own parameters (seeds, schemas), all in flight at once up to ``concurrency``;

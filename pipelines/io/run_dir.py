@@ -55,8 +55,8 @@ from dataclasses import dataclass
 
 from apache_beam.io.filesystems import FileSystems
 
-from longreel.schemas.atomic import write_atomic
-from longreel.schemas.run_marker import (MARKER_KIND, MARKER_NAME, MARKER_VERSION, IncompleteRun, parse_marker,
+from longreel.schemas.atomic import TEMP_RE, write_atomic
+from longreel.schemas.run_marker import (MARKER_KIND, MARKER_NAME, MARKER_VERSION, IncompleteRun,
                                 safe_relpath, sha256_of)
 
 log = logging.getLogger("longreel")
@@ -69,8 +69,8 @@ OWNED_DIRS = ("clips", "frame_cache", "shards", "card")
 OWNED_FILES = frozenset({"stats.json", "config.yaml", "config_caption.yaml", "config_qra.yaml", "filter_config.yaml",
                          MARKER_NAME})
 _TABLE = re.compile(r"[a-z][a-z0-9_]*-\d{5}-of-\d{5}\.parquet")
-# the temporary names of parquet_sink.write_parquet_atomic, stats.write_json and this module's atomic writes
-_TEMP = re.compile(r"\.tmp-[0-9a-f]{32}-.+|(stats\.json|_SUCCESS\.json)\.tmp")
+# schemas.atomic's temporary names, and the ones older versions left (stats.json.tmp, _SUCCESS.json.tmp)
+_TEMP = re.compile(rf"{TEMP_RE.pattern}|(stats\.json|_SUCCESS\.json)\.tmp")
 
 
 class RunDirError(Exception):
@@ -99,10 +99,6 @@ def _open_read(path: str):
     if not FileSystems.exists(path):
         raise FileNotFoundError(path)
     return FileSystems.open(path, compression_type="uncompressed")
-
-
-def _write_atomic(path: str, data: bytes) -> None:
-    write_atomic(path, data, fsync=True)
 
 
 def _delete_quiet(path: str) -> bool:
@@ -354,7 +350,7 @@ class RunLock:
                     log.error("%s: this run's lock was taken over by %s; outputs may be mixed", self.out_dir,
                               describe_holder(doc))
                     return
-                _write_atomic(self.path, self._payload())
+                write_atomic(self.path, self._payload(), fsync=True)
             except Exception as e:  # noqa: BLE001 - a missed beat is retried at the next one
                 log.warning("%s: lock heartbeat failed: %s", self.out_dir, e)
 
@@ -464,7 +460,7 @@ def write_marker(out_dir: str, ident: RunIdentity, steps: list[dict]) -> dict:
     doc = {"kind": MARKER_KIND, "schema_version": MARKER_VERSION, "config_hash": ident.config_hash,
            "stages": list(ident.stages), "inputs": {"count": ident.n_inputs, "sha256": ident.inputs_digest},
            "steps": steps, "config": ident.config, "files": files}
-    _write_atomic(_join(out_dir, MARKER_NAME), (json.dumps(doc, indent=1, default=str) + "\n").encode())
+    write_atomic(_join(out_dir, MARKER_NAME), json.dumps(doc, indent=1, default=str) + "\n", fsync=True)
     log.info("%s: %s written (%d files)", out_dir, MARKER_NAME, len(files))
     return doc
 

@@ -188,10 +188,6 @@ def npy_bytes(frames: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def _write_atomic(path: str, data: bytes) -> None:
-    write_atomic(path, data)
-
-
 def _read(path: str) -> bytes:
     if "://" not in path:
         with open(path, "rb") as fh:
@@ -322,6 +318,6 @@ class FrameCache:
                             "shape": [int(x) for x in resized.shape], "bytes": len(data),
                             "sha256": hashlib.sha256(data).hexdigest()},
         }
-        _write_atomic(npy, data)
-        _write_atomic(meta_path, (json.dumps(meta, sort_keys=True, indent=1) + "\n").encode())
+        write_atomic(npy, data)
+        write_atomic(meta_path, (json.dumps(meta, sort_keys=True, indent=1) + "\n").encode())
         return CacheEntry(key, npy, meta_path, meta)

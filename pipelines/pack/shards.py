@@ -39,7 +39,7 @@ import posixpath
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from longreel.schemas.atomic import write_atomic
+from longreel.schemas.atomic import temp_target, write_atomic
 from longreel.task.shard_format import build_index, index_name, shard_name, tar_member_bytes, write_shard_atomic
 
 
@@ -73,9 +73,8 @@ def _write_index(split_infos, shards_dir: str, dataset: str, extra: dict | None)
     own = (f"{dataset}-{split}-", index_name(dataset, split))
 
     def is_own_temp(path: str) -> bool:
-        base = posixpath.basename(path)
-        rest = base[len(".tmp-") + 33:] if base.startswith(".tmp-") else ""
-        return rest.startswith(own[0]) and rest.endswith(".tar") or rest == own[1]
+        target = temp_target(posixpath.basename(path)) or ""
+        return target.startswith(own[0]) and target.endswith(".tar") or target == own[1]
 
     temps = [m.path for r in FileSystems.match([FileSystems.join(shards_dir, ".tmp-*")]) for m in r.metadata_list
              if is_own_temp(m.path)]
