@@ -25,7 +25,7 @@ import os
 import tempfile
 import time
 
-from longreel.pipelines.inference.text_transformers import with_max_length
+from longreel.engines.schema_mask import with_max_length
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCENES = ["a rabbit wakes up in a green meadow", "a butterfly lands on a flower", "three rodents watch from a tree",
@@ -62,13 +62,14 @@ def judge(text: str, schema: dict) -> bool:
 
 
 def backend(args, cases):
-    """longreel's transformers backend (``TransformersTextBackend``), as the QRA stage runs it."""
-    from longreel.pipelines.inference.text_base import TextRequest
-    from longreel.pipelines.inference.text_transformers import TransformersTextBackend
+    """longreel's transformers engine behind the QRA stage's text backend, as the stage runs it."""
+    from longreel.engines.transformers_engine import TransformersEngine
+    from longreel.pipelines.qra.text_backend import TextBackend, TextRequest
 
-    backend = TransformersTextBackend("smollm2")
+    engine = TransformersEngine("smollm2", dtype="float32")
+    backend = TextBackend(engine)
     backend.setup()
-    backend.ll_tokenizer()  # built once per model; not part of any request's time
+    engine.ll_tokenizer()  # built once per model; not part of any request's time
     for msgs, schema in cases:
         req = TextRequest(messages=msgs, schema=schema, temperature=0.0, max_new_tokens=args.max_new_tokens,
                           max_string_chars=args.max_string_chars)
@@ -183,7 +184,7 @@ def main() -> int:
 
     import torch
 
-    from longreel.pipelines.inference.text_models import dequantize_to_dir
+    from longreel.engines.local_models import dequantize_to_dir
 
     torch.set_num_threads(args.threads)
     cases = prompts(args.prompts)

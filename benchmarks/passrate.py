@@ -17,6 +17,7 @@ the speed-up ratios against the naive loop, and the vision-tower calls per quest
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -52,7 +53,7 @@ def main() -> int:
 
     from longreel.pipelines.filter_config import FilterConfig
     from longreel.pipelines.media.decode import decode_frames
-    from longreel.pipelines.passrate.answerers import TransformersAnswererHandler, question_seed
+    from longreel.pipelines.passrate.answerers import TransformersAnswererHandler, engine_request, question_seed
     from longreel.pipelines.media.probe import probe_file
     from longreel.pipelines.stages.passrate import frame_size, uniform_timestamps
     from longreel.task.prompting import build_messages
@@ -64,7 +65,8 @@ def main() -> int:
     cfg = FilterConfig(backend="transformers", model=model_dir, k=a.k, n_frames=a.n_frames,
                        max_new_tokens=a.new_tokens)
     handler = TransformersAnswererHandler(cfg)
-    model, processor = handler.load_model()
+    engine = handler.load_model()
+    model = engine.hf_model
     vision_calls = [0]
     model.model.visual.register_forward_hook(lambda *_: vision_calls.__setitem__(0, vision_calls[0] + 1))
 
@@ -86,24 +88,29 @@ def main() -> int:
                          "frames": d.frames,
                          "video": {"fps": d.fps, "n_frames": info["n_frames"], "duration_s": info["duration_s"],
                                    "frame_indices": d.indices, "timestamps": d.timestamps}})
-    fixed = {"min_new_tokens": a.new_tokens}
+    def request(ex, n: int, seed: int):
+        # equal-length samples (min_new_tokens), so that every method generates the same number of tokens
+        r = engine_request(cfg, ex)
+        return dataclasses.replace(r, sampling=dataclasses.replace(r.sampling, n=n, seed=seed,
+                                                                   min_new_tokens=a.new_tokens))
 
-    def batched(ex):
-        inputs = handler.processor_inputs(processor, ex)
-        return handler.generate(model, processor, inputs, ex["seed"], a.k, **fixed)
+    def batched(ex):  # what the stage does: one request for k samples
+        [c] = engine.generate([request(ex, a.k, ex["seed"])])
+        return c.texts
 
-    def naive_loop(ex):
+    def naive_loop(ex):  # k requests: frames re-processed (and re-encoded) every time
+        return [t for j in range(a.k) for t in engine.generate([request(ex, 1, ex["seed"] + j)])[0].texts]
+
+    def loop_inputs_once(ex):  # the processor once, then k generate calls on its tensors
+        inputs = engine.vision_inputs([request(ex, 1, ex["seed"])]).to(model.device)
+        n_in = inputs["input_ids"].shape[1]
         out = []
         for j in range(a.k):
-            inputs = handler.processor_inputs(processor, ex)  # frames re-processed (and re-encoded) every time
-            out += handler.generate(model, processor, inputs, ex["seed"] + j, 1, **fixed)
-        return out
-
-    def loop_inputs_once(ex):
-        inputs = handler.processor_inputs(processor, ex)
-        out = []
-        for j in range(a.k):
-            out += handler.generate(model, processor, inputs, ex["seed"] + j, 1, **fixed)
+            torch.manual_seed(ex["seed"] + j)
+            ids = model.generate(**inputs, do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p,
+                                 top_k=cfg.top_k, repetition_penalty=1.0, max_new_tokens=cfg.max_new_tokens,
+                                 min_new_tokens=a.new_tokens)
+            out += engine.tokenizer.batch_decode(ids[:, n_in:], skip_special_tokens=True)
         return out
 
     methods = {"batched": batched, "naive_loop": naive_loop, "loop_inputs_once": loop_inputs_once}
@@ -122,7 +129,7 @@ def main() -> int:
             times[m].append(time.perf_counter() - t0)
             vision_per_q[m] = vision_calls[0] / len(examples)
     qps = {m: len(examples) / statistics.median(ts) for m, ts in times.items()}
-    grid = handler.processor_inputs(processor, examples[0])["video_grid_thw"].tolist()
+    grid = engine.vision_inputs([engine_request(cfg, examples[0])])["video_grid_thw"].tolist()
     result = {
         "benchmark": "passrate",
         "what": "questions/s answering k samples per question with the tiny random Qwen2-VL (transformers, CPU)",

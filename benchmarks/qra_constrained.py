@@ -25,16 +25,16 @@ def main() -> int:
     ap.add_argument("--out", default=os.path.join(HERE, "results", "qra_constrained.json"))
     args = ap.parse_args()
 
-    from longreel.pipelines.inference.text_base import TextRequest
-    from longreel.pipelines.inference.text_transformers import TransformersTextBackend
+    from longreel.engines.transformers_engine import TransformersEngine
+    from longreel.pipelines.qra.text_backend import TextBackend, TextRequest
     from longreel.pipelines.qra.json_schema import check_instance, generation_schema
     from longreel.pipelines.qra.parse import ParseError, extract_json
     from longreel.pipelines.qra.prompting import generation_messages
     from longreel.schemas.records import CATEGORIES
 
-    backend = TransformersTextBackend("smollm2")
+    backend = TextBackend(TransformersEngine("smollm2", dtype="float32"))
     backend.setup()
-    backend.ll_tokenizer()  # the vocabulary is read once per model; not part of any request's time
+    backend.engine.ll_tokenizer()  # the vocabulary is read once per model; not part of any request's time
     scenes = ["a rabbit wakes up in a green meadow", "a butterfly lands on a flower", "three rodents watch from a tree",
               "the rodents throw a nut at the rabbit", "the rabbit builds a trap", "the rodents fall into the trap"]
     captions = "\n".join(f"[00:{10 * i:02d}-00:{10 * i + 10:02d}] {s}" if i < 5 else f"[00:50-01:00] {s}"

@@ -9,7 +9,7 @@ caption stage's funnel and the throughput, and exits non-zero when no clip got a
     python scripts/gpu_check_caption_vllm.py --model /models/Qwen2.5-VL-3B-Instruct \
         [--videos PATH ...] [--frames 8] [--max-pixels 200704] [--clips-dir OUT]
 
-Before loading vLLM it also runs one request through VLLMClient directly, so that a failure is shown
+Before loading vLLM it also runs one request through the caption client over the vLLM engine directly, so that a failure is shown
 with its traceback rather than only as reject rows.
 """
 from __future__ import annotations

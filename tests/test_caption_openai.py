@@ -21,8 +21,9 @@ import pytest
 from PIL import Image
 
 from longreel.pipelines.cli_caption import run_caption
+from longreel.engines.openai_engine import OpenAIEngine
 from longreel.pipelines.inference.base import GenerationParams, Request
-from longreel.pipelines.inference.openai_client import OpenAIChatClient
+from longreel.pipelines.inference.captioner import EngineCaptioner
 from test_caption_common import assert_caption_funnel, caption_cfg, copy_out, curate_dir, stage, tables
 
 START = re.compile(r"from (\d+(?:\.\d+)?) s to")
@@ -152,7 +153,7 @@ def test_client_sends_frames_as_jpeg_image_parts(server):
     frames = np.zeros((3, 56, 84, 3), dtype=np.uint8)
     frames[1] += 100
     frames[2] += 200
-    client = OpenAIChatClient(server.base_url, "test-vlm", max_retries=0, timeout_s=10)
+    client = EngineCaptioner(OpenAIEngine(server.base_url, "test-vlm", max_retries=0, timeout_s=10))
     [g] = client.generate([Request(key="k", text="Describe the clip from 0.0 s to 5.0 s.", frames=frames)],
                           GenerationParams(max_new_tokens=33))
     assert g.ok and g.text.startswith("I see 3 frames of 84x56 pixels")

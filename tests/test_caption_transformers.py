@@ -6,7 +6,7 @@ import os
 import pytest
 
 from longreel.pipelines.cli_caption import run_caption
-from longreel.pipelines.inference.hf_client import processor_pixel_budget
+from longreel.pipelines.inference.base import processor_pixel_budget
 from longreel.pipelines.prompts import load_template
 from test_caption_common import SMALL, assert_caption_funnel, caption_cfg, copy_out, curate_dir, stage, tables
 

@@ -3,7 +3,8 @@ module level or inside a function, read with ``ast`` (nothing is imported).
 
     longreel.schemas                      records, configs, the run marker
     longreel.task                         prompts, rewards, shard format and reader   (imports schemas)
-    longreel.pipelines | longreel.trainer the two sides, never each other            (import task, schemas)
+    longreel.engines                      running a VLM/LLM over a batch              (imports schemas)
+    longreel.pipelines | longreel.trainer the two sides, never each other            (import engines, task, schemas)
     longreel.cli, longreel.demo_card      the commands on top                         (import anything)
     longreel.testing                      fixtures for tests and the demo             (no product code imports it)
 
@@ -30,10 +31,11 @@ ALLOWED = {
     "longreel.schemas": set(),
     "longreel.data_cards": set(),
     "longreel.task": {"longreel.schemas"},
-    "longreel.pipelines": {"longreel.task", "longreel.schemas", "longreel.data_cards"},
-    "longreel.trainer": {"longreel.task", "longreel.schemas"},
-    "longreel.testing": {"longreel.pipelines", "longreel.trainer", "longreel.task", "longreel.schemas",
-                         "longreel.data_cards"},
+    "longreel.engines": {"longreel.schemas"},
+    "longreel.pipelines": {"longreel.engines", "longreel.task", "longreel.schemas", "longreel.data_cards"},
+    "longreel.trainer": {"longreel.engines", "longreel.task", "longreel.schemas"},
+    "longreel.testing": {"longreel.pipelines", "longreel.trainer", "longreel.engines", "longreel.task",
+                         "longreel.schemas", "longreel.data_cards"},
 }
 TOP = "top"  # longreel/__init__, __main__, cli, demo_card: may import any layer
 

@@ -35,6 +35,6 @@ def test_mismatched_features_and_prompts_are_refused():
 
 
 def test_module_does_not_import_vllm():
-    code = "import sys, trainer.mrsp.vllm_embeds, trainer.mrsp.sp_prefill; print('vllm' in sys.modules)"
+    code = "import sys, longreel.trainer.mrsp.vllm_embeds, longreel.trainer.mrsp.sp_prefill; print('vllm' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -13,7 +13,7 @@ import transformers  # noqa: F401
 
 from longreel.pipelines.filter_config import FilterConfig  # noqa: E402
 from longreel.pipelines.inference.base import weights_revision  # noqa: E402
-from longreel.pipelines.passrate.answerers import Loaded, TransformersAnswererHandler, question_seed  # noqa: E402
+from longreel.pipelines.passrate.answerers import TransformersAnswererHandler, engine_request, question_seed  # noqa: E402
 from test_passrate import qra_row, rows_by_id, video_row, write_table  # noqa: E402
 from longreel.task.prompting import SYSTEM_PROMPT, build_messages  # noqa: E402
 from longreel.testing.tiny_model import build_tiny_qwen2vl  # noqa: E402
@@ -81,7 +81,8 @@ def test_one_generate_call_encodes_the_video_once(tiny_dir, shared_videos):
     from longreel.pipelines.media.decode import decode_frames, sample_timestamps
 
     handler = TransformersAnswererHandler(tiny_cfg(tiny_dir))
-    model, processor = handler.load_model()
+    engine = handler.load_model()
+    model, processor = engine.hf_model, engine.processor
     vision_calls, generate_calls = [], []
     model.model.visual.register_forward_hook(lambda *a: vision_calls.append(1))
     real_generate = model.generate
@@ -94,18 +95,18 @@ def test_one_generate_call_encodes_the_video_once(tiny_dir, shared_videos):
           "seed": question_seed(0, "q1"), "frames": d.frames,
           "video": {"fps": d.fps, "n_frames": 250, "duration_s": 10.0, "frame_indices": d.indices,
                     "timestamps": d.timestamps}}
-    [res] = handler.run_inference([ex], Loaded(model, processor))
+    [res] = handler.run_inference([ex], engine)
     assert res.inference["error"] is None and len(res.inference["completions"]) == K
     assert generate_calls == [K] and vision_calls == [1]
 
     # the model saw the trainer's prompt and this video's frames, already on the processor's grid
-    inputs = handler.processor_inputs(processor, ex)
+    inputs = engine.vision_inputs([engine_request(handler.cfg, ex)])
     prompt = processor.tokenizer.decode(inputs["input_ids"][0])
     assert SYSTEM_PROMPT in prompt and "A. left\nB. right\nC. up\nD. down" in prompt
     assert inputs["video_grid_thw"].tolist() == [[2, 10, 24]]  # 4 frames / temporal 2; 140x336 / 14
     # a failure on one question is that question's error, not the batch's
     bad = {**ex, "frames": np.zeros((4, 0, 0, 3), np.uint8), "qra": {**qra, "qra_id": "q2"}}
-    good, failed = handler.run_inference([ex, bad], Loaded(model, processor))
+    good, failed = handler.run_inference([ex, bad], engine)
     assert good.inference["error"] is None and failed.inference["error"] and failed.inference["completions"] == []
     assert good.inference["completions"] == res.inference["completions"]  # batching does not change the samples
 

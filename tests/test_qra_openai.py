@@ -6,9 +6,14 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from longreel.pipelines.inference.text_base import TextRequest
-from longreel.pipelines.inference.text_openai import OpenAITextBackend
+from longreel.engines.openai_engine import OpenAIEngine
 from longreel.pipelines.qra.json_schema import generation_schema
+from longreel.pipelines.qra.text_backend import TextBackend, TextRequest
+
+
+def OpenAITextBackend(url: str, model: str, **kw) -> TextBackend:
+    """The QRA stage's openai backend: its text adapter over the OpenAI-compatible engine."""
+    return TextBackend(OpenAIEngine(url, model, **kw))
 
 
 def _reply(handler: BaseHTTPRequestHandler, status: int, content: str) -> None:

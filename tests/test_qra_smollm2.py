@@ -30,7 +30,8 @@ def captioned(tmp_path_factory):
 
 
 def test_smollm2_constrained_generation_parses_and_balances(captioned):
-    from longreel.pipelines.inference.text_transformers import TransformersTextBackend
+    from longreel.engines.transformers_engine import TransformersEngine
+    from longreel.pipelines.qra.text_backend import TextBackend
     from longreel.pipelines.io.parquet_sink import read_table
     from longreel.pipelines.qra.json_schema import check_instance, generation_schema
     from longreel.pipelines.qra.parse import extract_json
@@ -49,7 +50,7 @@ def test_smollm2_constrained_generation_parses_and_balances(captioned):
     cfg.sampling.max_new_tokens = 360
     cfg.sampling.max_string_chars = 160
 
-    class Recording(TransformersTextBackend):
+    class Recording(TextBackend):
         """The real backend; it also keeps each raw output so the test can check it."""
         outputs: list = []
 
@@ -58,7 +59,7 @@ def test_smollm2_constrained_generation_parses_and_balances(captioned):
             Recording.outputs.extend((r.schema, x) for r, x in zip(requests, res))
             return res
 
-    stats = run_qra(captioned, cfg, backend_factory=lambda: Recording("smollm2"))
+    stats = run_qra(captioned, cfg, backend_factory=lambda: Recording(TransformersEngine("smollm2", dtype="float32")))
     gens = [(s, r) for s, r in Recording.outputs if s["title"] == "qra_generation"]
     assert len(gens) == 2  # 1 category x (1 multiple choice + 1 open-ended)
     for schema, res in gens:

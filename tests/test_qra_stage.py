@@ -7,7 +7,8 @@ import random
 import apache_beam as beam
 import pytest
 
-from longreel.pipelines.inference.text_base import TextBackend, TextResult
+from longreel.engines.base import Completion, Engine
+from longreel.pipelines.qra.text_backend import TextBackend
 from longreel.pipelines.io.parquet_sink import WriteSortedParquet, read_table
 from longreel.pipelines.qra.generate import VideoQRAWriter
 from longreel.pipelines.qra_config import QRAConfig
@@ -97,10 +98,11 @@ def test_cli_template_end_to_end_counts_add_up(tmp_path):
         sum(by_reason.values())
 
 
-class ScriptedBackend(TextBackend):
-    """Stands in for a model: answers each request with the next scripted text (generation calls and
-    refinement calls are told apart by their schema title)."""
+class ScriptedEngine(Engine):
+    """Stands in for a model behind the QRA stage's text backend: answers each request with the next scripted text
+    (generation calls and refinement calls are told apart by their schema title; None scripts a failure)."""
     backend = "scripted"
+    supports_schema = True
 
     def __init__(self, generations, refinements):
         super().__init__("scripted-model", "rev1")
@@ -116,9 +118,13 @@ class ScriptedBackend(TextBackend):
             self.requests.append(r)
             queue = self.generations if r.schema["title"] == "qra_generation" else self.refinements
             text = queue.pop(0)
-            out.append(TextResult(text="", finish="error", error="boom") if text is None else
-                       TextResult(text=text, guided=True))
+            out.append(Completion.failed("model_error", "boom") if text is None else
+                       Completion(texts=[text], finish=["stop"], guided=True))
         return out
+
+
+def ScriptedBackend(generations, refinements) -> TextBackend:
+    return TextBackend(ScriptedEngine(generations, refinements))
 
 
 def mc(q, answer="B", reasoning="Checking the video at [00:10-00:20] and [00:30-00:40]. So the answer is B."):
@@ -170,7 +176,7 @@ def test_llm_accounting_and_refinement_events():
     assert kept_unrefined[0]["answer"] == "B" and kept_unrefined[0]["reasoning"].startswith("Checking")
     assert counts[("qra", "refined")] == 1 and counts[("qra", "temporal.refined")] == 1
     # the refinement schema pins the answer by default
-    ref_reqs = [r for r in backend.requests if r.schema["title"] == "qra_refinement"]
+    ref_reqs = [r for r in backend.engine.requests if r.schema["title"] == "qra_refinement"]
     assert ref_reqs[0].schema["properties"]["answer"] == {"type": "string", "enum": ["B"]}
     assert all(r["generator"] == "scripted" and r["model"] == "scripted-model" for r in rows)
 
@@ -206,11 +212,11 @@ def test_reasoning_prefix_goes_to_the_schema_where_it_can_and_is_checked_everywh
     refs = [json.dumps({"reasoning": "Checking the video at [00:10-00:20], the red car leaves first. So the answer "
                                      "is B.", "answer": "B"})]
     backend = ScriptedBackend(gens, refs)
-    backend.supports_pattern = supports_pattern
+    backend.engine.supports_pattern = supports_pattern
     events = list(VideoQRAWriter(cfg, backend).process("vid", 60.0, [
         {"clip_id": f"vid-{i:05d}", "video_id": "vid", "start_s": 10.0 * i, "end_s": 10.0 * i + 10,
          "text": f"clip {i}"} for i in range(6)], {}))
-    schemas = [json.dumps(r.schema) for r in backend.requests]
+    schemas = [json.dumps(r.schema) for r in backend.engine.requests]
     assert len(schemas) == 2  # one generation call, one refinement
     assert all(("pattern" in s) == supports_pattern for s in schemas)
     reasons = [e[1]["reason"] for e in events if e[0] == "reject"]

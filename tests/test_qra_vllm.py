@@ -38,8 +38,9 @@ def _clock(t: float) -> str:
 
 
 def test_vllm_cpu_generates_schema_valid_qras(tmp_path):
-    from longreel.pipelines.inference.text_models import dequantize_to_dir
-    from longreel.pipelines.inference.text_vllm import VLLMTextBackend
+    from longreel.engines.local_models import dequantize_to_dir
+    from longreel.engines.vllm_engine import VLLMEngine
+    from longreel.pipelines.qra.text_backend import TextBackend
     from longreel.pipelines.qra.generate import VideoQRAWriter
     from longreel.pipelines.qra.json_schema import check_instance, generation_schema
     from longreel.pipelines.qra.parse import extract_json
@@ -47,8 +48,8 @@ def test_vllm_cpu_generates_schema_valid_qras(tmp_path):
     from longreel.schemas import validate_row
 
     model_dir = dequantize_to_dir("smollm2", str(tmp_path / "smollm2-f32"))
-    backend = VLLMTextBackend(model_dir, dtype="float32", max_model_len=4096, gpu_memory_utilization=None,
-                              enforce_eager=True)  # no torch.compile warm-up: minutes on a busy CPU
+    backend = TextBackend(VLLMEngine(model_dir, dtype="float32", max_model_len=4096, gpu_memory_utilization=None,
+                                     enforce_eager=True))  # no torch.compile warm-up: minutes on a busy CPU
     outputs = []
     generate = backend.generate
 

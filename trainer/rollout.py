@@ -7,8 +7,9 @@
   run once per rollout; the prompt itself is prefilled once per group and its K/V cache repeated for the G rows
   (:func:`generate_shared_prefix`). Each prompt's group is sampled under its own seed (``seeds[i]``), so a
   prompt gives the same rollouts on whichever rank handles it, and after a resume.
-* ``VLLMEngine`` (GPU): a vLLM ``LLM`` holding its own copy of the weights; ``sync_weights(model)`` copies the
-  trainer's weights into it after every update. vLLM is imported lazily, only when this engine is built. With
+* ``VLLMEngine`` (GPU): the shared vLLM engine of :mod:`longreel.engines` (the one the curation stages use),
+  holding its own copy of the weights; ``sync_weights(model)`` copies the trainer's weights into it after every
+  update. vLLM is imported lazily, only when this engine is built. With
   ``video_embeds`` it passes the cached embeddings (``{"video": {"video_embeds", "video_grid_thw"}}``, needs
   ``enable_mm_embeds``) instead of the frames, so vLLM does not re-encode the video.
 
@@ -18,7 +19,6 @@ texts (special tokens skipped, reasoning tags kept), and, when the engine report
 from __future__ import annotations
 
 import logging
-import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -226,98 +226,72 @@ class TransformersEngine(RolloutEngine):
 
 
 class VLLMEngine(RolloutEngine):
-    """vLLM generation on GPU, with the trainer's weights loaded into it after each update.
+    """Rollouts on the shared vLLM engine (:class:`longreel.engines.vllm_engine.VLLMEngine`, GPU), with the
+    trainer's weights loaded into it after each update.
 
-    The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so ``sync_weights`` can reach the model
-    with ``LLM.apply_model``; the weights are passed as ``(name, tensor)`` pairs of the HF state dict, which the
-    vLLM model's ``load_weights`` maps to its own layout.
+    The engine runs in-process (``in_process=True``) so ``sync_weights`` can reach the model with
+    ``LLM.apply_model``; the weights are passed as ``(name, tensor)`` pairs of the HF state dict, which the vLLM
+    model's ``load_weights`` maps to its own layout. Log-probs are the processed ones (after temperature), to be
+    comparable with the trainer's; vision placeholder tokens get a -100 logit bias so they are never sampled.
     """
 
     name = "vllm"
 
     def __init__(self, model_path: str, processor, *, dtype: str = "bfloat16", gpu_memory_utilization: float = 0.4,
                  max_model_len: int = 8192, seed: int = 0, enable_mm_embeds: bool = False):
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        try:
-            import vllm  # noqa: F401  (lazy: a GPU-only dependency)
-        except ImportError as e:
-            raise RuntimeError("rollout.engine=vllm needs vllm installed (pip install 'longreel[gpu]') and a GPU") from e
-        from vllm import LLM
+        from longreel.engines.vllm_engine import VLLMEngine as SharedVLLMEngine
 
         self.processor = processor
-        kwargs: dict[str, Any] = dict(model=model_path, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
-                                      max_model_len=max_model_len, seed=seed, enable_prefix_caching=False,
-                                      limit_mm_per_prompt={"video": 1, "image": 0})
-        if enable_mm_embeds:
-            kwargs["enable_mm_embeds"] = True
-        try:  # log-probs after temperature scaling, comparable with the trainer's
-            self.llm = LLM(logprobs_mode="processed_logprobs", **kwargs)
-        except TypeError:
-            self.llm = LLM(**kwargs)
-        self.pad_id = processor.tokenizer.pad_token_id or 0
+        self.engine = SharedVLLMEngine(model_path, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
+                                       max_model_len=max_model_len, seed=seed, return_logprobs=True,
+                                       enable_mm_embeds=enable_mm_embeds, in_process=True)
+        try:
+            self.engine.setup()
+        except RuntimeError as e:
+            raise RuntimeError("rollout.engine=vllm needs vllm installed (pip install 'longreel[gpu]') and a GPU") from e
         tok = processor.tokenizer
+        self.pad_id = tok.pad_token_id or 0
         ids = [tok.convert_tokens_to_ids(t) for t in ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>",
                                                       "<|vision_end|>")]
         self.suppress = {int(i): -100.0 for i in ids if isinstance(i, int) and i != tok.unk_token_id}
 
-    def _request(self, item: dict, embeds: VideoEmbeds | None) -> dict:
+    def _request(self, item: dict, embeds: VideoEmbeds | None, sampling: SamplingConfig, seed: int):
+        from longreel.engines.base import EngineRequest, Sampling, Video
         from longreel.trainer.policy import _frames, _metadata_dict, item_metadata, prompt_messages
 
-        text = self.processor.apply_chat_template(prompt_messages(item), add_generation_prompt=True,
-                                                  tokenize=False)
-        if embeds is not None:
-            video = {"video_embeds": embeds.features.detach(), "video_grid_thw": embeds.grid_thw.reshape(-1, 3)}
-        else:
-            video = (_frames(item).numpy(), _metadata_dict(item_metadata(item)))
-        return {"prompt": text, "multi_modal_data": {"video": video},
-                "mm_processor_kwargs": {"do_sample_frames": False}}
+        meta = _metadata_dict(item_metadata(item))
+        frames = _frames(item).numpy()
+        video = Video(frames=frames, fps=float(meta["fps"]), frame_indices=[int(i) for i in meta["frames_indices"]],
+                      total_frames=int(meta.get("total_num_frames") or len(frames)),
+                      duration_s=float(meta.get("duration") or len(frames) / float(meta["fps"])),
+                      embeds=None if embeds is None else {"video_embeds": embeds.features.detach(),
+                                                          "video_grid_thw": embeds.grid_thw.reshape(-1, 3)})
+        return EngineRequest(key=str(item.get("key", "")), messages=prompt_messages(item), video=video,
+                             sampling=Sampling(max_new_tokens=sampling.max_new_tokens,
+                                               temperature=0.0 if sampling.greedy else sampling.temperature,
+                                               top_p=sampling.top_p, n=sampling.n, seed=int(seed)),
+                             logit_bias=self.suppress or None)
 
     def generate(self, prompts, sampling, seeds, video_embeds=None, items=None):
-        from vllm import SamplingParams
-
         if items is None:
             raise ValueError("the vllm engine needs the items (it renders the prompt and passes the frames itself)")
-        requests, params = [], []
-        for i, item in enumerate(items):
-            emb = video_embeds[i] if video_embeds is not None else None
-            requests.append(self._request(item, emb))
-            params.append(SamplingParams(n=sampling.n, temperature=0.0 if sampling.greedy else sampling.temperature,
-                                         top_p=sampling.top_p, max_tokens=sampling.max_new_tokens,
-                                         seed=int(seeds[i]), logprobs=0, skip_special_tokens=True,
-                                         logit_bias=self.suppress or None))
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        requests = [self._request(item, video_embeds[i] if video_embeds is not None else None, sampling, seeds[i])
+                    for i, item in enumerate(items)]
         groups = []
-        for prompt, out in zip(prompts, outputs):
-            rows, logps, finished, texts = [], [], [], []
-            for c in out.outputs:
-                toks = list(c.token_ids)
-                rows.append(toks)
-                lp = [next(iter(d.values())).logprob if d else 0.0 for d in (c.logprobs or [])]
-                logps.append(lp + [0.0] * (len(toks) - len(lp)))
-                finished.append(c.finish_reason == "stop")
-                texts.append(c.text)
-            ids, mask = pad_responses(rows, self.pad_id)
+        for prompt, c in zip(prompts, self.engine.generate(requests)):
+            if not c.ok:
+                raise RuntimeError(f"vllm rollout failed for {prompt.key}: {c.error_message}")
+            ids, mask = pad_responses(c.token_ids, self.pad_id)
             behav = torch.zeros(ids.shape, dtype=torch.float32)
-            for j, lp in enumerate(logps):
+            for j, lp in enumerate(c.logprobs):
                 behav[j, :len(lp)] = torch.tensor(lp, dtype=torch.float32)
             dev = prompt.input_ids.device
-            groups.append(RolloutGroup(prompt.key, ids.to(dev), mask.to(dev), texts, torch.tensor(finished),
-                                       behav.to(dev)))
+            groups.append(RolloutGroup(prompt.key, ids.to(dev), mask.to(dev), list(c.texts),
+                                       torch.tensor([f == "stop" for f in c.finish]), behav.to(dev)))
         return groups
 
     def sync_weights(self, model: torch.nn.Module, state_dict: dict[str, Tensor] | None = None) -> None:
-        sd = state_dict if state_dict is not None else model.state_dict()
-        weights = [(k, v.detach()) for k, v in sd.items()]
-
-        def _load(vllm_model):
-            vllm_model.load_weights(iter(weights))
-            return None
-
-        self.llm.apply_model(_load)
-        try:
-            self.llm.reset_prefix_cache()
-        except Exception:  # noqa: BLE001 - prefix caching is off; older vLLMs lack the call
-            pass
+        self.engine.sync_weights(state_dict if state_dict is not None else model.state_dict())
 
 
 def make_engine(name: str, model, processor, *, model_path: str = "", rollout_cfg=None, seed: int = 0,

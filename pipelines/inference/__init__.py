@@ -1,17 +1,14 @@
-"""Inference backends shared by the model stages (captioning now, QRA generation next).
+"""The caption stage's inference clients, over the engines of :mod:`longreel.engines`.
 
-* :mod:`.base` - ``Request`` (text, optional video frames), ``Generation``, ``GenerationParams``,
-  ``ModelInfo``, per-item seeds, weight revisions, the pixel-budget rounding.
-* clients, one per backend, all with ``generate(requests, params) -> [Generation]``:
-  :mod:`.hf_client` (transformers, vision or text-only), :mod:`.openai_client` (any
-  OpenAI-compatible server), :mod:`.vllm_client` (in-process vLLM, GPU), :mod:`.facts_captioner`
-  (weight-free).
-* :mod:`.handler` - ``ClientSpec`` + ``GenerationModelHandler``: a Beam ``ModelHandler`` for
-  ``RunInference`` over any client.
+* :mod:`.base` - ``Request`` (text and a clip's frames), ``Generation``, ``GenerationParams``, ``ModelInfo``,
+  per-item seeds, the processor's pixel budget and resize rule.
+* :mod:`.captioner` - ``EngineCaptioner``: a caption client over any engine (transformers, openai, vllm);
+  :mod:`.facts_captioner` - the weight-free captioner.
+* :mod:`.handler` - ``ClientSpec`` + ``GenerationModelHandler``: a Beam ``ModelHandler`` for ``RunInference``.
 * :mod:`.degenerate` - empty / looping / prompt-echo detection.
 
-A text-only stage builds ``Request(key, text)`` (no frames) and a ``ClientSpec("openai" |
-"transformers" | "vllm", {...})`` with ``kind="text"`` for transformers; everything else is shared.
+The QRA stage's text adapter is :mod:`longreel.pipelines.qra.text_backend`; the pass-rate filter's is
+:mod:`longreel.pipelines.passrate.answerers`.
 """
 from longreel.pipelines.inference.base import Generation, GenerationParams, ModelInfo, Request, fit_pixels, item_seed
 from longreel.pipelines.inference.handler import ClientSpec, GenerationModelHandler

@@ -1,27 +1,23 @@
-"""What every inference client shares: requests, generations, sampling parameters, model identity.
+"""What the caption stage's clients share: requests, generations, sampling parameters, model identity, frame sizes.
 
-A *client* turns a batch of :class:`Request` (a text prompt, optionally with the frames of a
-video) into one :class:`Generation` per request, in order. Expected per-request failures (an
-HTTP 500 after the last retry, a timeout) come back as a Generation with ``error_reason``
-set, never as an exception, so one bad request does not fail its batch. Exceptions are for
-the unexpected (a model bug); the Beam handler and ``RunInference.with_exception_handling``
-turn those into rejects.
-
-Clients are used by the caption stage (vision prompts) and are meant for the QRA stage too
-(text-only prompts: ``frames=None``). Backends: ``transformers`` (:mod:`.hf_client`), ``openai``
-(:mod:`.openai_client`), ``vllm`` (:mod:`.vllm_client`), ``facts`` (:mod:`.facts_captioner`).
+A *client* turns a batch of :class:`Request` (a prompt with the frames of a clip) into one :class:`Generation` per
+request, in order. Expected per-request failures (an HTTP 500 after the last retry, a timeout) come back as a
+Generation with ``error_reason`` set, never as an exception, so one bad request does not fail its batch. Exceptions
+are for the unexpected (a model bug); the Beam handler and ``RunInference.with_exception_handling`` turn those into
+rejects. Clients: :class:`longreel.pipelines.inference.captioner.EngineCaptioner` over any engine of
+:mod:`longreel.engines` (transformers, openai, vllm), and the weight-free :mod:`.facts_captioner`.
 """
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from longreel.engines.base import item_seed, weights_revision  # noqa: F401  (re-exported: the caption stage's names)
 
 
 @dataclass
@@ -79,57 +75,8 @@ class ModelInfo:
     revision: str | None
 
 
-def item_seed(base: int, key: str) -> int:
-    """A per-item seed: the same for an item whatever batch it lands in."""
-    return (int(base) + int(hashlib.sha256(key.encode()).hexdigest()[:8], 16)) % (2 ** 31 - 1)
-
-
 def sampling_json(params: GenerationParams, **extra: Any) -> str:
     return json.dumps({**params.to_dict(), **extra}, sort_keys=True, separators=(",", ":"))
-
-
-_SNAPSHOT = re.compile(r"/snapshots/([0-9a-f]{40})(/|$)")
-_WEIGHT_EXT = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
-_REV_CACHE: dict[tuple, str] = {}
-
-
-def weights_revision(path: str, explicit: str | None = None) -> str | None:
-    """The revision recorded with every output of a model.
-
-    The one formula for every backend (captioners, QRA writers, pass-rate answerers), so that one checkpoint has
-    one revision across tables: ``explicit`` wins; a directory inside a Hugging Face cache gives its snapshot
-    commit; a local directory gives ``sha256:<hex>`` over the (name, bytes) of its weight files in name order; a
-    single weights file (e.g. a ``.gguf``) the same over that one file; anything else (a hub id not on disk, a
-    remote model name) gives None.
-    """
-    if explicit:
-        return explicit
-    if not path:
-        return None
-    m = _SNAPSHOT.search(os.path.abspath(path) if os.path.exists(path) else path)
-    if m:
-        return m.group(1)
-    if os.path.isfile(path) and path.endswith(_WEIGHT_EXT):
-        path, files = os.path.dirname(os.path.abspath(path)), [os.path.basename(path)]
-    elif os.path.isdir(path):
-        files = sorted(f for f in os.listdir(path)
-                       if f.endswith(_WEIGHT_EXT) and os.path.isfile(os.path.join(path, f)))
-    else:
-        return None
-    if not files:
-        return None
-    stamp = tuple((f, os.stat(os.path.join(path, f)).st_size, os.stat(os.path.join(path, f)).st_mtime_ns)
-                  for f in files)
-    key = (os.path.abspath(path), stamp)
-    if key not in _REV_CACHE:
-        h = hashlib.sha256()
-        for f in files:
-            h.update(f.encode() + b"\0")
-            with open(os.path.join(path, f), "rb") as fh:
-                while chunk := fh.read(1 << 22):
-                    h.update(chunk)
-        _REV_CACHE[key] = "sha256:" + h.hexdigest()
-    return _REV_CACHE[key]
 
 
 def fit_pixels(width: int, height: int, max_pixels: int, multiple: int = 2, min_pixels: int = 0) -> tuple[int, int]:
@@ -144,3 +91,36 @@ def fit_pixels(width: int, height: int, max_pixels: int, multiple: int = 2, min_
     m = max(1, int(multiple))
     h, w = smart_resize(height, width, factor=m, min_pixels=max(int(min_pixels), m * m), max_pixels=max_pixels)
     return w, h
+
+
+DEFAULT_MAX_PIXELS = 448 * 448
+DEFAULT_MULTIPLE = 28
+
+
+def processor_pixel_budget(path: str) -> tuple[int, int, int]:
+    """``(max_pixels, multiple, min_pixels)`` per frame from a checkpoint's processor files, without loading it.
+
+    Reads the video processor's (else the image processor's) ``size.longest_edge`` / ``max_pixels`` and
+    ``patch_size * merge_size``; falls back to 448*448 pixels in multiples of 28 when the files say nothing.
+    """
+    sections = []
+    for name in ("video_preprocessor_config.json", "processor_config.json", "preprocessor_config.json"):
+        p = os.path.join(path, name)
+        if not os.path.isfile(p):
+            continue
+        try:
+            with open(p, encoding="utf-8") as fh:
+                doc = json.load(fh)
+        except (OSError, ValueError):
+            continue
+        sections += [doc.get("video_processor"), doc.get("image_processor"), doc]
+    for sec in sections:
+        if not isinstance(sec, dict):
+            continue
+        size = sec.get("size") or {}
+        max_px = sec.get("max_pixels") or size.get("longest_edge") or size.get("max_pixels")
+        if max_px:
+            min_px = sec.get("min_pixels") or size.get("shortest_edge") or size.get("min_pixels") or 0
+            multiple = int(sec.get("patch_size") or 14) * int(sec.get("merge_size") or 2)
+            return int(max_px), multiple, int(min_px)
+    return DEFAULT_MAX_PIXELS, DEFAULT_MULTIPLE, 0

@@ -28,6 +28,10 @@ log = logging.getLogger("longreel")
 
 @dataclass(frozen=True)
 class ClientSpec:
+    """A picklable recipe for a caption client: ``facts`` (weight-free), or an engine of :mod:`longreel.engines`
+    (``transformers``, ``openai``, ``vllm``) built from ``kwargs`` (its constructor's keywords; ``path`` names the
+    model of the in-process engines)."""
+
     backend: str                  # facts | transformers | openai | vllm
     kwargs: dict = field(default_factory=dict)
 
@@ -35,16 +39,22 @@ class ClientSpec:
         if self.backend == "facts":
             from longreel.pipelines.inference.facts_captioner import FactsCaptioner
             return FactsCaptioner(**self.kwargs)
+        from longreel.pipelines.inference.captioner import EngineCaptioner
+
+        kw = dict(self.kwargs)
         if self.backend == "transformers":
-            from longreel.pipelines.inference.hf_client import TransformersClient
-            return TransformersClient(**self.kwargs)
-        if self.backend == "openai":
-            from longreel.pipelines.inference.openai_client import OpenAIChatClient
-            return OpenAIChatClient(**self.kwargs)
-        if self.backend == "vllm":
-            from longreel.pipelines.inference.vllm_client import VLLMClient
-            return VLLMClient(**self.kwargs)
-        raise ValueError(f"unknown inference backend {self.backend!r}")
+            from longreel.engines.transformers_engine import TransformersEngine
+            engine = TransformersEngine(kw.pop("path"), kw.pop("revision", None), **kw)
+        elif self.backend == "openai":
+            from longreel.engines.openai_engine import OpenAIEngine
+            engine = OpenAIEngine(**kw)
+        elif self.backend == "vllm":
+            from longreel.engines.vllm_engine import VLLMEngine
+            engine = VLLMEngine(kw.pop("path"), kw.pop("revision", None), **kw)
+        else:
+            raise ValueError(f"unknown inference backend {self.backend!r}")
+        engine.setup()  # load_model's job: a model that cannot load fails here, once per worker
+        return EngineCaptioner(engine)
 
 
 class GenerationModelHandler(ModelHandler[Request, PredictionResult, Any]):

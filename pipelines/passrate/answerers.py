@@ -10,16 +10,17 @@ and its inference is ``{"completions": [k strings], "error": None | str, "latenc
 question (a decoding quirk of the processor, an out-of-memory) is returned as ``error`` for that question only and
 becomes one ``answerer_failed`` reject; a model that cannot be loaded fails the run (a configuration error).
 
-Backends (each samples k completions per question, with the prompt rendered by the model's own chat template from
-the trainer's :func:`longreel.task.prompting.build_messages`):
+The model runs on an engine of :mod:`longreel.engines` (the same ones that write captions and QRA): each question
+is one request for ``n=k`` samples under the question's own seed, with the prompt rendered by the model's own chat
+template from the trainer's :func:`longreel.task.prompting.build_messages` and every sampling parameter passed
+explicitly (the model's generation config is never used), so both backends sample alike.
 
-* ``transformers``: ``AutoModelForImageTextToText`` + ``AutoProcessor`` from a local directory. Per question the
-  processor runs once on the frames and ``generate(num_return_sequences=k)`` is called once; transformers' generate
-  encodes the video with the vision tower once and repeats the features for the k rows (measured and tested:
-  one vision-tower call per question). Sampling runs under the question's own seed in a forked RNG, so a question's
-  samples do not depend on batching, order or the other questions.
-* ``vllm``: one ``LLM.generate`` call per batch with one request per question and ``SamplingParams(n=k,
-  seed=question seed)``; GPU only, imported lazily (checked by ``scripts/gpu_check_passrate_vllm.py``).
+* ``transformers``: ``AutoModelForImageTextToText`` + ``AutoProcessor`` from a local directory; the processor runs
+  once on the frames and one ``generate(num_return_sequences=k)`` call encodes the video with the vision tower
+  once for the k rows (measured and tested: one vision-tower call per question). Sampling runs in a forked RNG, so
+  a question's samples do not depend on batching, order or the other questions.
+* ``vllm``: one ``LLM.generate`` call per batch with one request per question (``SamplingParams(n=k, seed=question
+  seed)``); GPU only, imported lazily (checked by ``scripts/gpu_check_passrate_vllm.py``).
 """
 from __future__ import annotations
 
@@ -33,17 +34,15 @@ from typing import Any
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult
 
 from longreel.pipelines.filter_config import FilterConfig
-from longreel.pipelines.inference.base import weights_revision
-from longreel.task.prompting import prompt_hash, render_prompt
+from longreel.engines.base import weights_revision
+from longreel.task.prompting import prompt_hash
 
 log = logging.getLogger("longreel")
-
-#: Qwen2-VL-family frames are cut in 14-pixel patches merged 2x2: frame sides are multiples of 28.
-QWEN_FRAME_FACTOR = 28
 
 __all__ = [
     "AnswererHandler",
     "Loaded",
+    "EngineAnswererHandler",
     "TransformersAnswererHandler",
     "VLLMAnswererHandler",
     "make_handler",
@@ -133,138 +132,91 @@ class AnswererHandler(ModelHandler):
 
 
 # ------------------------------------------------------------------------------------------------------------
-# transformers
+# the engines
 # ------------------------------------------------------------------------------------------------------------
 
 
-def _torch_dtype(name: str):
-    import torch
+def engine_request(cfg: FilterConfig, example: dict):
+    """One question as an engine request: its k samples under its own seed, the frames with their metadata."""
+    from longreel.engines.base import EngineRequest, Sampling, Video
 
-    return {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+    v = example["video"]
+    frames = example["frames"]
+    video = Video(frames=frames, fps=float(v["fps"]), frame_indices=[int(i) for i in v["frame_indices"]],
+                  total_frames=int(v["n_frames"]), duration_s=float(v["duration_s"]))
+    sampling = Sampling(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
+                        top_k=cfg.top_k, repetition_penalty=1.0, n=cfg.k, seed=int(example["seed"]))
+    return EngineRequest(key=str(example["qra"]["qra_id"]), messages=example["messages"], video=video,
+                         sampling=sampling)
 
 
-class TransformersAnswererHandler(AnswererHandler):
+class EngineAnswererHandler(AnswererHandler):
+    """An answerer whose model is an engine (``load_model`` returns it, set up)."""
+
+    def __init__(self, cfg: FilterConfig):
+        super().__init__(cfg)
+        self._revision = weights_revision(cfg.model, cfg.model_revision)
+
+    def answerer_revision(self) -> str | None:
+        return self._revision
+
+    def make_engine(self):
+        raise NotImplementedError
+
+    def load_model(self):
+        if not os.path.isdir(self.cfg.model):
+            raise FileNotFoundError(f"answerer model directory {self.cfg.model!r} does not exist (nothing is "
+                                    "downloaded)")
+        engine = self.make_engine()
+        engine.setup()
+        return engine
+
+    def answer_batch(self, model: Any, batch: Sequence[dict]) -> list[list[str] | Exception]:
+        out: list[list[str] | Exception] = []
+        requests, where = [], []
+        for ex in batch:
+            try:
+                requests.append(engine_request(self.cfg, ex))
+                where.append(len(out))
+                out.append([])
+            except Exception as e:  # a malformed example is that question's reject
+                out.append(e)
+        for i, c in zip(where, model.generate(requests) if requests else []):
+            out[i] = list(c.texts) if c.ok else RuntimeError(f"{c.error_reason}: {c.error_message}")
+        return out
+
+    def answer(self, model: Any, example: dict) -> list[str]:
+        [ans] = self.answer_batch(model, [example])
+        if isinstance(ans, Exception):
+            raise ans
+        return ans
+
+
+class TransformersAnswererHandler(EngineAnswererHandler):
     """``AutoModelForImageTextToText`` from a local directory; k samples in one ``generate`` call per question."""
 
     backend = "transformers"
 
-    def __init__(self, cfg: FilterConfig):
-        super().__init__(cfg)
-        self._revision = weights_revision(cfg.model, cfg.model_revision)
-
-    def answerer_revision(self) -> str | None:
-        return self._revision
-
-    def load_model(self):
-        import torch
-        from transformers import AutoModelForImageTextToText, AutoProcessor
+    def make_engine(self):
+        from longreel.engines.transformers_engine import TransformersEngine
 
         c = self.cfg
-        if not os.path.isdir(c.model):
-            raise FileNotFoundError(f"answerer model directory {c.model!r} does not exist (nothing is downloaded)")
-        device = c.device if c.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-        model = AutoModelForImageTextToText.from_pretrained(c.model, dtype=_torch_dtype(c.dtype),
-                                                            trust_remote_code=c.trust_remote_code,
-                                                            local_files_only=True)
-        model = model.to(device).eval()
-        processor = AutoProcessor.from_pretrained(c.model, trust_remote_code=c.trust_remote_code,
-                                                  local_files_only=True)
-        return Loaded(model, processor)
-
-    def processor_inputs(self, processor, example: dict):
-        """Tokenized prompt + processed frames of one question (a dict of tensors on the CPU)."""
-        from transformers.video_utils import VideoMetadata
-
-        frames = example["frames"]
-        v = example["video"]
-        prompt = render_prompt(processor, example["messages"])
-        meta = VideoMetadata(total_num_frames=int(v["n_frames"]), fps=float(v["fps"]), duration=float(v["duration_s"]),
-                             width=int(frames.shape[2]), height=int(frames.shape[1]),
-                             frames_indices=[int(i) for i in v["frame_indices"]])
-        # frames were decoded at a size on the processor's grid: resizing again would only blur them
-        on_grid = frames.shape[1] % QWEN_FRAME_FACTOR == 0 and frames.shape[2] % QWEN_FRAME_FACTOR == 0
-        return processor(text=[prompt], videos=[frames], video_metadata=[meta], do_sample_frames=False,
-                         do_resize=not on_grid, return_tensors="pt")
-
-    def generate(self, model, processor, inputs, seed: int, num_return_sequences: int, **extra) -> list[str]:
-        """Sample ``num_return_sequences`` completions in one generate call under ``seed`` (``extra``: further
-        generate keywords, e.g. ``min_new_tokens`` for benchmarks that need equal-length samples)."""
-        import torch
-
-        c = self.cfg
-        inputs = inputs.to(model.device)
-        devices = [model.device.index or 0] if model.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices), torch.inference_mode():
-            torch.manual_seed(seed)
-            out = model.generate(**inputs, do_sample=True, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
-                                 repetition_penalty=1.0, max_new_tokens=c.max_new_tokens,
-                                 num_return_sequences=num_return_sequences, **extra)
-        n_in = inputs["input_ids"].shape[1]
-        return processor.batch_decode(out[:, n_in:], skip_special_tokens=True)
-
-    def answer(self, model, example: dict) -> list[str]:
-        mdl, processor = model
-        inputs = self.processor_inputs(processor, example)
-        return self.generate(mdl, processor, inputs, example["seed"], self.cfg.k)
+        return TransformersEngine(c.model, self._revision, kind="vision", dtype=c.dtype, device=c.device,
+                                  trust_remote_code=c.trust_remote_code, batch_size=c.batch_size)
 
 
-# ------------------------------------------------------------------------------------------------------------
-# vLLM (GPU)
-# ------------------------------------------------------------------------------------------------------------
-
-
-class VLLMAnswererHandler(AnswererHandler):
+class VLLMAnswererHandler(EngineAnswererHandler):
     """vLLM offline engine; one request per question with ``n=k``; the batch is one ``generate`` call."""
 
     backend = "vllm"
 
-    def __init__(self, cfg: FilterConfig):
-        super().__init__(cfg)
-        self._revision = weights_revision(cfg.model, cfg.model_revision)
-
-    def answerer_revision(self) -> str | None:
-        return self._revision
-
-    def load_model(self):
-        try:
-            from vllm import LLM
-        except ImportError as e:  # pragma: no cover - depends on the machine
-            raise RuntimeError("backend vllm needs the `vllm` package (GPU machines); use backend transformers "
-                               "on a CPU") from e
-        from transformers import AutoProcessor
+    def make_engine(self):
+        from longreel.engines.vllm_engine import VLLMEngine
 
         c = self.cfg
-        dtype = c.dtype if c.dtype != "auto" else "auto"
-        llm = LLM(model=c.model, seed=c.seed, dtype=dtype, trust_remote_code=c.trust_remote_code,
-                  limit_mm_per_prompt={"video": 1, "image": 0}, max_model_len=c.vllm_max_model_len or None,
-                  gpu_memory_utilization=c.vllm_gpu_memory_utilization)
-        processor = AutoProcessor.from_pretrained(c.model, trust_remote_code=c.trust_remote_code,
-                                                  local_files_only=True)
-        return Loaded(llm, processor)
-
-    def requests(self, processor, batch: Sequence[dict]):
-        from vllm import SamplingParams
-
-        c = self.cfg
-        prompts, params = [], []
-        for ex in batch:
-            # the frames are already sampled and sized on the Qwen grid (multiples of 28 within max_pixels), so the
-            # engine's processor leaves them as they are; Qwen2-VL-family models take the bare (T, H, W, 3) array
-            prompts.append({"prompt": render_prompt(processor, ex["messages"]),
-                            "multi_modal_data": {"video": ex["frames"]}})
-            params.append(SamplingParams(n=c.k, temperature=c.temperature, top_p=c.top_p,
-                                         top_k=c.top_k if c.top_k > 0 else -1, repetition_penalty=1.0,
-                                         max_tokens=c.max_new_tokens, seed=ex["seed"]))
-        return prompts, params
-
-    def answer_batch(self, model, batch: Sequence[dict]) -> list[list[str] | Exception]:
-        llm, processor = model
-        try:
-            prompts, params = self.requests(processor, batch)
-            outs = llm.generate(prompts, params, use_tqdm=False)
-        except Exception as e:  # the whole batch failed: every question in it gets the error
-            return [e] * len(batch)
-        return [[o.text for o in out.outputs] for out in outs]
+        return VLLMEngine(c.model, self._revision, trust_remote_code=c.trust_remote_code, dtype=c.dtype,
+                          max_model_len=c.vllm_max_model_len or None,
+                          gpu_memory_utilization=c.vllm_gpu_memory_utilization, seed=c.seed)
 
 
 def make_handler(cfg: FilterConfig) -> AnswererHandler:

@@ -62,7 +62,7 @@ def _template_hash() -> str:
 class TokenCounter:
     """Counts prompt tokens of chat messages with a model's tokenizer and chat template.
 
-    ``name``: as :func:`longreel.pipelines.inference.text_models.resolve_model` takes it, or ``bytes`` (UTF-8 bytes
+    ``name``: as :func:`longreel.engines.local_models.resolve_model` takes it, or ``bytes`` (UTF-8 bytes
     of the messages: an upper bound of the token count of any byte-level BPE tokenizer).
     """
 
@@ -70,7 +70,7 @@ class TokenCounter:
         self.name = name
         self._tok = None
         if name != "bytes":
-            from longreel.pipelines.inference.text_models import load_tokenizer
+            from longreel.engines.local_models import load_tokenizer
             self._tok = load_tokenizer(name)
 
     def __call__(self, messages: list[dict]) -> int:
@@ -96,7 +96,7 @@ class Call:
 
 class VideoQRAWriter:
     """Turns one video's captions (and clip facts) into QRA rows, rejects and counts. ``backend``: a
-    :class:`longreel.pipelines.inference.text_base.TextBackend` for the LLM backends, None for ``template``."""
+    :class:`longreel.pipelines.qra.text_backend.TextBackend` for the LLM backends, None for ``template``."""
 
     def __init__(self, cfg: QRAConfig, backend=None, counter=None):
         if cfg.backend in LLM_BACKENDS and backend is None:
@@ -192,7 +192,7 @@ class VideoQRAWriter:
         return items, meta
 
     def _request(self, messages, schema, seed: int):
-        from longreel.pipelines.inference.text_base import TextRequest
+        from longreel.pipelines.qra.text_backend import TextRequest
 
         s = self.cfg.sampling
         return TextRequest(messages=messages, schema=schema if self.cfg.guided else None,
@@ -207,7 +207,7 @@ class VideoQRAWriter:
         return self.cfg.reasoning_prefix or None
 
     def _llm_outputs(self, duration_s: float, calls: list[Call]) -> list[tuple]:
-        from longreel.pipelines.inference.text_base import sampling_json
+        from longreel.pipelines.qra.text_backend import sampling_json
 
         reqs, hashes = [], []
         for call in calls:

