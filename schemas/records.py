@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "2.0"
+SCHEMA_VERSION = "2.1"
 
 
 @dataclass(frozen=True)
@@ -136,6 +136,10 @@ CAPTION = RecordKind(
         _f("frame_width", _i32),           # size of the frames the model saw
         _f("frame_height", _i32),
         _f("finish_reason", _str),         # stop | length (as the backend reports)
+        # 2.1: the compute bill of the model call (null: no model, e.g. the facts captioner)
+        _f("input_tokens", _i64),          # prompt tokens, vision tokens included
+        _f("vision_tokens", _i64),         # of which the video's (null: the engine cannot tell)
+        _f("output_tokens", _i64),
     ]),
     required=("clip_id", "video_id", "text", "backend", "model", "prompt_hash", "sampling", "frame_timestamps"),
 )
@@ -201,6 +205,10 @@ PASS_RATE = RecordKind(
         _f("frame_timestamps", pa.list_(_f64)),
         _f("completions", pa.list_(_str)), # the k samples, in order
         _f("sample_reasons", pa.list_(_str)),  # trainer.rewards reason code per sample
+        # 2.1: the compute bill of the question's k samples (one model call)
+        _f("input_tokens", _i64),          # prompt tokens, vision tokens included (prefilled once for the k)
+        _f("vision_tokens", _i64),
+        _f("output_tokens", _i64),         # all k samples
     ]),
     required=("qra_id", "video_id", "k", "pass_count", "mean_reward", "rewards", "label", "split", "answerer",
               "temperature", "seed"),

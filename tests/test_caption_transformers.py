@@ -63,6 +63,16 @@ def test_tiny_qwen2vl_captions_real_clips_with_full_provenance(tiny_vlm, three_c
     # the frames were sized by the processor's rules: 640x272 bikes -> 336x140 within 50176 pixels
     by_w = sorted((c["frame_width"], c["frame_height"]) for c in caps)
     assert (336, 140) in by_w
+    # the compute bill: each caption records its call's tokens (336x140 frames: 12x5 merged patches per 2 frames,
+    # 8 frames -> 4 x 60 = 240 video tokens), and stats.json sums them per stage
+    for c in caps:
+        grid = (c["frame_height"] // 28) * (c["frame_width"] // 28)
+        assert c["vision_tokens"] == 4 * grid and c["input_tokens"] > c["vision_tokens"]
+        assert 0 < c["output_tokens"] <= 24
+    compute = {k[len("compute."):]: v for k, v in stage(stats, "caption")["extra"].items() if k.startswith("compute.")}
+    assert compute == {"calls": 3, "input_vision_tokens": sum(c["vision_tokens"] for c in caps),
+                       "input_text_tokens": sum(c["input_tokens"] - c["vision_tokens"] for c in caps),
+                       "output_tokens": sum(c["output_tokens"] for c in caps)}
 
     # seeds are per clip: a re-run with another batch size gives the same captions
     run_caption(str(out), caption_cfg(backend="transformers", **{

@@ -68,8 +68,13 @@ def test_tiny_vlm_filter_is_reproducible_with_a_seed(curated, tiny_dir, tmp_path
         # the k samples are k draws, not one answer repeated
         assert len(set(a[q]["completions"])) > 1
         assert a[q]["answerer_revision"] == weights_revision(tiny_dir) and a[q]["backend"] == "transformers"
+        # the compute bill of the question's one call: the prompt (video tokens counted apart) and K samples
+        assert 0 < a[q]["vision_tokens"] < a[q]["input_tokens"] and K <= a[q]["output_tokens"] <= K * 12
     assert doc_a["passrate"]["pass_count_histogram"] == doc_b["passrate"]["pass_count_histogram"]
     assert doc_a["passrate"]["balanced"] and sum(doc_a["passrate"]["pass_count_histogram"]) == 3
+    extra = next(st for st in doc_a["stages"] if st["stage"] == "passrate")["extra"]
+    assert extra["compute.calls"] == 3 and extra["compute.output_tokens"] == sum(r["output_tokens"] for r in a.values())
+    assert extra["compute.input_vision_tokens"] == sum(r["vision_tokens"] for r in a.values())
 
     # another seed draws other samples
     _, c = _run(curated, tmp_path, "c", tiny_cfg(tiny_dir, seed=1))

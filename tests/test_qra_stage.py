@@ -119,7 +119,8 @@ class ScriptedEngine(Engine):
             queue = self.generations if r.schema["title"] == "qra_generation" else self.refinements
             text = queue.pop(0)
             out.append(Completion.failed("model_error", "boom") if text is None else
-                       Completion(texts=[text], finish=["stop"], guided=True))
+                       Completion(texts=[text], finish=["stop"], guided=True,
+                                  prompt_tokens=self.count_tokens(r.messages), new_tokens=len(text.split())))
         return out
 
 
@@ -179,6 +180,14 @@ def test_llm_accounting_and_refinement_events():
     ref_reqs = [r for r in backend.engine.requests if r.schema["title"] == "qra_refinement"]
     assert ref_reqs[0].schema["properties"]["answer"] == {"type": "string", "enum": ["B"]}
     assert all(r["generator"] == "scripted" and r["model"] == "scripted-model" for r in rows)
+    # the compute bill: 4 generation calls (one failed: a call all the same) and 2 refinement calls, with the
+    # tokens the engine reported
+    gen_reqs = [r for r in backend.engine.requests if r.schema["title"] == "qra_generation"]
+    assert counts[("qra", "compute.calls")] == 4 == len(gen_reqs)
+    assert counts[("qra", "compute.input_text_tokens")] == sum(
+        backend.engine.count_tokens(r.messages) for r, g in zip(gen_reqs, gens) if g is not None)
+    assert counts[("qra", "compute.output_tokens")] == sum(len(g.split()) for g in gens if g is not None)
+    assert counts[("qra_refine", "compute.calls")] == 2 and counts[("qra", "compute.input_vision_tokens")] == 0
 
 
 def test_add_qra_stage_in_a_pipeline(tmp_path):

@@ -75,7 +75,8 @@ class Completion:
     finish: list[str] = field(default_factory=list)
     token_ids: list[list[int]] | None = None
     logprobs: list[list[float]] | None = None
-    prompt_tokens: int = 0
+    prompt_tokens: int = 0                    # the prompt as the model saw it, vision placeholders included
+    vision_tokens: int | None = 0             # of which video/image tokens (None: the engine cannot tell)
     new_tokens: int = 0                       # generated tokens over all samples, end-of-sequence tokens excluded
     latency_s: float = 0.0
     attempts: int = 1

@@ -170,8 +170,10 @@ class OpenAIEngine(Engine):
         texts = ["".join(p.get("text", "") for p in c if isinstance(p, dict)) if isinstance(c, list) else (c or "")
                  for c in contents]  # some servers answer with parts
         usage = doc.get("usage") or {}
+        # the server counts image tokens inside prompt_tokens and does not say how many: vision_tokens unknown
         return Completion(texts=texts, finish=[c.get("finish_reason") or "stop" for c in choices],
                           prompt_tokens=int(usage.get("prompt_tokens") or 0),
+                          vision_tokens=None if req.video is not None else 0,
                           new_tokens=int(usage.get("completion_tokens") or 0), latency_s=latency, attempts=attempts,
                           guided=req.schema is not None)
 

@@ -251,15 +251,17 @@ class TransformersEngine(Engine):
             inputs = self.vision_inputs(reqs).to(self._model.device)
             kwargs, mask = self._sampling_kwargs(reqs), None
             prompt_tokens = [int(m.sum()) for m in inputs["attention_mask"]]
+            vision_tokens = self._vision_token_counts(inputs)
         else:
             inputs, kwargs, mask = self._text_inputs(reqs)
             prompt_tokens = [int(m.sum()) for m in inputs["attention_mask"]]
+            vision_tokens = [0] * len(prompt_tokens)
         width = inputs["input_ids"].shape[1]
         devices = [self._model.device.index or 0] if self._model.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices), torch.inference_mode():
             torch.manual_seed(int(reqs[0].sampling.seed))
             out = self._model.generate(**inputs, **kwargs)
-        return self._completions(reqs, out[:, width:], mask, prompt_tokens)
+        return self._completions(reqs, out[:, width:], mask, prompt_tokens, vision_tokens)
 
     def _sampling_kwargs(self, reqs: list[EngineRequest]) -> dict:
         """``generate`` keywords of a vision group: settings left None keep the model's generation config."""
@@ -314,7 +316,15 @@ class TransformersEngine(Engine):
         inputs = {"input_ids": input_ids, "attention_mask": attn}
         return inputs, {"generation_config": config, "logits_processor": processors}, mask
 
-    def _completions(self, reqs: list[EngineRequest], new, mask, prompt_tokens: list[int]) -> list[Completion]:
+    def _vision_token_counts(self, inputs) -> list[int]:
+        """Video and image placeholder tokens per input row (what the vision tower's features fill)."""
+        cfg = self._model.config
+        ids = {getattr(cfg, n, None) for n in ("video_token_id", "image_token_id")} - {None}
+        rows = inputs["input_ids"]
+        return [sum(int((row == i).sum()) for i in ids) for row in rows]
+
+    def _completions(self, reqs: list[EngineRequest], new, mask, prompt_tokens: list[int],
+                     vision_tokens: list[int]) -> list[Completion]:
         """Each request's ``n`` rows of ``new`` (``[sum(n), T]``) cut at the first end of sequence (kept in the
         ids, not in the text) or at the request's own token limit. ``prompt_tokens``: per input row (one per
         request for a vision model, one per sample for a text model)."""
@@ -323,7 +333,8 @@ class TransformersEngine(Engine):
         out, row = [], 0
         for j, r in enumerate(reqs):
             c = Completion(token_ids=[], guided=r.schema is not None,
-                           prompt_tokens=prompt_tokens[row if per_sample else j])
+                           prompt_tokens=prompt_tokens[row if per_sample else j],
+                           vision_tokens=vision_tokens[row if per_sample else j])
             for _ in range(r.sampling.n):
                 ids = [int(x) for x in new[row]]
                 stop = next((k for k, x in enumerate(ids) if x in eos), None)

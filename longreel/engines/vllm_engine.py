@@ -166,9 +166,19 @@ class VLLMEngine(Engine):
         each = round((time.monotonic() - t0) / max(1, len(requests)), 3)
         return [self._completion(r, o, each) for r, o in zip(requests, outs)]
 
+    def _placeholder_ids(self) -> set[int]:
+        try:
+            hf = self._llm.llm_engine.model_config.hf_config
+        except AttributeError:  # an engine layout this code does not know: vision tokens are then not counted
+            return set()
+        return {getattr(hf, n, None) for n in ("video_token_id", "image_token_id")} - {None}
+
     def _completion(self, req: EngineRequest, out, latency_s: float) -> Completion:
-        c = Completion(prompt_tokens=len(out.prompt_token_ids or []), latency_s=latency_s, guided=req.schema is not None,
-                       token_ids=[], logprobs=[] if self.return_logprobs else None)
+        prompt = list(out.prompt_token_ids or [])
+        placeholders = self._placeholder_ids() if req.video is not None else set()
+        c = Completion(prompt_tokens=len(prompt), vision_tokens=sum(t in placeholders for t in prompt),
+                       latency_s=latency_s, guided=req.schema is not None, token_ids=[],
+                       logprobs=[] if self.return_logprobs else None)
         for o in out.outputs:
             ids = list(o.token_ids)
             c.texts.append(o.text)

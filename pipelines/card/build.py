@@ -236,6 +236,7 @@ def collect(run_dir: str, shards: str | None = None, *, name: str | None = None,
     _reject_claims(c, tables, stage_names)
     _source_claims(c, videos)
     _model_claims(c, tables)
+    _compute_claims(c, stats)
     _distribution_claims(c, dist, dist_source)
     splits = _release_claims(c, indexes)
     _hf_claims(c, tables, indexes, splits, dataset, data_prefix, tables_prefix, features)
@@ -390,6 +391,15 @@ def _model_claims(c: Claims, tables: dict) -> None:
     c.add("models/qra", _provenance(tables.get("qras", []), QRA_PROVENANCE), source="qras table")
     c.add("models/pass_rate", _provenance(tables.get("pass_rate", []), PASS_RATE_PROVENANCE),
           source="pass_rate table")
+
+
+def _compute_claims(c: Claims, stats: dict) -> None:
+    """The compute bill per model stage: calls and tokens (deterministic; the run's wall seconds stay in
+    stats.json, so that the card of a re-run is the same bytes)."""
+    from longreel.pipelines.compute import compute_table
+
+    rows = [{k: v for k, v in r.items() if k != "model_seconds"} for r in compute_table(stats)]
+    c.add("compute", rows, source="stats.json")
 
 
 def _distribution_claims(c: Claims, dist: dict, dist_source: dict) -> None:

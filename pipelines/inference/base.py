@@ -43,6 +43,9 @@ class Generation:
     error_message: str | None = None
     finish_reason: str | None = None        # stop | length | ...
     attempts: int = 1                       # HTTP attempts (openai) or 1
+    prompt_tokens: int | None = None        # the compute bill (None: no model, e.g. the facts captioner)
+    vision_tokens: int | None = None        # of the prompt's tokens, the video's (None: not known)
+    output_tokens: int | None = None
 
     @property
     def ok(self) -> bool:

@@ -45,7 +45,9 @@ class EngineCaptioner:
         for c in self.engine.generate([engine_request(r, params) for r in requests]):
             if c.ok:
                 out.append(Generation(text=c.text.strip(), latency_s=c.latency_s,
-                                      finish_reason=c.finish[0] if c.finish else None, attempts=c.attempts))
+                                      finish_reason=c.finish[0] if c.finish else None, attempts=c.attempts,
+                                      prompt_tokens=c.prompt_tokens, vision_tokens=c.vision_tokens,
+                                      output_tokens=c.new_tokens))
             else:
                 out.append(Generation.failed(c.error_reason, c.error_message or "", c.latency_s, c.attempts))
         return out

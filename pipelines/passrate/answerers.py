@@ -6,7 +6,8 @@ An *example* is one question with its video's frames (built by :mod:`longreel.pi
      "frames": uint8 ndarray [T, H, W, 3], "video": {"fps", "n_frames", "duration_s", "frame_indices",
      "timestamps"}}
 
-and its inference is ``{"completions": [k strings], "error": None | str, "latency_s": float}``. A failure on one
+and its inference is ``{"completions": [k strings], "error": None | str, "latency_s": float, "tokens": None |
+{"input", "vision", "output"}}`` (``tokens``: the compute bill of the question's one model call). A failure on one
 question (a decoding quirk of the processor, an out-of-memory) is returned as ``error`` for that question only and
 becomes one ``answerer_failed`` reject; a model that cannot be loaded fails the run (a configuration error).
 
@@ -48,6 +49,16 @@ __all__ = [
     "make_handler",
     "question_seed",
 ]
+
+
+class Answers(list):
+    """The k completions of one question, with the compute bill of the call that sampled them."""
+
+    def __init__(self, texts, input_tokens: int | None = None, vision_tokens: int | None = None,
+                 output_tokens: int | None = None):
+        super().__init__(texts)
+        self.tokens = None if input_tokens is None else {"input": input_tokens, "vision": vision_tokens,
+                                                         "output": output_tokens}
 
 
 class Loaded:
@@ -120,7 +131,8 @@ class AnswererHandler(ModelHandler):
                 inference = {"completions": [], "error": f"expected {self.cfg.k} completions, got {len(ans)}",
                              "latency_s": per}
             else:
-                inference = {"completions": [str(a) for a in ans], "error": None, "latency_s": per}
+                inference = {"completions": [str(a) for a in ans], "error": None, "latency_s": per,
+                             "tokens": getattr(ans, "tokens", None)}
             results.append(PredictionResult(ex, inference, model_id=self.answerer_name()))
         return results
 
@@ -182,7 +194,8 @@ class EngineAnswererHandler(AnswererHandler):
             except Exception as e:  # a malformed example is that question's reject
                 out.append(e)
         for i, c in zip(where, model.generate(requests) if requests else []):
-            out[i] = list(c.texts) if c.ok else RuntimeError(f"{c.error_reason}: {c.error_message}")
+            out[i] = (Answers(c.texts, c.prompt_tokens, c.vision_tokens, c.new_tokens) if c.ok
+                      else RuntimeError(f"{c.error_reason}: {c.error_message}"))
         return out
 
     def answer(self, model: Any, example: dict) -> list[str]:

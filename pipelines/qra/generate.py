@@ -33,6 +33,7 @@ import logging
 from dataclasses import dataclass
 from typing import Iterator
 
+from longreel.pipelines.compute import call_pairs
 from longreel.pipelines.qra import template_generator as tg
 from longreel.pipelines.qra.context import ContextError, Window, plan_context, assign_slots
 from longreel.pipelines.qra.json_schema import generation_schema, refinement_schema
@@ -225,7 +226,8 @@ class VideoQRAWriter:
             meta = {"generator": self.backend.backend, "model": self.backend.model,
                     "model_revision": self.backend.revision or None, "prompt_hash": phash,
                     "sampling": sampling_json(req, guided=bool(res.guided), backend=self.backend.backend),
-                    "error": res.error, "finish": res.finish, "new_tokens": res.new_tokens}
+                    "error": res.error, "finish": res.finish, "new_tokens": res.new_tokens,
+                    "prompt_tokens": res.prompt_tokens}
             out.append((res.text, meta))
         return out
 
@@ -234,6 +236,9 @@ class VideoQRAWriter:
         key_base = f"{video_id}:{cat}:w{call.window.index}:{call.problem_type}"
         yield ("count", (STAGE, "requested"), call.n)
         yield ("count", (STAGE, f"{cat}.requested"), call.n)
+        if "prompt_tokens" in meta:  # a model call (the template generator makes none)
+            for key, n in call_pairs(STAGE, meta["prompt_tokens"], 0, meta["new_tokens"]):
+                yield ("count", key, n)
 
         def rej(slot: int, reason: str, message: str, details=None):
             return [("count", (STAGE, "rejected:" + reason), 1),
@@ -313,6 +318,9 @@ class VideoQRAWriter:
             hashes.append(phash)
         results = self.backend.generate(reqs)
         yield ("count", (REFINE_STAGE, "in"), len(rows))
+        for res in results:
+            for key, n in call_pairs(REFINE_STAGE, res.prompt_tokens, 0, res.new_tokens):
+                yield ("count", key, n)
         for row, res, phash in zip(rows, results, hashes):
             reason, message = self._check_refinement(row, res, duration_s, phash)
             if reason is not None:

@@ -42,6 +42,7 @@ from apache_beam.pvalue import TaggedOutput
 from longreel.pipelines.caption_config import CaptionConfig
 from longreel.pipelines.inference.base import GenerationParams, ModelInfo, Request, fit_pixels, weights_revision
 from longreel.pipelines.inference.degenerate import degenerate_reason
+from longreel.pipelines.compute import call_pairs
 from longreel.pipelines.inference.handler import ClientSpec, GenerationModelHandler
 from longreel.pipelines.media import facts as F
 from longreel.pipelines.media.decode import DECODE_VERSION, sample_timestamps, upright  # noqa: F401 (upright: re-exported)
@@ -54,6 +55,7 @@ STAGE_CAPTION = "caption"
 CAPTION_STAGES = [STAGE_FACTS, STAGE_FILTER, STAGE_CAPTION]
 CAPTION_UNITS = {s: "clip" for s in CAPTION_STAGES}
 TIMING = "timing"                 # output tag of the model's latency per clip (-> stats.json["run"]["caption"])
+COMPUTE = "compute"               # output tag of the compute bill's counts per model call (-> stats.json extra)
 
 FACTS_MAX_PIXELS = 128 * 128      # the facts backend only measures: small frames are plenty (170x96 for 16:9)
 VLM_MAX_PIXELS = 448 * 448
@@ -357,6 +359,9 @@ class ToCaptionRow(beam.DoFn):
         # wall-clock time goes to stats.json["run"]["caption"], never into a row or a reject's details (re-runs are
         # byte-identical)
         yield TaggedOutput(TIMING, float(gen.latency_s or 0.0))
+        if gen.prompt_tokens is not None or not gen.ok:  # a model call (the facts captioner makes none)
+            for pair in call_pairs(STAGE_CAPTION, gen.prompt_tokens, gen.vision_tokens, gen.output_tokens):
+                yield TaggedOutput(COMPUTE, pair)
         if not gen.ok:
             yield rejected(STAGE_CAPTION, cid, gen.error_reason, gen.error_message or gen.error_reason, video_id=vid,
                            details=json.dumps({"attempts": gen.attempts}))
@@ -373,7 +378,8 @@ class ToCaptionRow(beam.DoFn):
                "prompt_hash": self.prompt_hash, "prompt_name": self.prompt, "sampling": self.sampling,
                "frame_timestamps": f["frame_timestamps"],
                "frame_width": f["frame_width"], "frame_height": f["frame_height"],
-               "finish_reason": gen.finish_reason}
+               "finish_reason": gen.finish_reason, "input_tokens": gen.prompt_tokens,
+               "vision_tokens": gen.vision_tokens, "output_tokens": gen.output_tokens}
         self.progress.tick(cid)
         yield checked(STAGE_CAPTION, "caption", row, cid)
 
@@ -431,7 +437,8 @@ class CaptionClips(beam.PTransform):
         requests = filtered[MAIN] | "ToRequests" >> beam.Map(to_request, cfg)
         results, dlq = requests | "Caption" >> RunInference(self.handler).with_exception_handling()
         rows = results | "ToCaptionRows" >> beam.ParDo(ToCaptionRow(
-            cfg, self.info, self.prompt, self.prompt_hash, self.sampling)).with_outputs(REJECTS, TIMING, main=MAIN)
+            cfg, self.info, self.prompt, self.prompt_hash, self.sampling)).with_outputs(REJECTS, TIMING, COMPUTE,
+                                                                                       main=MAIN)
         dead = dlq.failed_inferences | "ModelErrors" >> beam.FlatMap(_dead_letters)
 
         facts_rejects = (tasks[REJECTS], decoded[REJECTS]) | "FactsRejects" >> beam.Flatten()
@@ -442,6 +449,7 @@ class CaptionClips(beam.PTransform):
             stage_counts("ClipFilter", STAGE_FILTER, facts, filtered[MAIN], filtered[REJECTS]),
             stage_counts("Captions", STAGE_CAPTION, filtered[MAIN], rows[MAIN], caption_rejects),
             timing_pairs("Captions", STAGE_CAPTION, rows[TIMING]),
+            rows[COMPUTE],
         ) | "CaptionCounts" >> beam.Flatten()
         return {MAIN: rows[MAIN], REJECTS: rejects, "facts": facts, "counts": counts}
 

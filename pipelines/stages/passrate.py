@@ -50,6 +50,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.ml.inference.base import RunInference
 
+from longreel.pipelines.compute import call_pairs
 from longreel.pipelines.media.decode import upright
 from longreel.pipelines.filter_config import FilterConfig
 from longreel.pipelines.passrate.answerers import AnswererHandler, make_handler, question_seed
@@ -287,7 +288,7 @@ class ScoreQuestion(beam.DoFn):
                "top_k": p["top_k"], "max_new_tokens": p["max_new_tokens"], "prompt_hash": p["prompt_hash"],
                "pass_threshold": cfg.pass_threshold, "policy": cfg.policy,
                "frame_timestamps": list(ex["video"]["timestamps"]), "completions": list(completions),
-               "sample_reasons": [r.reason for r in results]}
+               "sample_reasons": [r.reason for r in results], **_token_fields(inf.get("tokens"))}
         out = checked(STAGE, "pass_rate", row, qid)
         yield out
         if reason and isinstance(out, dict):  # scored but not kept: in the table, and a reject with the reason
@@ -330,15 +331,26 @@ class PassRateFilter(beam.PTransform):
 # ------------------------------------------------------------------------------------------------------------
 
 
+def _token_fields(tokens: dict | None) -> dict:
+    t = tokens or {}
+    return {"input_tokens": t.get("input"), "vision_tokens": t.get("vision"), "output_tokens": t.get("output")}
+
+
+def _row_counts(r: dict) -> list[tuple]:
+    pairs = [((STAGE, f"pass_count:{r['pass_count']}"), 1), ((STAGE, f"label:{r['label']}"), 1),
+             ((STAGE, f"split:{r['split']}"), 1), ((STAGE, "scored"), 1)]
+    if r.get("input_tokens") is not None:  # a model call (a scripted answerer makes none)
+        pairs += call_pairs(STAGE, r["input_tokens"], r["vision_tokens"], r["output_tokens"])
+    return pairs
+
+
 def filter_counts(label: str, qras, out: dict):
     """``((stage, metric), n)`` pairs: in/out/rejected (unit: question) plus ``pass_count:N``, ``label:L`` and
     ``split:S`` counts of the scored rows."""
     from longreel.pipelines.stats import stage_counts
 
     base = stage_counts(label, STAGE, qras, out[KEPT], out[REJECTS])
-    detail = out[MAIN] | f"{label}Detail" >> beam.FlatMap(
-        lambda r: [((STAGE, f"pass_count:{r['pass_count']}"), 1), ((STAGE, f"label:{r['label']}"), 1),
-                   ((STAGE, f"split:{r['split']}"), 1), ((STAGE, "scored"), 1)])
+    detail = out[MAIN] | f"{label}Detail" >> beam.FlatMap(_row_counts)
     return (base, detail) | f"{label}AllCounts" >> beam.Flatten()
 
 
