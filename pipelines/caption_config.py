@@ -6,16 +6,13 @@ section (``caption: CaptionConfig``) and ``longreel caption`` can load it alone.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from longreel.pipelines.media import facts as F
-from longreel.schemas.config import ConfigError, cfg
+from longreel.schemas.config import ConfigError, ConfigModel, cfg
 
 BACKENDS = ("facts", "transformers", "openai", "vllm")
 
 
-@dataclass
-class FramesConfig:
+class FramesConfig(ConfigModel):
     n: int = cfg(8, "Frames sampled per clip, at the centres of n equal bins of the clip's time range.")
     decode: str = cfg("per_video", "per_video: one worker call decodes the frames of many consecutive clips of a "
                                    "video (up to max_frames_per_call) in one forward pass and slices them per clip; "
@@ -34,7 +31,7 @@ class FramesConfig:
     verify_sha256: bool = cfg(True, "Re-hash each video before decoding and reject its clips ('video_changed') "
                                     "when the bytes differ from the ingested ones.")
 
-    def validate(self):
+    def check(self):
         if self.n < 1:
             raise ConfigError("caption.frames.n must be >= 1")
         if self.max_frames_per_call < self.n:
@@ -45,8 +42,7 @@ class FramesConfig:
             raise ConfigError("caption.frames.timeout_s must be > 0")
 
 
-@dataclass
-class FactsConfig:
+class FactsConfig(ConfigModel):
     black_luma: float = cfg(F.BLACK_LUMA, "A pixel with luma (0..255) below this is a black pixel.")
     black_share: float = cfg(F.BLACK_SHARE, "A frame with at least this share of black pixels is black (black "
                                             "credits with white text are about 0.7 black).")
@@ -54,28 +50,26 @@ class FactsConfig:
     cut_threshold: float = cfg(F.CUT_THRESHOLD, "Colour-histogram distance (0..1) between neighbouring sampled "
                                                 "frames above which a shot cut is counted.")
 
-    def validate(self):
+    def check(self):
         if not 0 < self.cut_threshold < 1 or not 0 < self.black_share <= 1:
             raise ConfigError("caption.facts.cut_threshold must be in (0, 1) and black_share in (0, 1]")
 
 
-@dataclass
-class FilterConfig:
+class FilterConfig(ConfigModel):
     enabled: bool = cfg(False, "Reject black and static clips before captioning (reasons black_clip, static_clip).")
     black_ratio_min: float = cfg(0.75, "A clip with at least this share of black/blank sampled frames is a "
                                        "'black_clip'.")
     static_motion_max: float = cfg(1.0, "A clip without shot cuts whose motion score (0..255) is below this is a "
                                         "'static_clip'.")
 
-    def validate(self):
+    def check(self):
         if not 0 < self.black_ratio_min <= 1:
             raise ConfigError("caption.filter.black_ratio_min must be in (0, 1]")
         if self.static_motion_max < 0:
             raise ConfigError("caption.filter.static_motion_max must be >= 0")
 
 
-@dataclass
-class ModelConfig:
+class ModelConfig(ConfigModel):
     path: str | None = cfg(None, "transformers/vllm: local checkpoint directory (or a hub id already in the local "
                                  "cache). openai: the model name sent to the server.")
     revision: str | None = cfg(None, "Recorded as model_revision. null: the snapshot commit when the path is inside a "
@@ -93,15 +87,14 @@ class ModelConfig:
     share_across_processes: bool = cfg(False, "Load one model per machine and share it across worker processes "
                                               "(Beam's multi_process_shared; for large GPU models). vllm always does.")
 
-    def validate(self):
+    def check(self):
         if self.max_new_tokens < 1 or self.batch_size < 1:
             raise ConfigError("caption.model.max_new_tokens and batch_size must be >= 1")
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise ConfigError("caption.model.temperature must be >= 0 and top_p in (0, 1]")
 
 
-@dataclass
-class OpenAIConfig:
+class OpenAIConfig(ConfigModel):
     base_url: str = cfg("http://127.0.0.1:8000/v1", "OpenAI-compatible API root (…/v1); POST {base_url}/chat/completions.")
     api_key_env: str = cfg("OPENAI_API_KEY", "Environment variable holding the API key (sent as a Bearer token; "
                                              "a placeholder when unset, which local servers ignore). The key "
@@ -113,27 +106,25 @@ class OpenAIConfig:
     jpeg_quality: int = cfg(90, "JPEG quality of the frames sent as base64 image parts.")
     image_detail: str | None = cfg(None, "Optional 'detail' of each image part (low, high, auto); null: not sent.")
 
-    def validate(self):
+    def check(self):
         if self.timeout_s <= 0 or self.max_retries < 0 or self.concurrency < 1:
             raise ConfigError("caption.openai: timeout_s > 0, max_retries >= 0, concurrency >= 1")
         if not 1 <= self.jpeg_quality <= 100:
             raise ConfigError("caption.openai.jpeg_quality must be in 1..100")
 
 
-@dataclass
-class VLLMConfig:
+class VLLMConfig(ConfigModel):
     tensor_parallel_size: int = cfg(1, "GPUs per model.")
     gpu_memory_utilization: float = cfg(0.85, "Share of GPU memory vLLM may take.")
     max_model_len: int = cfg(32768, "Context length (frames + prompt + caption).")
     enforce_eager: bool = cfg(False, "Disable CUDA graphs (slower; faster start-up and less memory).")
 
-    def validate(self):
+    def check(self):
         if self.tensor_parallel_size < 1 or not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError("caption.vllm: tensor_parallel_size >= 1 and gpu_memory_utilization in (0, 1]")
 
 
-@dataclass
-class DegenerateConfig:
+class DegenerateConfig(ConfigModel):
     min_chars: int = cfg(8, "A caption with fewer letters and digits than this is 'empty_caption'.")
     max_repeat_share: float = cfg(0.5, "A caption in which one phrase repeated back to back covers at least this "
                                        "share of the words is 'repetitive_caption'.")
@@ -141,8 +132,7 @@ class DegenerateConfig:
                                  "'prompt_echo'.")
 
 
-@dataclass
-class CaptionConfig:
+class CaptionConfig(ConfigModel):
     backend: str = cfg("facts", "Captioner: facts (weight-free sentence from the clip facts; the CPU default), "
                                 "transformers (local VLM in-process), openai (OpenAI-compatible server), vllm (GPU).",
                        choices=BACKENDS)
@@ -157,7 +147,7 @@ class CaptionConfig:
     degenerate: DegenerateConfig = cfg(default_factory=DegenerateConfig, help="Degenerate-caption rejects.")
     parquet_shards: int = cfg(1, "Parquet files per output table (longreel caption).")
 
-    def validate(self):
+    def check(self):
         if self.backend in ("transformers", "vllm", "openai") and not self.model.path:
             raise ConfigError(f"caption.model.path is required for the {self.backend} backend")
         if self.parquet_shards < 1:

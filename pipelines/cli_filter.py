@@ -51,7 +51,7 @@ def run_filter(out_dir: str, cfg: FilterConfig, beam_args: list[str] | None = No
     stats document."""
     from longreel.pipelines.io.run_dir import StageSession
 
-    cfg.validate()
+    cfg.check()
     with StageSession(out_dir, "filter", config_hash(cfg), command) as session:
         return _run_filter(session, out_dir, cfg, beam_args, qra_table, handler)
 

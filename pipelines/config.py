@@ -1,27 +1,23 @@
 """Configuration of the curation pipeline (YAML + validation, see :mod:`longreel.schemas.config`)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from longreel.pipelines.caption_config import CaptionConfig
 from longreel.pipelines.filter_config import FilterConfig
 from longreel.pipelines.pack.config import PackConfig
 from longreel.pipelines.qra_config import QRAConfig
-from longreel.schemas.config import ConfigError, cfg
+from longreel.schemas.config import ConfigError, ConfigModel, cfg
 
 
-@dataclass
-class IngestConfig:
+class IngestConfig(ConfigModel):
     probe_timeout_s: float = cfg(120.0, "Seconds a probe of one file may take before its worker is killed and the "
                                         "file rejected with reason 'timeout'.")
 
-    def validate(self):
+    def check(self):
         if self.probe_timeout_s <= 0:
             raise ConfigError("ingest.probe_timeout_s must be > 0")
 
 
-@dataclass
-class SegmentConfig:
+class SegmentConfig(ConfigModel):
     clip_s: float = cfg(10.0, "Clip length in seconds.")
     stride_s: float | None = cfg(None, "Seconds between clip starts; null means clip_s (no overlap).")
     tail_policy: str = cfg("merge", "What to do with a final clip shorter than min_tail_s: merge it into the "
@@ -34,7 +30,7 @@ class SegmentConfig:
                           "keyframes forced at the cut times.", choices=("copy", "exact"))
     materialize_timeout_s: float = cfg(1800.0, "Seconds ffmpeg may take to cut one video.")
 
-    def validate(self):
+    def check(self):
         if self.clip_s <= 0:
             raise ConfigError("segment.clip_s must be > 0")
         if self.stride_s is not None and not (0 < self.stride_s):
@@ -43,11 +39,10 @@ class SegmentConfig:
             raise ConfigError("segment.min_tail_s and min_video_s must be >= 0")
 
 
-@dataclass
-class OutputConfig:
+class OutputConfig(ConfigModel):
     parquet_shards: int = cfg(1, "Parquet files per stage table (rows assigned by key hash).")
 
-    def validate(self):
+    def check(self):
         if self.parquet_shards < 1:
             raise ConfigError("output.parquet_shards must be >= 1")
 
@@ -61,8 +56,7 @@ def _default_stages() -> list[str]:
     return ["caption", "qra", "pack", "card"]
 
 
-@dataclass
-class CurateConfig:
+class CurateConfig(ConfigModel):
     ingest: IngestConfig = cfg(default_factory=IngestConfig, help="Ingest + probe.")
     segment: SegmentConfig = cfg(default_factory=SegmentConfig, help="Cutting videos into clips.")
     output: OutputConfig = cfg(default_factory=OutputConfig, help="Output tables.")
@@ -75,7 +69,7 @@ class CurateConfig:
     filter: FilterConfig = cfg(default_factory=FilterConfig, help="Pass-rate filter.")
     pack: PackConfig = cfg(default_factory=PackConfig, help="Frame cache and shards.")
 
-    def validate(self):
+    def check(self):
         unknown = [s for s in self.stages if s not in OPTIONAL_STAGES]
         if unknown:
             raise ConfigError(f"stages: unknown {unknown}; choose from {list(OPTIONAL_STAGES)}")

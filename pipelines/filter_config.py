@@ -17,15 +17,12 @@ Rules, stated once (the stage's docstring repeats them):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from longreel.schemas.config import ConfigError, cfg
+from longreel.schemas.config import ConfigError, ConfigModel, cfg
 
 BACKENDS = ("transformers", "vllm")
 
 
-@dataclass
-class FilterConfig:
+class FilterConfig(ConfigModel):
     backend: str = cfg("transformers", "Answerer backend: transformers (AutoModelForImageTextToText, CPU or GPU), "
                                        "or vllm (GPU, n=k per request).",
                        choices=BACKENDS)
@@ -81,7 +78,7 @@ class FilterConfig:
     sft_min_pass_rate: float = cfg(0.5, "split_rule pass_rate: lowest pass rate that goes to sft.")
     parquet_shards: int = cfg(1, "Parquet files for the pass_rate table.")
 
-    def validate(self):
+    def check(self):
         if self.k < 1:
             raise ConfigError("k must be >= 1")
         if not self.temperature > 0:

@@ -3,17 +3,15 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
 
-from longreel.schemas.config import ConfigError, cfg
+from longreel.schemas.config import ConfigError, ConfigModel, cfg
 from longreel.schemas.records import CATEGORIES
 
 BACKENDS = ("template", "transformers", "openai", "vllm")
 LLM_BACKENDS = ("transformers", "openai", "vllm")
 
 
-@dataclass
-class QRAContextConfig:
+class QRAContextConfig(ConfigModel):
     max_tokens: int = cfg(6144, "Token budget of one generation prompt (template text + captions), counted with the "
                                 "tokenizer named by `tokenizer`. The model's answer (max_new_tokens) comes on top.")
     tokenizer: str = cfg("", "Tokenizer that counts the budget: a local directory, a .gguf file, 'smollm2' (the "
@@ -26,15 +24,14 @@ class QRAContextConfig:
                           choices=("windows", "reject"))
     window_overlap_clips: int = cfg(0, "Clips shared by neighbouring windows (windows strategy).")
 
-    def validate(self):
+    def check(self):
         if self.max_tokens < 64:
             raise ConfigError("qra.context.max_tokens must be >= 64")
         if self.window_overlap_clips < 0:
             raise ConfigError("qra.context.window_overlap_clips must be >= 0")
 
 
-@dataclass
-class QRASamplingConfig:
+class QRASamplingConfig(ConfigModel):
     temperature: float = cfg(0.0, "Sampling temperature; 0 means greedy (deterministic).")
     top_p: float = cfg(1.0, "Nucleus sampling mass.")
     max_new_tokens: int = cfg(1024, "Most tokens one generation call may write.")
@@ -43,15 +40,14 @@ class QRASamplingConfig:
     max_string_chars: int = cfg(360, "Constrained decoding (transformers backend): most characters of one JSON "
                                      "string (question, option, reasoning, answer); the string is closed there.")
 
-    def validate(self):
+    def check(self):
         if self.temperature < 0 or not (0 < self.top_p <= 1) or self.max_new_tokens < 16:
             raise ConfigError("qra.sampling: temperature >= 0, 0 < top_p <= 1, max_new_tokens >= 16")
         if self.max_string_chars < 8:
             raise ConfigError("qra.sampling.max_string_chars must be >= 8")
 
 
-@dataclass
-class QRAConfig:
+class QRAConfig(ConfigModel):
     backend: str = cfg("template", "Question writer: template (deterministic questions from captions and clip "
                                    "facts, offline), transformers (local model), openai (an OpenAI-compatible "
                                    "server), vllm (in-process vLLM).", choices=BACKENDS)
@@ -93,7 +89,7 @@ class QRAConfig:
                                     "every output is checked (reject reasoning_prefix_mismatch). '' = no rule.")
     parquet_shards: int = cfg(1, "Parquet files of the qras table.")
 
-    def validate(self):
+    def check(self):
         if self.reasoning_prefix:
             try:
                 re.compile(self.reasoning_prefix)

@@ -1,12 +1,16 @@
-"""Configs as dataclasses: loaded from YAML, validated, overridable from the command line, hashed.
+"""Configs as pydantic models: loaded from YAML, validated, overridable from the command line, hashed.
 
-Every field carries help text in its metadata (``field(default=..., metadata={"help": ...})``),
-which ``--help`` and the docs show. Unknown keys and wrong types are errors that name the
-key, never silently ignored.
+Every field is made with ``cfg(default, help, choices=...)``: the help text is the field's description, which
+``--help``, ``--show-config`` and the JSON schema show. A config class derives from :class:`ConfigModel`.
+Unknown keys and wrong types are errors that name the key (``segment.clip_s: expected a number, got 'abc'``),
+never silently ignored.
+
+The accepted values are the command line's, not pydantic's lax mode: ``--set`` values arrive as YAML scalars, so
+a bool field takes true/false/yes/no/1/0 (as bools or strings) and nothing else, an int or float field refuses
+bools (``true`` is not 1), an int field refuses floats, a str field takes numbers (``--set model.path=7``).
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import types
@@ -14,123 +18,183 @@ import typing
 from typing import Any
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError, PydanticUndefined
 
 
 class ConfigError(ValueError):
     pass
 
 
-def cfg(default: Any = dataclasses.MISSING, help: str = "", choices: tuple | None = None,
-        default_factory: Any = dataclasses.MISSING):
-    """A dataclass field with help text and optional allowed values."""
-    meta = {"help": help}
-    if choices is not None:
-        meta["choices"] = tuple(choices)
-    if default_factory is not dataclasses.MISSING:
-        return dataclasses.field(default_factory=default_factory, metadata=meta)
-    return dataclasses.field(default=default, metadata=meta)
+def cfg(default: Any = PydanticUndefined, help: str = "", choices: tuple | None = None,
+        default_factory: Any = None):
+    """A model field with help text and optional allowed values.
+
+    The allowed values go to the JSON schema as ``enum`` (so an exported schema states them) and are enforced by
+    :class:`ConfigModel`; the annotation stays ``str`` rather than a ``Literal`` so that the value is coerced like
+    any string first and the module-level tuples of names (``BACKENDS``) stay the one list."""
+    extra = {"enum": list(choices)} if choices is not None else None
+    if default_factory is not None:
+        return Field(default_factory=default_factory, description=help, json_schema_extra=extra)
+    return Field(default, description=help, json_schema_extra=extra)
 
 
-def _is_dataclass_type(t) -> bool:
-    return isinstance(t, type) and dataclasses.is_dataclass(t)
+# Validation context of a load (load_yaml): only then do the check hooks run. A section built in code or by a
+# default factory (CurateConfig's FilterConfig has no model yet) is not checked, as with the dataclass configs.
+_RUN_CHECKS = "longreel_run_checks"
+_BOOL_WORDS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
 
 
-def _coerce(path: str, typ, value):
-    origin = typing.get_origin(typ)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(typ)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _coerce(path, a, value)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError("; ".join(errors))
-    if _is_dataclass_type(typ):
-        if isinstance(value, typ):
+class ConfigModel(BaseModel):
+    """Base of every config: unknown keys forbidden, the command line's coercion rules, per-class ``check``."""
+
+    model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True)
+
+    def check(self) -> None:
+        """This section's own rules beyond types (subclasses override); raise :class:`ConfigError` naming the key.
+        Runs after a load has built the section (its nested sections are checked before it)."""
+
+    def validate(self) -> None:  # type: ignore[override]  # pydantic's deprecated classmethod of that name
+        """Run :meth:`check` on a config built in code. Callers written against the dataclass configs call
+        ``cfg.validate()`` (the pass-rate answerers do)."""
+        self.check()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys_only(cls, data: Any) -> Any:
+        # Before the fields, like the dataclass loader: one message listing every unknown key and the known ones
+        # (pydantic's extra="forbid" reports each unknown key alone, after the field errors).
+        if isinstance(data, dict):
+            unknown = set(data) - set(cls.model_fields)
+            if unknown:
+                raise PydanticCustomError("unknown_keys", "unknown key(s) {unknown}; known: {known}",
+                                          {"unknown": sorted(unknown, key=str), "known": sorted(cls.model_fields)})
+        return data
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _coerce_like_the_command_line(cls, value: Any, info: ValidationInfo) -> Any:
+        annotation, nullable = _strip_optional(cls.model_fields[info.field_name].annotation)
+        if value is None and nullable:
             return value
-        if not isinstance(value, dict):
-            raise ConfigError(f"{path}: expected a mapping, got {type(value).__name__}")
-        return from_dict(typ, value, path)
-    if origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{path}: expected a list, got {type(value).__name__}")
-        (item_t, *_) = typing.get_args(typ) or (Any,)
-        items = [_coerce(f"{path}[{i}]", item_t, v) for i, v in enumerate(value)]
-        return tuple(items) if origin is tuple else items
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{path}: expected a mapping, got {type(value).__name__}")
-        return dict(value)
-    if typ is Any:
+        coerce = _COERCE.get(typing.get_origin(annotation) or annotation)
+        return coerce(value) if coerce else value
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _one_of_the_choices(cls, value: Any, info: ValidationInfo) -> Any:
+        choices = _choices(cls.model_fields[info.field_name])
+        if choices and value is not None and value not in choices:
+            raise PydanticCustomError("not_a_choice", "{value} is not one of {choices}",
+                                      {"value": repr(value), "choices": choices})
         return value
-    if typ is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
-            return value.lower() in ("true", "yes", "1")
-        raise ConfigError(f"{path}: expected true/false, got {value!r}")
-    if typ is int:
-        if isinstance(value, bool):
-            raise ConfigError(f"{path}: expected an integer, got {value!r}")
-        if isinstance(value, int):
-            return value
-        if isinstance(value, str):
-            try:
-                return int(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"{path}: expected an integer, got {value!r}")
-    if typ is float:
-        if isinstance(value, bool):
-            raise ConfigError(f"{path}: expected a number, got {value!r}")
-        if isinstance(value, (int, float)):
+
+    @model_validator(mode="after")
+    def _run_check(self, info: ValidationInfo) -> "ConfigModel":
+        if info.context and info.context.get(_RUN_CHECKS):
+            self.check()
+        return self
+
+
+def _strip_optional(annotation) -> tuple[Any, bool]:
+    """``X | None`` -> (X, True); anything else -> (itself, False)."""
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 2 and type(None) in args:
+        return next(a for a in args if a is not type(None)), True
+    return annotation, False
+
+
+def _wrong(expected: str, value: Any) -> PydanticCustomError:
+    return PydanticCustomError("config_type", "{expected}, got {got}", {"expected": expected, "got": repr(value)})
+
+
+def _to_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in _BOOL_WORDS:
+        return _BOOL_WORDS[value.lower()]
+    raise _wrong("expected true/false", value)
+
+
+def _to_int(value: Any) -> int:
+    # bool is an int subclass, and pydantic's lax int also takes 5.0 and "5.0": refused here.
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            pass
+    raise _wrong("expected an integer", value)
+
+
+def _to_float(value: Any) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        try:
             return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"{path}: expected a number, got {value!r}")
-    if typ is str:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)
-        raise ConfigError(f"{path}: expected a string, got {value!r}")
-    return value
+        except ValueError:
+            pass
+    raise _wrong("expected a number", value)
 
 
-def from_dict(cls, data: dict, path: str = ""):
-    """Build dataclass ``cls`` from a (possibly partial) mapping; unknown keys are an error."""
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = set(data) - set(fields)
-    if unknown:
-        where = path or cls.__name__
-        raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}; known: {sorted(fields)}")
-    kwargs = {}
-    for name, value in data.items():
-        f = fields[name]
-        p = f"{path}.{name}" if path else name
-        v = _coerce(p, hints[name], value)
-        choices = f.metadata.get("choices")
-        if choices and v not in choices:
-            raise ConfigError(f"{p}: {v!r} is not one of {list(choices)}")
-        kwargs[name] = v
-    obj = cls(**kwargs)
-    check = getattr(obj, "validate", None)
-    if callable(check):
-        check()
-    return obj
+def _a_list(value: Any) -> Any:
+    # pydantic would also take a set (YAML's !!set), whose order is not the file's; the items are pydantic's.
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    raise PydanticCustomError("config_type", "expected a list, got {got}", {"got": type(value).__name__})
+
+
+# str, dict and nested sections are pydantic's own (coerce_numbers_to_str); their errors are reworded below.
+_COERCE = {bool: _to_bool, int: _to_int, float: _to_float, list: _a_list}
+
+
+def _choices(field) -> list | None:
+    extra = field.json_schema_extra
+    return extra.get("enum") if isinstance(extra, dict) else None
+
+
+def _path(loc: tuple) -> str:
+    """('qra', 'categories', 0) -> 'qra.categories[0]'."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _pydantic_wording(err: dict) -> str:
+    """The loader's words for the errors pydantic's own validators raise (str, dict and section fields)."""
+    kind, value = err["type"], err.get("input")
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        return f"expected a mapping, got {type(value).__name__}"
+    if kind == "string_type":
+        return f"expected a string, got {value!r}"
+    return err["msg"]
+
+
+def _first_problem(cls, exc: ValidationError) -> str:
+    """The first error of a ValidationError as one line naming the key, e.g. ``segment.clip_s: expected a number,
+    got 'abc'``. A check hook's ConfigError keeps its own message (it names its key already)."""
+    err = exc.errors()[0]
+    if err["type"] == "value_error":
+        return str(err["ctx"]["error"])
+    where = _path(err["loc"]) or cls.__name__
+    return f"{where}: {_pydantic_wording(err)}"
+
+
+def from_dict(cls, data: dict):
+    """Build config ``cls`` from a (possibly partial) mapping and run the check hooks of every section given."""
+    try:
+        return cls.model_validate(data, context={_RUN_CHECKS: True})
+    except ValidationError as e:
+        raise ConfigError(_first_problem(cls, e)) from None
 
 
 def to_dict(obj) -> dict:
-    return dataclasses.asdict(obj)
+    # The values as they are, like dataclasses.asdict: a field set in code (cfg.stages = ("caption",)) is dumped
+    # without pydantic's serializer warnings.
+    return obj.model_dump(warnings=False)
 
 
 def load_yaml(cls, path: str | None, overrides: list[str] | tuple[str, ...] = (), *, section: str | None = None):
@@ -192,23 +256,26 @@ def config_hash(obj) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def _is_section(annotation) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, ConfigModel)
+
+
 def describe(cls, prefix: str = "") -> list[tuple[str, str, str]]:
     """(key, default, help) for every field, nested sections flattened with dots; for --help."""
     out = []
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        key = f"{prefix}{f.name}"
-        if _is_dataclass_type(hints[f.name]):
-            out.extend(describe(hints[f.name], key + "."))
+    for name, field in cls.model_fields.items():
+        key = f"{prefix}{name}"
+        if _is_section(field.annotation):
+            out.extend(describe(field.annotation, key + "."))
             continue
-        if f.default is not dataclasses.MISSING:
-            default = repr(f.default)
-        elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-            default = repr(f.default_factory())  # type: ignore[misc]
-        else:
+        if field.default_factory is not None:
+            default = repr(field.default_factory())  # type: ignore[call-arg]
+        elif field.is_required():
             default = "(required)"
-        help_text = f.metadata.get("help", "")
-        if f.metadata.get("choices"):
-            help_text += f" One of {list(f.metadata['choices'])}."
+        else:
+            default = repr(field.default)
+        help_text = field.description or ""
+        if _choices(field):
+            help_text += f" One of {_choices(field)}."
         out.append((key, default, help_text))
     return out

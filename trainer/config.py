@@ -1,4 +1,4 @@
-"""Trainer configuration: dataclasses with help text on every field, loaded from YAML + ``--set`` overrides.
+"""Trainer configuration: pydantic models with help text on every field, loaded from YAML + ``--set`` overrides.
 
 One ``TrainConfig`` serves both stages (``longreel train sft`` and ``longreel train grpo``); each stage reads the
 sections it needs. Load with ``longreel.schemas.config.load_yaml(TrainConfig, path, overrides)``; list every key with
@@ -6,9 +6,7 @@ sections it needs. Load with ``longreel.schemas.config.load_yaml(TrainConfig, pa
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from longreel.schemas.config import ConfigError, cfg
+from longreel.schemas.config import ConfigError, ConfigModel, cfg
 
 __all__ = [
     "ModelConfig", "DataConfig", "OptimConfig", "RolloutConfig", "GRPOConfig", "SFTConfig", "RunConfig",
@@ -16,8 +14,7 @@ __all__ = [
 ]
 
 
-@dataclass
-class ModelConfig:
+class ModelConfig(ConfigModel):
     path: str = cfg("", "Local directory of the policy (save_pretrained layout: config, weights, processor). "
                         "Hub ids are not fetched: download the model first.")
     dtype: str = cfg("auto", "Parameter dtype: auto (bf16 on a GPU that supports it, else fp32), float32, bfloat16.",
@@ -29,8 +26,7 @@ class ModelConfig:
     freeze_vision: bool = cfg(False, "Do not train the vision tower (its parameters get requires_grad=False).")
 
 
-@dataclass
-class DataConfig:
+class DataConfig(ConfigModel):
     source: str = cfg("shards", "Where training items come from: 'shards' (WebDataset shards via trainer.data) or "
                                 "'synthetic' (the procedural task of trainer.synthetic_task, generated in memory).",
                       choices=("shards", "synthetic"))
@@ -48,8 +44,7 @@ class DataConfig:
                                  "('skip').", choices=("raise", "skip"))
 
 
-@dataclass
-class OptimConfig:
+class OptimConfig(ConfigModel):
     lr: float = cfg(1e-6, "Peak learning rate of AdamW.")
     weight_decay: float = cfg(0.0, "AdamW weight decay.")
     beta1: float = cfg(0.9, "AdamW beta1.")
@@ -63,8 +58,7 @@ class OptimConfig:
                              "micro-batches (per rank).")
 
 
-@dataclass
-class RolloutConfig:
+class RolloutConfig(ConfigModel):
     engine: str = cfg("transformers", "Rollout engine: 'transformers' (generate, CPU/GPU) or 'vllm' (GPU; weights "
                                       "synced from the trainer after each update).", choices=("transformers", "vllm"))
     n: int = cfg(8, "G: rollouts per prompt (the GRPO group size).")
@@ -75,8 +69,7 @@ class RolloutConfig:
     vllm_max_model_len: int = cfg(8192, "vllm: longest prompt + response.")
 
 
-@dataclass
-class GRPOConfig:
+class GRPOConfig(ConfigModel):
     adv_estimator: str = cfg("grpo", "Advantage estimator: grpo ((r-mean)/(std+eps)) or dr_grpo (r-mean).",
                              choices=("grpo", "dr_grpo"))
     clip_low: float = cfg(0.2, "Lower clip: the ratio is clipped below at 1 - clip_low.")
@@ -95,14 +88,12 @@ class GRPOConfig:
     reward_format_weight: float = cfg(0.0, "longreel.task.rewards format_weight: reward of a well-formatted wrong answer.")
 
 
-@dataclass
-class SFTConfig:
+class SFTConfig(ConfigModel):
     max_items: int = cfg(0, "Use only the first N training items (0: all); a small N leaves room for GRPO.")
     epochs: int = cfg(1, "Passes over the (possibly truncated) SFT set; run.steps, if > 0, wins.")
 
 
-@dataclass
-class RunConfig:
+class RunConfig(ConfigModel):
     out_dir: str = cfg("runs/train", "Output directory: checkpoints/, final/, metrics.jsonl, tensorboard/.")
     steps: int = cfg(100, "Optimizer steps to train (GRPO; SFT too when > 0, else sft.epochs).")
     seed: int = cfg(0, "Seed of the model-independent randomness (data order, rollout sampling).")
@@ -122,16 +113,14 @@ class RunConfig:
     dump_grads: str = cfg("", "Debug: write the step-1 (post all-reduce) gradients to this safetensors file.")
 
 
-@dataclass
-class DistConfig:
+class DistConfig(ConfigModel):
     backend: str = cfg("auto", "torch.distributed backend under torchrun: auto (nccl on GPU, gloo on CPU), gloo, nccl.",
                        choices=("auto", "gloo", "nccl"))
     strategy: str = cfg("ddp", "Data-parallel strategy: ddp (gradients all-reduced) or fsdp (FSDP2 fully_shard; GPU).",
                         choices=("ddp", "fsdp"))
 
 
-@dataclass
-class MRSPConfig:
+class MRSPConfig(ConfigModel):
     enabled: bool = cfg(True, "MR-SP in GRPO (trainer.mrsp): every unique video of a step goes through the policy's "
                               "vision tower once (rollouts, old log-probs and the update reuse it) and the "
                               "reference's once; the log-probs are computed from the cached features and M-RoPE "
@@ -159,15 +148,13 @@ class MRSPConfig:
         return self.vision
 
 
-@dataclass
-class EvalConfig:
+class EvalConfig(ConfigModel):
     max_new_tokens: int = cfg(256, "Longest greedy answer when evaluating.")
     max_items: int = cfg(0, "Evaluate only the first N held-out items (0: all).")
     every: int = cfg(0, "During training, evaluate on data.eval_urls every N steps (0: never).")
 
 
-@dataclass
-class TrainConfig:
+class TrainConfig(ConfigModel):
     model: ModelConfig = cfg(default_factory=ModelConfig, help="Policy model.")
     data: DataConfig = cfg(default_factory=DataConfig, help="Training / held-out data.")
     optim: OptimConfig = cfg(default_factory=OptimConfig, help="Optimizer and schedule.")
@@ -180,7 +167,7 @@ class TrainConfig:
     mrsp: MRSPConfig = cfg(default_factory=MRSPConfig, help="MR-SP: video embedding reuse and sequence parallelism "
                                                             "in GRPO.")
 
-    def validate(self) -> None:
+    def check(self) -> None:
         def need(ok: bool, msg: str) -> None:
             if not ok:
                 raise ConfigError(msg)

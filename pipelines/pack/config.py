@@ -2,15 +2,13 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
-from longreel.schemas.config import ConfigError, cfg
+from longreel.schemas.config import ConfigError, ConfigModel, cfg
 
 _NAME = re.compile(r"^[A-Za-z0-9_]+$")
 
 
-@dataclass
-class PackConfig:
+class PackConfig(ConfigModel):
     dataset: str = cfg("longreel", "Dataset name: shards are {dataset}-{split}-{index:06d}.tar. Letters, digits and "
                                    "underscores only (no dots or dashes, so names parse back unambiguously).")
     fps: float = cfg(2.0, "Frames per second sampled from each video (the processor's sample_frames rule).")
@@ -34,7 +32,7 @@ class PackConfig:
     pass_rate_table: str = cfg("pass_rate", "Input table of pass-rate records; used when present.")
     decode_timeout_s: float = cfg(600.0, "Seconds decoding one video may take before its worker is killed.")
 
-    def validate(self):
+    def check(self):
         if not _NAME.match(self.dataset):
             raise ConfigError(f"dataset {self.dataset!r}: use letters, digits and underscores only")
         if not _NAME.match(self.default_split):

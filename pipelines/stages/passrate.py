@@ -304,7 +304,7 @@ class PassRateFilter(beam.PTransform):
 
     def __init__(self, cfg: FilterConfig, handler: AnswererHandler | None = None):
         super().__init__()
-        cfg.validate()
+        cfg.check()
         self.cfg = cfg
         self.handler = handler if handler is not None else make_handler(cfg)
 
