@@ -1,0 +1,118 @@
+"""The pydantic side of the config framework (schemas/config.py): the command line's coercion rules where pydantic's
+lax mode would differ, ValidationError mapped onto ConfigError with the key's path, check hooks, hashes unchanged
+from the dataclass configs, JSON schema, pickling."""
+import pickle
+
+import pytest
+
+from longreel.pipelines.caption_config import CaptionConfig
+from longreel.pipelines.config import CurateConfig, SegmentConfig
+from longreel.pipelines.filter_config import FilterConfig
+from longreel.schemas.config import ConfigError, config_hash, dump_yaml, load_yaml
+from longreel.trainer.config import RolloutConfig, TrainConfig
+
+
+def _error(cls, overrides) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_yaml(cls, None, overrides)
+    return str(info.value)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("rollout.n=true", "rollout.n: expected an integer, got True"),      # pydantic's lax int takes True as 1
+    ("rollout.n=4.0", "rollout.n: expected an integer, got 4.0"),        # ... and 4.0 as 4
+    ("rollout.n='4.0'", "rollout.n: expected an integer, got '4.0'"),    # ... and "4.0" as 4
+    ("optim.lr=false", "optim.lr: expected a number, got False"),        # lax float takes False as 0.0
+    ("run.resume=1", "run.resume: expected true/false, got 1"),           # lax bool takes the int 1
+    ("run.resume='on'", "run.resume: expected true/false, got 'on'"),     # ... and the string 'on'
+    ("model.path=true", "model.path: expected a string, got True"),
+    ("model.path=null", "model.path: expected a string, got None"),
+    ("data.train_urls=a", "data.train_urls: expected a list, got str"),
+])
+def test_values_pydantic_would_take_are_refused(override, message):
+    assert _error(TrainConfig, [override]) == message
+
+
+def test_strings_and_numbers_are_coerced_like_the_command_line():
+    cfg = load_yaml(TrainConfig, None, ["rollout.n='4'", "optim.lr='2.5e-6'", "optim.beta1=1", "run.resume='no'",
+                                        "run.tensorboard='1'", "model.path=7", "model.attn_implementation=1.5",
+                                        "data.train_urls=[a, 3]"])
+    assert cfg.rollout.n == 4 and type(cfg.rollout.n) is int
+    assert cfg.optim.lr == 2.5e-6
+    assert cfg.optim.beta1 == 1.0 and type(cfg.optim.beta1) is float  # an int for a float becomes a float
+    assert cfg.run.resume is False and cfg.run.tensorboard is True
+    assert cfg.model.path == "7" and cfg.model.attn_implementation == "1.5"
+    assert cfg.data.train_urls == ["a", "3"]
+
+
+def test_direct_construction_refuses_bools_for_numbers_too():
+    with pytest.raises(ValueError, match="expected an integer, got True"):
+        RolloutConfig(n=True)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["segment.bogus=1", "segment.zz=2"],
+     "segment: unknown key(s) ['bogus', 'zz']; known: ['clip_s', 'cut', 'materialize_timeout_s', 'min_tail_s', "
+     "'min_video_s', 'mode', 'stride_s', 'tail_policy']"),
+    (["caption.frames.bogus=1"], "caption.frames: unknown key(s) ['bogus']; known: ['decode', 'max_frames_per_call', "
+                                 "'max_pixels', 'n', 'timeout_s', 'verify_sha256']"),
+    (["caption.frames=3"], "caption.frames: expected a mapping, got int"),
+    (["caption.frames.n=x"], "caption.frames.n: expected an integer, got 'x'"),
+    (["qra.categories=[spatial, true]"], "qra.categories[1]: expected a string, got True"),
+    (["stages=[caption, 3]"], "stages: unknown ['3']; choose from ['caption', 'qra', 'filter', 'pack', 'card']"),
+    (["caption.model.dtype=fp8"], "caption.model.dtype: 'fp8' is not one of ['auto', 'float32', 'bfloat16', "
+                                  "'float16']"),
+    (["filter.model=m", "filter.reward_params=3"], "filter.reward_params: expected a mapping, got int"),
+])
+def test_errors_name_the_nested_key(overrides, message):
+    assert _error(CurateConfig, overrides) == message
+
+
+def test_an_unknown_top_level_key_names_the_class():
+    assert _error(SegmentConfig, ["clipp_s=3"]).startswith("SegmentConfig: unknown key(s) ['clipp_s']")
+
+
+def test_a_check_hook_message_comes_through_as_written():
+    # pydantic wraps a ValueError raised in a validator as "Value error, ..." under the section's path
+    assert _error(CurateConfig, ["caption.frames.n=0"]) == "caption.frames.n must be >= 1"
+    assert _error(CaptionConfig, ["backend=openai"]) == "caption.model.path is required for the openai backend"
+
+
+def test_check_hooks_run_for_the_sections_a_load_builds():
+    # the default FilterConfig has no model, which its check refuses: a section left out is not checked ...
+    assert load_yaml(CurateConfig, None).filter.model == ""
+    FilterConfig()
+    # ... a section given is
+    assert _error(CurateConfig, ["filter.k=3"]) == "backend transformers needs model (a local model directory)"
+    # and a config built in code is checked on request (the pass-rate stage does it)
+    with pytest.raises(ConfigError, match="needs model"):
+        FilterConfig().check()
+    with pytest.raises(ConfigError, match="needs model"):
+        FilterConfig().validate()
+
+
+def test_hashes_and_dumps_are_the_dataclass_configs():
+    # Values computed by the dataclass implementation this replaced: runs, checkpoints and cards keep their hashes.
+    assert config_hash(CurateConfig()) == "5b60f7191f9b77afb5ba407bbceb6d87434e06ff98de0a2886738963b344e5c2"
+    assert config_hash(TrainConfig()) == "f2708d0fa144c0d694f3bf81e0c5bb07b6f103978c4d89b002f8033683e67b11"
+    cfg = load_yaml(CurateConfig, None, ["segment.clip_s=5", "qra.categories=[spatial, temporal]", "filter.model=m",
+                                         "filter.reward_params={format_weight: 0.1}",
+                                         "stages=[caption, qra, filter]", "caption.model.path=7"])
+    assert config_hash(cfg) == "238f19be122e4001f358aeed9ae524d4cb99cc783f91392808ea3514445ac516"
+    assert dump_yaml(cfg).startswith("ingest:\n  probe_timeout_s: 120.0\nsegment:\n  clip_s: 5.0\n  stride_s: null\n")
+
+
+def test_json_schema_carries_help_and_choices():
+    props = CurateConfig.model_json_schema()["$defs"]["SegmentConfig"]["properties"]
+    assert props["tail_policy"]["enum"] == ["merge", "keep", "drop"]
+    assert props["clip_s"]["description"] == "Clip length in seconds."
+
+
+def test_pickle_copy_and_equality():
+    from apache_beam.internal import pickler
+
+    cfg = load_yaml(CurateConfig, None, ["segment.clip_s=3", "stages=[caption]"])
+    assert pickle.loads(pickle.dumps(cfg)) == cfg
+    assert pickler.loads(pickler.dumps(cfg)) == cfg  # what a Beam DoFn holding the config goes through
+    changed = cfg.model_copy(update={"stages": []})
+    assert changed != cfg and cfg.stages == ["caption"] and changed.segment == cfg.segment
