@@ -54,11 +54,6 @@ class ConfigModel(BaseModel):
         """This section's own rules beyond types (subclasses override); raise :class:`ConfigError` naming the key.
         Runs after a load has built the section (its nested sections are checked before it)."""
 
-    def validate(self) -> None:  # type: ignore[override]  # pydantic's deprecated classmethod of that name
-        """Run :meth:`check` on a config built in code. Callers written against the dataclass configs call
-        ``cfg.validate()`` (the pass-rate answerers do)."""
-        self.check()
-
     @model_validator(mode="before")
     @classmethod
     def _known_keys_only(cls, data: Any) -> Any:

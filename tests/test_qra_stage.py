@@ -238,4 +238,4 @@ def test_reasoning_prefix_must_be_a_regular_expression():
     from longreel.schemas.config import ConfigError
 
     with pytest.raises(ConfigError, match="reasoning_prefix"):
-        QRAConfig(reasoning_prefix="Checking [00:").validate()
+        QRAConfig(reasoning_prefix="Checking [00:").check()
