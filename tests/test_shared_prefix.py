@@ -242,7 +242,7 @@ def test_generate_with_features_shared_prefix_same_tokens_and_step_logits(setup)
 def test_text_only_prompt_after_a_video_prompt(setup):
     """A prompt without video sets no rope_deltas in its prefill: the previous (video) prompt's must not leak
     into the new tokens' positions."""
-    from longreel.trainer.rollout import generate_shared_prefix
+    from longreel.engines.shared_prefix import generate_shared_prefix
 
     _, model, prompt, *_ = setup
     with torch.no_grad():

@@ -29,7 +29,7 @@ from torch import Tensor
 from longreel.trainer.policy import PromptInputs, VideoEmbeds, encode_video
 
 __all__ = ["SamplingConfig", "RolloutGroup", "RolloutEngine", "TransformersEngine", "VLLMEngine", "make_engine",
-           "pad_responses", "prefill_prompt_once", "generate_shared_prefix"]
+           "pad_responses"]
 
 log = logging.getLogger("longreel.trainer")
 
@@ -93,65 +93,6 @@ def vision_token_ids(model) -> list[int]:
     return sorted({int(getattr(cfg, n)) for n in names if isinstance(getattr(cfg, n, None), int)})
 
 
-def _trim(rows: Sequence[Sequence[int]], eos: set[int]) -> tuple[list[list[int]], list[bool]]:
-    out, finished = [], []
-    for row in rows:
-        cut, done = list(row), False
-        for j, tok in enumerate(row):
-            if tok in eos:
-                cut, done = list(row[: j + 1]), True
-                break
-        out.append(cut)
-        finished.append(done)
-    return out, finished
-
-
-_PER_TOKEN = ("input_ids", "attention_mask", "mm_token_type_ids")
-
-
-def prefill_prompt_once(model, prompt_inputs: dict[str, Any], n: int):
-    """The K/V cache (transformers ``DynamicCache``) of ``input_ids[:, :-1]`` of one prompt, repeated to ``n``
-    rows, for ``model.generate(input_ids=input_ids.expand(n, -1), past_key_values=cache)``.
-
-    ``prompt_inputs``: the prompt's ``model(...)`` keywords (batch 1: ``input_ids`` ``[1, Lp]``, vision inputs,
-    per-token tensors such as ``mm_token_type_ids`` ``[1, Lp]``). The last prompt token is left for
-    ``generate`` (it needs the logits of one uncached token to start). The forward computes the prompt's M-RoPE
-    positions itself and stores the model's ``rope_deltas``, which ``generate`` then uses for the new tokens,
-    as it does after its own prefill. Returns ``None`` when the prompt cannot be split so (a vision placeholder
-    in last position, or a one-token prompt): the caller then lets ``generate`` prefill every row.
-    """
-    ids = prompt_inputs["input_ids"]
-    types = prompt_inputs.get("mm_token_type_ids")
-    if ids.shape[1] < 2 or (types is not None and bool(types[:, -1].any())):
-        return None
-    head = {k: v[:, :-1] if k in _PER_TOKEN and v is not None else v for k, v in prompt_inputs.items()}
-    inner = getattr(model, "model", None)
-    if inner is not None and hasattr(inner, "rope_deltas"):
-        # a prompt without vision inputs sets no rope_deltas: generate must not reuse the previous prompt's
-        inner.rope_deltas = None
-    with torch.no_grad():
-        cache = model(**head, use_cache=True, logits_to_keep=1).past_key_values
-    cache.batch_repeat_interleave(n)
-    return cache
-
-
-def generate_shared_prefix(model, prompt_inputs: dict[str, Any], n: int, **generate_kwargs: Any) -> Tensor:
-    """``n`` continuations of one prompt with the prompt prefilled once (:func:`prefill_prompt_once`) instead
-    of once per row. Returns ``[n, Lp + new]`` like ``model.generate(**prompt_inputs, num_return_sequences=n)``.
-
-    Same seed, same tokens: ``generate`` then samples every step from an ``[n, V]`` distribution, exactly as
-    with ``num_return_sequences=n`` (the same random draws), and its logits equal the per-row prefill's within
-    fp32 rounding (tests/test_shared_prefix.py compares both, tokens and per-step logits). A draw can only
-    differ where a uniform sample falls within that rounding of a CDF boundary (or, greedy, on an exact tie).
-    """
-    cache = prefill_prompt_once(model, prompt_inputs, n)
-    if cache is None:
-        return model.generate(**prompt_inputs, num_return_sequences=n, **generate_kwargs)
-    ids = prompt_inputs["input_ids"]
-    return model.generate(input_ids=ids.expand(n, -1), attention_mask=torch.ones_like(ids).expand(n, -1),
-                          past_key_values=cache, **generate_kwargs)
-
-
 class RolloutEngine(ABC):
     name = "base"
 
@@ -169,20 +110,37 @@ class RolloutEngine(ABC):
 
 
 class TransformersEngine(RolloutEngine):
-    """``model.generate`` on the trainer's model (shared weights: nothing to sync)."""
+    """Rollouts on the shared transformers engine (:class:`longreel.engines.transformers_engine.TransformersEngine`)
+    wrapped around the trainer's own model (shared weights: nothing to sync). Each prompt goes in as the model's
+    keyword tensors with its cached vision features (``mm_encoder_outputs``), so the vision tower does not run
+    again, and is prefilled once for its G rows (``share_prompt``)."""
 
     name = "transformers"
 
     def __init__(self, model: torch.nn.Module, processor, *, share_prompt: bool = True):
+        from longreel.engines.transformers_engine import TransformersEngine as SharedTransformersEngine
+
         self.model = model
         self.processor = processor
+        self.engine = SharedTransformersEngine.from_model(model, processor, name="policy")
         self.share_prompt = share_prompt  # prefill each prompt once for its G rollouts (generate_shared_prefix)
         self.eos = _eos_ids(model)
         self.pad_id = _pad_id(model, processor.tokenizer)
         self.suppress = vision_token_ids(model)
 
+    def _inputs(self, prompt: PromptInputs, emb: VideoEmbeds) -> dict[str, Any]:
+        inputs: dict[str, Any] = dict(
+            input_ids=prompt.input_ids, attention_mask=prompt.attention_mask,
+            video_grid_thw=prompt.video_grid_thw, mm_encoder_outputs=emb.as_mm_encoder_outputs(1))
+        if prompt.mm_token_type_ids is not None:
+            inputs["mm_token_type_ids"] = prompt.mm_token_type_ids
+        inputs.update(prompt.extra)
+        return inputs
+
     @torch.no_grad()
     def generate(self, prompts, sampling, seeds, video_embeds=None, items=None):
+        from longreel.engines.base import Sampling
+
         model = self.model
         was_training = model.training
         model.eval()
@@ -192,34 +150,15 @@ class TransformersEngine(RolloutEngine):
                 emb = video_embeds[i] if video_embeds is not None and video_embeds[i] is not None else None
                 if emb is None:
                     emb = encode_video(model, prompt)
-                inputs: dict[str, Any] = dict(
-                    input_ids=prompt.input_ids, attention_mask=prompt.attention_mask,
-                    video_grid_thw=prompt.video_grid_thw, mm_encoder_outputs=emb.as_mm_encoder_outputs(1))
-                if prompt.mm_token_type_ids is not None:
-                    inputs["mm_token_type_ids"] = prompt.mm_token_type_ids
-                inputs.update(prompt.extra)
-                kwargs: dict[str, Any] = dict(
-                    max_new_tokens=sampling.max_new_tokens, eos_token_id=self.eos, pad_token_id=self.pad_id,
-                    use_cache=True, suppress_tokens=self.suppress)
-                if sampling.greedy:
-                    kwargs.update(do_sample=False, top_p=None, top_k=None, temperature=None)
-                else:
-                    kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
-                devices = [prompt.input_ids.device] if prompt.input_ids.device.type == "cuda" else []
-                # a left-padded prompt would need its mask carried into the cache: generate prefills it per row
-                share = self.share_prompt and bool(prompt.attention_mask.all())
-                with torch.random.fork_rng(devices=devices):
-                    torch.manual_seed(int(seeds[i]))
-                    if share:
-                        out = generate_shared_prefix(model, inputs, sampling.n, **kwargs)
-                    else:
-                        out = model.generate(**inputs, num_return_sequences=sampling.n, **kwargs)
-                rows, finished = _trim(out[:, prompt.length:].tolist(), set(self.eos))
-                ids, mask = pad_responses(rows, self.pad_id)
-                texts = self.processor.tokenizer.batch_decode(
-                    [r[:-1] if f else r for r, f in zip(rows, finished)], skip_special_tokens=True)
-                groups.append(RolloutGroup(prompt.key, ids.to(prompt.input_ids.device),
-                                           mask.to(prompt.input_ids.device), texts, torch.tensor(finished)))
+                s = Sampling(max_new_tokens=sampling.max_new_tokens, n=sampling.n, seed=int(seeds[i]),
+                             temperature=0.0 if sampling.greedy else sampling.temperature, top_p=sampling.top_p,
+                             top_k=0)
+                c = self.engine.generate_prepared(self._inputs(prompt, emb), s, share_prompt=self.share_prompt,
+                                                  eos_ids=self.eos, pad_id=self.pad_id, suppress_tokens=self.suppress)
+                dev = prompt.input_ids.device
+                ids, mask = pad_responses(c.token_ids, self.pad_id)
+                groups.append(RolloutGroup(prompt.key, ids.to(dev), mask.to(dev), list(c.texts),
+                                           torch.tensor([f == "stop" for f in c.finish])))
         finally:
             model.train(was_training)
         return groups

@@ -29,7 +29,7 @@ import os
 import time
 from collections.abc import Sequence
 
-from longreel.engines.base import Completion, Engine, EngineRequest, video_metadata, weights_revision
+from longreel.engines.base import Completion, Engine, EngineRequest, Sampling, video_metadata, weights_revision
 from longreel.engines.local_models import load_tokenizer, resolve_model
 
 log = logging.getLogger("longreel")
@@ -76,6 +76,18 @@ class TransformersEngine(Engine):
         self._processor = None
         self._tok = None
         self._lltok = None
+
+    @classmethod
+    def from_model(cls, model, processor, name: str = "in-memory") -> "TransformersEngine":
+        """An engine over a model already in memory (e.g. the policy a trainer is updating: it samples from the
+        current weights, nothing to load or sync)."""
+        engine = cls.__new__(cls)
+        Engine.__init__(engine, name, None)
+        engine.local, engine.kind, engine.dtype, engine.device = None, "vision", "auto", str(model.device)
+        engine.trust_remote_code, engine.batch_size, engine.threads = False, 1, None
+        engine._model, engine._processor, engine._lltok = model, processor, None
+        engine._tok = getattr(processor, "tokenizer", processor)
+        return engine
 
     # -- loading ----------------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -322,6 +334,52 @@ class TransformersEngine(Engine):
         ids = {getattr(cfg, n, None) for n in ("video_token_id", "image_token_id")} - {None}
         rows = inputs["input_ids"]
         return [sum(int((row == i).sum()) for i in ids) for row in rows]
+
+    def generate_prepared(self, inputs: dict, sampling: Sampling, *, share_prompt: bool = True,
+                          eos_ids: list[int] | None = None, pad_id: int | None = None,
+                          suppress_tokens: list[int] | None = None) -> Completion:
+        """``sampling.n`` samples of one prompt given as the model's keyword tensors (batch 1; e.g. a trainer's
+        prompt carrying the vision tower's cached outputs as ``mm_encoder_outputs``), under ``sampling.seed``.
+
+        ``share_prompt``: the prompt is prefilled once and its cache repeated for the ``n`` rows
+        (:func:`longreel.engines.shared_prefix.generate_shared_prefix`), where the prompt allows it (no left
+        padding). ``suppress_tokens`` are never sampled. The ids of each sample run to (and include) the first end
+        of sequence; the texts leave it out."""
+        import torch
+
+        from longreel.engines.shared_prefix import generate_shared_prefix
+
+        model = self._model
+        eos = list(eos_ids) if eos_ids is not None else self.eos_ids()
+        pad = pad_id if pad_id is not None else (self.tokenizer.pad_token_id or eos[0])
+        kwargs = dict(max_new_tokens=sampling.max_new_tokens, eos_token_id=eos, pad_token_id=pad, use_cache=True,
+                      suppress_tokens=suppress_tokens)
+        if sampling.greedy:
+            kwargs.update(do_sample=False, top_p=None, top_k=None, temperature=None)
+        else:
+            kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
+                          top_k=sampling.top_k or 0)
+        ids = inputs["input_ids"]
+        devices = [ids.device] if ids.device.type == "cuda" else []
+        share = share_prompt and bool(inputs["attention_mask"].all())
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            torch.manual_seed(int(sampling.seed))
+            if share:
+                out = generate_shared_prefix(model, inputs, sampling.n, **kwargs)
+            else:
+                out = model.generate(**inputs, num_return_sequences=sampling.n, **kwargs)
+        c = Completion(token_ids=[], prompt_tokens=int(ids.shape[1]), vision_tokens=self._vision_token_counts(
+            {"input_ids": ids})[0])
+        stops = set(eos)
+        for row in out[:, ids.shape[1]:].tolist():
+            stop = next((j for j, t in enumerate(row) if t in stops), None)
+            kept = row if stop is None else row[:stop + 1]
+            c.token_ids.append(kept)
+            c.finish.append("length" if stop is None else "stop")
+            c.new_tokens += len(kept) - (stop is not None)
+        c.texts = self.tokenizer.batch_decode([k[:-1] if f == "stop" else k for k, f in zip(c.token_ids, c.finish)],
+                                              skip_special_tokens=True)
+        return c
 
     def _completions(self, reqs: list[EngineRequest], new, mask, prompt_tokens: list[int],
                      vision_tokens: list[int]) -> list[Completion]:

@@ -90,11 +90,11 @@ def generate_with_features(model, prompt_ids: Tensor, *, features: Tensor, video
 
     The (pixel-free) rope index is recomputed from ``video_grid_thw``. With ``share_prompt`` and several
     sequences the prompt is prefilled once and its K/V cache repeated for the ``num_return_sequences`` rows
-    (``longreel.trainer.rollout.generate_shared_prefix``: same tokens under the same seed); otherwise transformers
+    (``longreel.engines.shared_prefix.generate_shared_prefix``: same tokens under the same seed); otherwise transformers
     expands the prompt and ``mm_encoder_outputs`` itself. Returns the generated ids ``[G, Lp + new]``.
     """
     from longreel.trainer.positions import mm_token_types
-    from longreel.trainer.rollout import generate_shared_prefix
+    from longreel.engines.shared_prefix import generate_shared_prefix
 
     if mm_token_type_ids is None:
         mm_token_type_ids = mm_token_types(model, prompt_ids)
