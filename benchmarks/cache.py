@@ -98,7 +98,7 @@ def main() -> int:
                 fps = (N_FRAMES + 0.5) / v["duration_s"]  # the processor's fps rule then yields exactly 64
                 cache = FrameCache(os.path.join(work, "cache"), FrameParams(fps=fps, max_frames=N_FRAMES), vp)
                 t0 = time.perf_counter()
-                entry = cache.build(v, v["uri"], lambda p, ts: decode_in_worker(worker, p, ts, timeout=900))
+                entry = cache.build(v, v["uri"], lambda p, ts, **kw: decode_in_worker(worker, p, ts, timeout=900, **kw))
                 build_s = time.perf_counter() - t0
                 assert entry.meta["num_frames"] == N_FRAMES, entry.meta["num_frames"]
                 timestamps = entry.meta["requested_timestamps"]

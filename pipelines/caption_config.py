@@ -23,6 +23,11 @@ class FramesConfig(ConfigModel):
                                         "frames of 588x336 are 150 MB; also spreads a long video over workers). "
                                         "On Big Buck Bunny 128 frames per call and one call for the whole film "
                                         "measured the same within noise.")
+    sampling: str = cfg("exact", "exact: the frame shown at each sampled time; keyframe: the key frame nearest to it "
+                                 "(only key frames are decoded: much cheaper on long-GOP video; the frames' real "
+                                 "times are recorded in frame_timestamps).", choices=("exact", "keyframe"))
+    backend: str = cfg("pyav", "Decoder: pyav (threaded FFmpeg via PyAV) or decord; chosen by benchmarks/decoders.py.",
+                       choices=("pyav", "decord"))
     max_pixels: int | None = cfg(None, "Pixel budget per frame (width*height, aspect kept). null: the backend's "
                                        "own (facts: 16384; transformers: the processor's max_pixels; openai and "
                                        "vllm: 200704 = 448*448).")

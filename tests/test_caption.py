@@ -343,7 +343,7 @@ def test_rotated_video_frames_are_upright(shared_videos, tmp_path, ffmpeg):
 
     from conftest import display_rotated_copy, run_ffmpeg
     from longreel.pipelines.media.decode import decode_frames
-    from longreel.pipelines.stages.caption import decode_size, upright
+    from longreel.pipelines.stages.caption import decode_size
 
     src = tmp_path / "in"
     src.mkdir()
@@ -353,8 +353,8 @@ def test_rotated_video_frames_are_upright(shared_videos, tmp_path, ffmpeg):
     reference = np.asarray(Image.open(tmp_path / "ff.png").convert("RGB")).astype(int)  # ffmpeg autorotated
     video = {"width": 640, "height": 480, "rotation": 90}
     w, h = decode_size(video, (80 * 60, 2, 0))
-    assert (w, h) == (80, 60)
-    ours = upright(decode_frames(str(rotated), [1.0], width=w, height=h).frames, 90)[0].astype(int)
+    assert (w, h) == (60, 80)  # as displayed
+    ours = decode_frames(str(rotated), [1.0], width=w, height=h, rotation=90).frames[0].astype(int)
     assert ours.shape == reference.shape == (80, 60, 3)
     assert np.abs(ours - reference).mean() < 4  # the same picture (bilinear vs bicubic scaling aside)
     assert np.abs(np.rot90(ours, 2) - reference).mean() > 20  # and not the upside-down one

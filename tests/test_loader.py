@@ -49,7 +49,7 @@ def shards(tmp_path_factory):
     vp = load_video_processor(None, min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
     cache = FrameCache(str(root / "cache"), FrameParams(fps=1.0, max_frames=8), vp)
 
-    def decode(path, timestamps, i):
+    def decode(path, timestamps, i, rotation=0):
         rng = np.random.default_rng(i)
         v = _video(i)
         frames = rng.integers(0, 256, size=(len(timestamps), v["height"], v["width"], 3), dtype=np.uint8)

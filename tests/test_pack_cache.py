@@ -50,7 +50,7 @@ def test_cache_equals_the_processor_path(tmp_path, tiny_dir, cup, fps, max_video
     params = FrameParams(fps=fps, max_frames=64)
     cache = FrameCache(str(tmp_path / "cache"), params, vp)
     with IsolatedWorker() as w:
-        entry = cache.build(cup, cup["uri"], lambda p, ts: decode_in_worker(w, p, ts))
+        entry = cache.build(cup, cup["uri"], lambda p, ts, **kw: decode_in_worker(w, p, ts, **kw))
     cached = entry.load()
     assert isinstance(cached, np.memmap) and cached.dtype == np.uint8
 
@@ -108,9 +108,9 @@ def test_key_depends_on_content_and_parameters_only(tmp_path, tiny_dir, cup, sha
     shutil.copyfile(cup["uri"], copy)
     calls = []
 
-    def decode(p, ts):
+    def decode(p, ts, **kw):
         calls.append(p)
-        return decode_frames(p, ts)
+        return decode_frames(p, ts, **kw)
 
     a.build(cup, cup["uri"], decode)
     entry, state = a.lookup(video_rows([str(copy)])[0]["sha256"])
@@ -120,7 +120,7 @@ def test_key_depends_on_content_and_parameters_only(tmp_path, tiny_dir, cup, sha
 def test_truncated_or_flipped_entry_is_detected(tmp_path, tiny_dir, cup):
     vp = load_video_processor(tiny_dir, max_pixels=None)
     cache = FrameCache(str(tmp_path / "c"), FrameParams(2.0, 16), vp)
-    entry = cache.build(cup, cup["uri"], lambda p, ts: decode_frames(p, ts))
+    entry = cache.build(cup, cup["uri"], lambda p, ts, **kw: decode_frames(p, ts, **kw))
     good = open(entry.npy_path, "rb").read()
     assert cache.lookup(cup["sha256"])[1] == "hit"
 
@@ -141,7 +141,7 @@ def test_truncated_or_flipped_entry_is_detected(tmp_path, tiny_dir, cup):
     os.unlink(entry.meta_path)
     assert cache.lookup(cup["sha256"])[1] == "missing"
 
-    rebuilt = cache.build(cup, cup["uri"], lambda p, ts: decode_frames(p, ts))
+    rebuilt = cache.build(cup, cup["uri"], lambda p, ts, **kw: decode_frames(p, ts, **kw))
     assert open(rebuilt.npy_path, "rb").read() == good
     meta = json.loads(open(rebuilt.meta_path).read())
     assert meta["frames_file"]["sha256"] == rebuilt.frames_sha256 and meta["num_frames"] == 16
@@ -160,7 +160,7 @@ def test_display_rotated_video_is_cached_upright(tmp_path, tiny_dir, shared_vide
     vp = load_video_processor(tiny_dir, max_pixels=None)
     cache = FrameCache(str(tmp_path / "cache"), FrameParams(fps=2.0, max_frames=64), vp)
     with IsolatedWorker() as w:
-        entry = cache.build(row, row["uri"], lambda p, ts: decode_in_worker(w, p, ts))
+        entry = cache.build(row, row["uri"], lambda p, ts, **kw: decode_in_worker(w, p, ts, **kw))
     frames = entry.load()
     t, h, w, _ = frames.shape
     assert h > w and (entry.meta["width"], entry.meta["height"]) == (row["height"], row["width"])

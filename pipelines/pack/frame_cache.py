@@ -164,7 +164,8 @@ def processor_resize(vp, frames: np.ndarray) -> np.ndarray:
     factor = vp.patch_size * vp.merge_size
     out = None
     for s in range(0, n, _RESIZE_CHUNK):
-        chunk = torch.from_numpy(np.ascontiguousarray(frames[s:s + _RESIZE_CHUNK])).permute(0, 3, 1, 2)
+        # a copy: the frames may be a read-only memory map of the decoder's output (torch wants writable memory)
+        chunk = torch.from_numpy(np.array(frames[s:s + _RESIZE_CHUNK])).permute(0, 3, 1, 2)
         resized = vp.resize(videos=chunk.unsqueeze(0).contiguous(), size=size, resample=vp.resample,
                             factor=factor, temporal_factor=vp.temporal_patch_size, cap_pixels_per_frame=False)
         arr = resized[0].permute(0, 2, 3, 1).contiguous().numpy()
@@ -263,29 +264,35 @@ class FrameCache:
                 return None, "corrupt:frames sha256 mismatch"
         return CacheEntry(key, npy, meta_path, meta), "hit"
 
+    def plan(self, video: dict) -> tuple[list[int], list[float], float]:
+        """``(source frame indices, their timestamps, fps)`` the processor samples from ``video`` (a VIDEO row)."""
+        total = int(video["n_frames"])
+        fps = float(video.get("fps_avg") or (total / video["duration_s"] if video.get("duration_s") else 0.0))
+        indices = sample_indices(self.vp, total, fps, self.params)
+        return indices, [round(i / fps, 6) for i in indices], fps
+
     def build(self, video: dict, local_path: str, decode) -> CacheEntry:
         """Decode, sample and resize ``video`` (a VIDEO row) from ``local_path`` and write the entry.
 
-        ``decode(path, timestamps) -> DecodedFrames`` (full resolution); pass
-        ``lambda p, ts: decode_in_worker(worker, p, ts)`` for untrusted files.
+        ``decode(path, timestamps, rotation=) -> DecodedFrames`` (full resolution, as displayed); pass
+        ``lambda p, ts, **kw: decode_in_worker(worker, p, ts, **kw)`` for untrusted files.
         """
-        from longreel.pipelines.media.decode import upright
+        _indices, timestamps, _fps = self.plan(video)
+        return self.store(video, decode(local_path, timestamps, rotation=int(video.get("rotation") or 0) % 360))
+
+    def store(self, video: dict, decoded) -> CacheEntry:
+        """Resize the frames decoded at :meth:`plan`'s timestamps (full resolution, upright: one decode pass may
+        have served other stages too) and write the entry."""
+        from longreel.pipelines.media.decode import displayed_size
 
         vp = self.vp
         total = int(video["n_frames"])
-        fps = float(video.get("fps_avg") or (total / video["duration_s"] if video.get("duration_s") else 0.0))
-        indices = sample_indices(vp, total, fps, self.params)
-        timestamps = [round(i / fps, 6) for i in indices]
-        decoded = decode(local_path, timestamps)
+        indices, timestamps, fps = self.plan(video)
         frames = decoded.frames
         if frames.ndim != 4 or frames.shape[0] != len(indices):
             raise CacheError("decode_failed", f"decoder returned {frames.shape} for {len(indices)} timestamps")
-        # the decoder gives frames as coded; the model (and the captioner before it) must see them as displayed
         rotation = int(video.get("rotation") or 0) % 360
-        frames = upright(frames, rotation)
-        width, height = int(video["width"]), int(video["height"])
-        if rotation % 180 == 90:
-            width, height = height, width
+        width, height = displayed_size(video)
         resized = processor_resize(vp, frames)
         t, h, w, _ = resized.shape
         data = npy_bytes(resized)

@@ -124,6 +124,11 @@ def generation_params(cfg: CaptionConfig) -> GenerationParams:
 
 def sampling_json(cfg: CaptionConfig, max_pixels: int) -> str:
     frames = {"n_frames": cfg.frames.n, "max_pixels": max_pixels, "decode": DECODE_VERSION}
+    # recorded only when not the default, so that existing runs' caption rows keep their bytes
+    if cfg.frames.sampling != "exact":
+        frames["sampling"] = cfg.frames.sampling
+    if cfg.frames.backend != "pyav":
+        frames["decoder"] = cfg.frames.backend
     if cfg.backend == "facts":
         doc = {"deterministic": True, "facts_version": F.FACTS_VERSION, **frames,
                "black_luma": cfg.facts.black_luma, "black_share": cfg.facts.black_share,
@@ -143,8 +148,9 @@ class DecodeTask:
     clips: list[dict]
 
 
-def plan_decode(element, n_frames: int, mode: str, max_frames_per_call: int):
-    """``(video_id, {"videos": [...], "clips": [...]})`` -> DecodeTasks (or ``video_missing`` rejects)."""
+def plan_decode(element, n_frames: int, mode: str, max_frames_per_call: int | None):
+    """``(video_id, {"videos": [...], "clips": [...]})`` -> DecodeTasks (or ``video_missing`` rejects).
+    ``max_frames_per_call=None``: one task per video (one decode pass that also builds the frame cache)."""
     vid, groups = element
     clips = sorted(groups["clips"], key=lambda c: (c["index"], c["clip_id"]))
     videos = list(groups["videos"])
@@ -155,19 +161,26 @@ def plan_decode(element, n_frames: int, mode: str, max_frames_per_call: int):
             yield rejected(STAGE_FACTS, c["clip_id"], "video_missing",
                            f"no video record {vid} for clip {c['clip_id']}", video_id=vid)
         return
-    per = 1 if mode == "per_clip" else max(1, max_frames_per_call // n_frames)
+    per = 1 if mode == "per_clip" else (len(clips) if max_frames_per_call is None
+                                         else max(1, max_frames_per_call // n_frames))
     for i in range(0, len(clips), per):
         yield DecodeTask(videos[0], clips[i:i + per])
 
 
 def decode_size(video: dict, budget: tuple[int, int, int]) -> tuple[int, int]:
-    """``(width, height)`` to decode at (before :func:`upright`), so that the displayed frame fits the budget."""
+    """``(width, height)`` of the frames as displayed (the decoder turns them upright), fitting the budget."""
+    from longreel.pipelines.media.decode import displayed_size
+
     max_px, multiple, min_px = budget
-    w, h = int(video["width"]), int(video["height"])
-    if (int(video.get("rotation") or 0) % 180) == 90:
-        dw, dh = fit_pixels(h, w, max_px, multiple, min_px)   # displayed size is h x w
-        return dh, dw
-    return fit_pixels(w, h, max_px, multiple, min_px)
+    return fit_pixels(*displayed_size(video), max_px, multiple, min_px)
+
+
+def open_frame_cache(pack_cfg, cache_dir: str):
+    """The pack stage's :class:`~longreel.pipelines.pack.frame_cache.FrameCache` for ``pack_cfg`` (a PackConfig)."""
+    from longreel.pipelines.pack.frame_cache import FrameCache, FrameParams, load_video_processor
+
+    vp = load_video_processor(pack_cfg.processor, min_pixels=pack_cfg.min_pixels, max_pixels=pack_cfg.max_pixels)
+    return FrameCache(cache_dir, FrameParams(pack_cfg.fps, pack_cfg.max_frames, pack_cfg.min_frames), vp)
 
 
 def _reason(worker_reason: str) -> str:
@@ -178,12 +191,14 @@ def _reason(worker_reason: str) -> str:
 class DecodeClipFrames(beam.DoFn):
     """DecodeTask -> one element per clip ``{"clip", "facts", "frames" (or None), "timestamps", "indices", "fps"}``."""
 
-    def __init__(self, cfg: CaptionConfig, budget: tuple[int, int, int], keep_frames: bool):
+    def __init__(self, cfg: CaptionConfig, budget: tuple[int, int, int], keep_frames: bool, frame_cache=None):
         self.cfg, self.budget, self.keep_frames = cfg, budget, keep_frames
+        self.frame_cache = frame_cache  # (PackConfig, cache_dir) or None: see CaptionClips
 
     def setup(self):
         from longreel.pipelines.media.worker import IsolatedWorker
         self.worker = IsolatedWorker(default_timeout=self.cfg.frames.timeout_s)
+        self.cache = open_frame_cache(*self.frame_cache) if self.frame_cache else None
         self.tmpdir = tempfile.mkdtemp(prefix="longreel-caption-")
         self.verified: dict[tuple, str] = {}
         self.remote: tuple[str, str, str] | None = None  # (uri, sha256, local copy) of the last remote video
@@ -246,16 +261,43 @@ class DecodeClipFrames(beam.DoFn):
     def _size(self, video: dict) -> tuple[int, int]:
         return decode_size(video, self.budget)
 
-    def _decode(self, path: str, stamps: list[float], size: tuple[int, int]):
-        from longreel.pipelines.media.decode import decode_in_worker
+    def _decode(self, path: str, requests: list, rotation) -> list:
+        """Every request's frames from one decode pass in the worker (memory-mapped, see decode_many_in_worker)."""
+        from longreel.pipelines.media.decode import decode_many_in_worker
         t0 = time.monotonic()
+        f = self.cfg.frames
         try:
-            return decode_in_worker(self.worker, path, stamps, width=size[0], height=size[1],
-                                    timeout=self.cfg.frames.timeout_s)
+            return decode_many_in_worker(self.worker, path, requests, rotation=rotation, backend=f.backend,
+                                         mode=f.sampling, timeout=f.timeout_s)
         finally:
             self.decode_s += time.monotonic() - t0
 
+    def _cache_request(self, video: dict):
+        """The frame cache's request when this video has no valid entry yet (else None): decoded in the caption's
+        pass, so the pack stage (and a pass-rate filter on cached frames) finds the entry instead of decoding."""
+        from longreel.pipelines.media.decode import FrameRequest
+        from longreel.pipelines.pack.frame_cache import CacheError
+
+        if self.cache is None or self.cache.lookup(video["sha256"], verify=self.frame_cache[0].cache_verify)[0]:
+            return None
+        try:
+            return FrameRequest(self.cache.plan(video)[1])
+        except CacheError:
+            return None  # the pack stage rejects it with its reason
+
+    def _store(self, video: dict, decoded) -> None:
+        from longreel.pipelines.pack.frame_cache import CacheError
+        from longreel.pipelines.stages.base import log
+
+        try:
+            self.cache.store(video, decoded)
+        except CacheError as e:  # not this stage's output: the pack stage retries and rejects
+            log.warning("%s: frame cache entry of %s not written: %s", STAGE_FACTS, video["video_id"], e)
+
     def process(self, task: DecodeTask):
+        import numpy as np
+
+        from longreel.pipelines.media.decode import FrameRequest
         from longreel.pipelines.media.worker import WorkerError
 
         video, clips = task.video, task.clips
@@ -270,26 +312,31 @@ class DecodeClipFrames(beam.DoFn):
             size = self._size(video)
             stamps = [sample_timestamps(c["start_s"], c["end_s"], n) for c in clips]
             decoded: list = [None] * len(clips)
-            if len(clips) > 1:
+            cache_req = self._cache_request(video)
+            if len(clips) > 1 or cache_req:
                 try:
-                    d = self._decode(path, [t for s in stamps for t in s], size)
-                    for i in range(len(clips)):
-                        decoded[i] = (d.frames[i * n:(i + 1) * n], d.timestamps[i * n:(i + 1) * n],
+                    reqs = [FrameRequest([t for s in stamps for t in s], *size)] + ([cache_req] if cache_req else [])
+                    got = self._decode(path, reqs, video.get("rotation"))
+                    d = got[0]
+                    for i in range(len(clips)):  # copied out of the mapping: one clip's frames in memory at a time
+                        decoded[i] = (np.array(d.frames[i * n:(i + 1) * n]), d.timestamps[i * n:(i + 1) * n],
                                       d.indices[i * n:(i + 1) * n], d.fps)
+                    if cache_req:
+                        self._store(video, got[1])
                 except WorkerError:
                     pass  # retried clip by clip below: only the clips in a damaged stretch are lost
             for i, c in enumerate(clips):
                 if decoded[i] is None:
                     try:
-                        d = self._decode(path, stamps[i], size)
-                        decoded[i] = (d.frames, d.timestamps, d.indices, d.fps)
+                        d = self._decode(path, [FrameRequest(stamps[i], *size)], video.get("rotation"))[0]
+                        decoded[i] = (np.array(d.frames), d.timestamps, d.indices, d.fps)
                     except WorkerError as e:
                         yield rejected(STAGE_FACTS, c["clip_id"], _reason(e.reason), f"{video['uri']}: {e.message}",
                                        video_id=vid, details=json.dumps({"worker_reason": e.reason,
                                                                          "timestamps": stamps[i]}))
                         continue
                 frames, ts, idx, fps = decoded[i]
-                yield self._element(c, video, upright(frames, video.get("rotation")), ts, idx, fps, size)
+                yield self._element(c, video, frames, ts, idx, fps, size)
                 self.progress.tick(c["clip_id"])
         finally:
             if is_temp and path:
@@ -400,11 +447,15 @@ class CaptionClips(beam.PTransform):
     ``counts`` are ``((stage, metric), n)`` pairs for :class:`longreel.pipelines.stats.WriteStats` covering the
     three stages ``clip_facts``, ``clip_filter`` and ``caption``, plus the model's latency per clip as
     ``run:caption`` pairs (``stats.json["run"]["caption"]``; no table holds wall-clock time).
+
+    ``frame_cache=(pack_cfg, cache_dir)``: each video is decoded in one pass (one task per video) that also builds
+    the pack stage's frame cache entry, so the pack stage and a pass-rate filter on cached frames decode nothing.
     """
 
-    def __init__(self, cfg: CaptionConfig, handler=None):
+    def __init__(self, cfg: CaptionConfig, handler=None, frame_cache=None):
         super().__init__()
         self.cfg = cfg
+        self.frame_cache = frame_cache
         self.budget = frame_budget(cfg)
         self.info = model_info(cfg)
         self.prompt = prompt_name(cfg)
@@ -425,12 +476,14 @@ class CaptionClips(beam.PTransform):
                     "clips": clips | "KeyClips" >> beam.Map(lambda c: (c["video_id"], c))}
                    | "ClipsPerVideo" >> beam.CoGroupByKey())
         tasks = grouped | "PlanDecode" >> beam.FlatMap(
-            plan_decode, cfg.frames.n, cfg.frames.decode, cfg.frames.max_frames_per_call).with_outputs(
+            plan_decode, cfg.frames.n, cfg.frames.decode,
+            None if self.frame_cache else cfg.frames.max_frames_per_call).with_outputs(
             REJECTS, main=MAIN)
         decoded = (tasks[MAIN]
                    | "SpreadTasks" >> beam.Reshuffle()
                    | "DecodeAndMeasure" >> beam.ParDo(DecodeClipFrames(
-                       cfg, self.budget, keep_frames=cfg.backend != "facts")).with_outputs(REJECTS, main=MAIN))
+                       cfg, self.budget, keep_frames=cfg.backend != "facts", frame_cache=self.frame_cache)
+                   ).with_outputs(REJECTS, main=MAIN))
         facts = decoded[MAIN] | "FactsRows" >> beam.Map(lambda el: el["facts"])
         filtered = decoded[MAIN] | "StaticBlackFilter" >> beam.ParDo(FilterClips(cfg)).with_outputs(
             REJECTS, main=MAIN)
@@ -454,8 +507,12 @@ class CaptionClips(beam.PTransform):
         return {MAIN: rows[MAIN], REJECTS: rejects, "facts": facts, "counts": counts}
 
 
-def add_caption_stage(p, videos_pcoll, clips_pcoll, out_dir: str, cfg: CaptionConfig, handler=None) -> dict:
+def add_caption_stage(p, videos_pcoll, clips_pcoll, out_dir: str, cfg: CaptionConfig, handler=None,
+                      pack_cfg=None) -> dict:
     """Add captioning to pipeline ``p``; write ``captions-*`` and ``clip_facts-*`` Parquet tables under ``out_dir``.
+
+    ``pack_cfg`` (a PackConfig, when the run packs too): the caption's decode pass also builds the frame cache
+    (``pack_cfg.cache_dir`` or ``<out_dir>/frame_cache``, as the pack stage reads it).
 
     Returns ``{"captions", "facts", "rejects", "counts"}`` PCollections: the caller flattens ``rejects`` into its
     rejects table and ``counts`` into its :class:`~longreel.pipelines.stats.WriteStats` (stage order: ``CAPTION_STAGES``,
@@ -464,7 +521,11 @@ def add_caption_stage(p, videos_pcoll, clips_pcoll, out_dir: str, cfg: CaptionCo
     from longreel.pipelines.io.parquet_sink import WriteSortedParquet
 
     del p  # the PCollections carry the pipeline; kept in the signature for symmetry with the other stages
-    out = {"videos": videos_pcoll, "clips": clips_pcoll} | "CaptionClips" >> CaptionClips(cfg, handler)
+    frame_cache = None
+    if pack_cfg is not None:
+        from apache_beam.io.filesystems import FileSystems
+        frame_cache = (pack_cfg, pack_cfg.cache_dir or FileSystems.join(out_dir, "frame_cache"))
+    out = {"videos": videos_pcoll, "clips": clips_pcoll} | "CaptionClips" >> CaptionClips(cfg, handler, frame_cache)
     out[MAIN] | "WriteCaptions" >> WriteSortedParquet(out_dir, "captions", "caption", cfg.parquet_shards)
     out["facts"] | "WriteClipFacts" >> WriteSortedParquet(out_dir, "clip_facts", "clip_facts", cfg.parquet_shards)
     return {"captions": out[MAIN], "facts": out["facts"], "rejects": out[REJECTS], "counts": out["counts"]}

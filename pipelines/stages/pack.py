@@ -139,9 +139,9 @@ class _CacheAndBuild(beam.DoFn):
             if sha != video["sha256"]:
                 raise CacheError("content_changed", f"{video['uri']} no longer has sha256 {video['sha256'][:16]}…")
 
-            def decode(path, timestamps):
+            def decode(path, timestamps, rotation):
                 try:
-                    return decode_in_worker(self.worker, path, timestamps)
+                    return decode_in_worker(self.worker, path, timestamps, rotation=rotation)
                 except WorkerError as e:
                     raise CacheError(e.reason, e.message) from None
 

@@ -51,7 +51,6 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.ml.inference.base import RunInference
 
 from longreel.pipelines.compute import call_pairs
-from longreel.pipelines.media.decode import upright
 from longreel.pipelines.filter_config import FilterConfig
 from longreel.pipelines.passrate.answerers import AnswererHandler, make_handler, question_seed
 from longreel.pipelines.stages.base import MAIN, REJECTS, Progress, checked, rejected
@@ -202,14 +201,15 @@ class PrepareQuestions(beam.DoFn):
             return self._cached_frames(video)
         cfg = self.cfg
         ts = uniform_timestamps(float(video["duration_s"]), cfg.n_frames)
-        # the decoder returns frames as coded, so the coded size is the one to fit (turned upright below)
-        w, h = frame_size(int(video["width"]), int(video["height"]), cfg)
+        # the decoder returns frames as displayed (a phone video upright), like the captioner's and the frame cache's
+        from longreel.pipelines.media.decode import displayed_size
+
+        w, h = frame_size(*displayed_size(video), cfg)
         with _local_copy(video["uri"]) as path:
-            d = self._decode(path, ts, width=w, height=h)
+            d = self._decode(path, ts, width=w, height=h, rotation=video.get("rotation"))
         meta = {"fps": d.fps, "n_frames": int(video["n_frames"]), "duration_s": float(video["duration_s"]),
                 "frame_indices": list(d.indices), "timestamps": list(d.timestamps)}
-        # shown to the answerer as displayed (a phone video upright), like the captioner and the frame cache
-        return upright(d.frames, video.get("rotation")), meta
+        return d.frames, meta
 
     def _decode(self, path: str, timestamps: list[float], **size):
         from longreel.pipelines.media.decode import decode_in_worker
