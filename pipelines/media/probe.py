@@ -4,6 +4,12 @@ Runs inside :mod:`longreel.pipelines.media.worker_main`, never in the pipeline p
 a hostile file can hang or crash the demuxer. The frame count is *counted* by demuxing
 every packet of the video stream, because headers lie (or say nothing, as MPEG-PS and
 Ogg do) and a truncated file keeps its header's claims.
+
+Except where the container has an index whose claims can be checked cheaply: an MP4/MOV sample table gives
+the frame count (``stream.frames``) and duration; the first packets (B-frame reordering) and the packets after
+the last key frame are demuxed, and when they end where the table says (the tail's bytes are there: a
+truncated file fails this) the table is trusted. Otherwise every packet is demuxed as above. On Big Buck
+Bunny this reads ~50 packets instead of 14,315.
 """
 from __future__ import annotations
 
@@ -46,7 +52,7 @@ def probe_file(path: str) -> dict:
         cc = vs.codec_context
         audio = container.streams.audio
         header_frames = int(vs.frames or 0)
-        scan = _scan_packets(av, container, vs)
+        scan = _scan_indexed(av, container, vs, header_frames) or _scan_packets(av, container, vs)
         duration = _duration(container, vs, scan, header_frames)
         fps_avg = _rate(vs.average_rate) or scan.n / duration
         fps_real = _rate(vs.base_rate) or _rate(vs.guessed_rate)
@@ -111,6 +117,45 @@ def _scan_packets(av, container, vs) -> _PacketScan:
         s.error = str(e)
     if s.n_data == 0:
         raise ProbeError("undecodable", f"no video packets could be read{': ' + s.error if s.error else ''}")
+    return s
+
+
+INDEXED_FORMATS = ("mov", "mp4")  # demuxers whose sample table lists every packet (names in container.format.name)
+HEAD_PACKETS = 32  # enough to see the smallest presentation time through B-frame reordering
+
+
+def _scan_indexed(av, container, vs, header_frames: int) -> _PacketScan | None:
+    """The :class:`_PacketScan` from an MP4/MOV sample table, checked against the packets at both ends; ``None``
+    when the container has no such table or its end does not hold up (then every packet is demuxed)."""
+    names = set(container.format.name.split(","))
+    tb = vs.time_base
+    if not names & set(INDEXED_FORMATS) or header_frames < 2 * HEAD_PACKETS or not vs.duration or tb is None:
+        return None
+    s = _PacketScan(n=header_frames, n_data=header_frames)
+    try:
+        for i, pkt in enumerate(container.demux(vs)):
+            if i == HEAD_PACKETS:
+                break
+            if s.first_dts is None and pkt.dts is not None:
+                s.first_dts = pkt.dts
+            if pkt.pts is not None:
+                s.first_pts = pkt.pts if s.first_pts is None else min(s.first_pts, pkt.pts)
+        # the last key frame before the table's end, then every packet after it: their bytes must all be there
+        container.seek((vs.start_time or 0) + vs.duration, stream=vs, backward=True, any_frame=False)
+        for pkt in container.demux(vs):
+            if pkt.pts is None:
+                continue
+            if pkt.size == 0 or pkt.is_corrupt:
+                return None  # a hole (or a short read at the end of the file) where the table promised data
+            end = pkt.pts + (pkt.duration or 0)
+            s.last_end = end if s.last_end is None else max(s.last_end, end)
+    except av.error.FFmpegError:
+        return None
+    finally:
+        container.seek(0)
+    start = vs.start_time or 0
+    if s.first_pts is None or s.last_end is None or s.last_end - start != vs.duration:
+        return None
     return s
 
 

