@@ -189,8 +189,7 @@ def run_curate(items: InputPlan | list[dict], out_dir: str, cfg: CurateConfig, b
     or not; ``overwrite``: remove the previous run's files first), and ``_SUCCESS.json`` is written last. The CLI's
     default is ``error``; a caller of this function names its directory, so the default here is ``overwrite``.
     """
-    from longreel.pipelines.io.run_dir import (RunIdentity, RunLock, digest_inputs, prepare, remove_outputs,
-                                               write_marker)
+    from longreel.pipelines.io.run_dir import RunIdentity, RunLock, digest_inputs, prepare, write_marker
     from longreel.schemas.config import to_dict
 
     if isinstance(items, InputPlan):  # the inputs are listed by the job: their count is known after it
@@ -199,29 +198,35 @@ def run_curate(items: InputPlan | list[dict], out_dir: str, cfg: CurateConfig, b
         digest, count = digest_inputs(items), len(items)
     ident = RunIdentity(config=to_dict(cfg), config_hash=config_hash(cfg), stages=list(cfg.stages),
                         inputs_digest=digest, n_inputs=count)
-    new_dir = "://" not in out_dir and not os.path.exists(out_dir)
-    try:
-        with RunLock(out_dir, command):
-            action, old = prepare(out_dir, ident, if_exists)
-            try:
-                stats = _run_locked(items, out_dir, cfg, beam_args, command, handlers, workers)
-            except InputError:
-                # found by a worker (a malformed manifest): leave nothing behind, as an input error found before
-                # the run does (in a fresh directory: what a previous run left stays for --resume)
-                if action == "fresh":
-                    remove_outputs(out_dir, None)
-                raise
-            ident.n_inputs = stats["inputs"]
-            steps = [{"step": "curate", "config_hash": ident.config_hash}]
-            if action == "resume" and old:  # steps run alone since (e.g. a caption pass) whose outputs are there
-                steps += [s for s in old.get("steps") or [] if s.get("step") not in {"curate", *cfg.stages}]
-            write_marker(out_dir, ident, steps)
-    except InputError:
-        if new_dir:
-            with contextlib.suppress(OSError):
-                os.rmdir(out_dir)  # only if empty: the lock is released and nothing else was written
-        raise
+    with _undo_on_input_error(out_dir), RunLock(out_dir, command):
+        action, old = prepare(out_dir, ident, if_exists)
+        with _undo_on_input_error(out_dir, fresh=action == "fresh"):
+            stats = _run_locked(items, out_dir, cfg, beam_args, command, handlers, workers)
+        ident.n_inputs = stats["inputs"]
+        steps = [{"step": "curate", "config_hash": ident.config_hash}]
+        if action == "resume" and old:  # steps run alone since (e.g. a caption pass) whose outputs are still there
+            steps += [s for s in old.get("steps") or [] if s.get("step") not in {"curate", *cfg.stages}]
+        write_marker(out_dir, ident, steps)
     return stats
+
+
+@contextlib.contextmanager
+def _undo_on_input_error(out_dir: str, fresh: bool = False):
+    """A malformed manifest is found by the worker that reads it, after the run began: leave nothing behind, as
+    an input error found before the run does. ``fresh`` (around the run, in a directory that held no run): remove
+    what the run wrote; a previous run's files stay (for --resume). Otherwise (around the lock): remove the
+    directory if it did not exist before and is empty again."""
+    created = not fresh and "://" not in out_dir and not os.path.exists(out_dir)
+    try:
+        yield
+    except InputError:
+        if fresh:
+            from longreel.pipelines.io.run_dir import remove_outputs
+            remove_outputs(out_dir, None)
+        elif created:
+            with contextlib.suppress(OSError):
+                os.rmdir(out_dir)
+        raise
 
 
 #: flags about the output directory, not the data: the outputs of a resumed or overwriting run are those of the
