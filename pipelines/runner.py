@@ -56,7 +56,9 @@ def _worker_provision(options: PipelineOptions):
     harness = options.view_as(WorkerOptions)
     sent = {"default_sdk_harness_log_level": (harness.default_sdk_harness_log_level
                                               or logging.getLevelName(log.getEffectiveLevel())),
-            # the worker's own main module warns on every start that the local runner keeps no state between runs
-            "sdk_harness_log_level_overrides": harness.sdk_harness_log_level_overrides or {"__main__": "ERROR"}}
+            # Beam's harness reports each connection at INFO, and its main module warns on every start that the
+            # local runner keeps no state between runs: longreel's own lines are what a user of the CLI reads
+            "sdk_harness_log_level_overrides": (harness.sdk_harness_log_level_overrides
+                                                or {"apache_beam": "WARNING", "__main__": "ERROR"})}
     return ExtendedProvisionInfo(beam_provision_api_pb2.ProvisionInfo(
         retrieval_token="unused-retrieval-token", pipeline_options=dict_to_struct(sent)))
