@@ -63,12 +63,36 @@ def remux_copies(src_dir: str, dest: str, copies: int) -> list[str]:
     return made
 
 
-def curate(inputs: str, out: str, workers: int, config: list[str]) -> float:
+def curate(inputs: str, run_dir: str, workers: int, config: list[str]) -> float:
+    """One ``longreel curate`` into ``run_dir/out``; ``--out`` is relative, so that two runs record one command."""
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "longreel", "-q", "curate", inputs, "--out", out, "--workers", str(workers),
-                    *config], check=True, cwd=os.path.dirname(out), stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL)
+    subprocess.run([sys.executable, "-m", "longreel", "-q", "curate", inputs, "--out", "out", "--workers", str(workers),
+                    *config], check=True, cwd=run_dir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return time.perf_counter() - t0
+
+
+def _cpu_unit(_=None) -> float:
+    data = b"x" * (1 << 20)
+    for _ in range(400):
+        data = hashlib.sha256(data).digest() * (1 << 15)
+    return 0.0
+
+
+def parallel_capacity() -> float:
+    """What this machine gives two processes right now: T(2 CPU-bound units, one after the other) / T(the same two
+    units in 2 processes at once). 2.0 on two idle cores; less while other work runs on the machine. It bounds
+    the speed-up any 2-worker run can show in the same minutes."""
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        pool.map(_cpu_unit, range(2))  # start-up, not timed
+        t0 = time.perf_counter()
+        _cpu_unit(), _cpu_unit()
+        serial = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        pool.map(_cpu_unit, range(2), chunksize=1)
+        parallel = time.perf_counter() - t0
+    return round(serial / parallel, 3)
 
 
 def comparable(out: str) -> dict[str, str]:
@@ -95,12 +119,12 @@ def speedup(name: str, inputs: str, n_videos: int, work: str, repeats: int, conf
         for workers in (1, 2):
             run_dir = os.path.join(work, f"{name}-w{workers}-r{r}")
             os.makedirs(run_dir)
-            times[workers].append(curate(inputs, os.path.join(run_dir, "out"), workers, config))
+            times[workers].append(curate(inputs, run_dir, workers, config))
             outs[workers] = os.path.join(run_dir, "out")
             print(f"{name}: {n_videos} videos, {workers} worker(s): {times[workers][-1]:.1f} s", flush=True)
     one, two = min(times[1]), min(times[2])
     stats = json.load(open(os.path.join(outs[1], "stats.json")))
-    return {"corpus": name, "videos": n_videos, "totals": stats["totals"],
+    return {"corpus": name, "videos": n_videos, "totals": stats["totals"], "parallel_capacity_after": parallel_capacity(),
             "wall_s": {"1": [round(t, 2) for t in times[1]], "2": [round(t, 2) for t in times[2]]},
             "speedup_2_workers": round(one / two, 3),
             "outputs_identical": comparable(outs[1]) == comparable(outs[2])}
@@ -149,6 +173,7 @@ def main() -> int:
             print(f"manifest of {g['lines']} lines: {g}", flush=True)
         copies = remux_copies(videos, os.path.join(work, "copies"), a.copies)
         distinct = len({hashlib.sha256(open(c, "rb").read()).hexdigest() for c in copies})
+        capacity_before = parallel_capacity()
         runs = [speedup("shared", videos, n_shared, work, a.repeats, config),
                 speedup(f"shared_x{a.copies}", os.path.join(work, "copies"), len(copies), work, a.repeats, config)]
     finally:
@@ -162,6 +187,7 @@ def main() -> int:
                     "note": "shared machine: other engineers ran test suites at the same time, so wall times and "
                             "the speed-up are indicative"},
         "config": a.config,
+        "parallel_capacity_before": capacity_before,
         "copies": {"videos": len(copies), "distinct_sha256": distinct},
         "speedup": runs,
         "launcher": graphs,
