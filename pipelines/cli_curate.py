@@ -10,7 +10,8 @@ import sys
 import yaml
 
 from longreel.pipelines.config import CurateConfig
-from longreel.pipelines.io.inputs import InputError, expand_inputs
+from longreel.pipelines.runner import default_workers
+from longreel.pipelines.io.inputs import InputError, plan_inputs
 from longreel.schemas.config import ConfigError, describe, load_yaml
 
 log = logging.getLogger("longreel")
@@ -44,7 +45,15 @@ path or URL per line; .jsonl/.json/.parquet with a `path` column and optional `l
 `attribution`). gs:// and s3:// work where Beam's gcp/aws extras are installed.
 With --demo (or no INPUT) the embedded sample corpus is used. An INPUT path that does not
 exist is an error (exit 2); a manifest entry that does not exist is a `not_found` reject, and
-an input listed twice is a `duplicate_input` reject naming its first listing.
+an input listed twice is a `duplicate_input` reject naming its first listing. Globs,
+directories and manifests are listed by the pipeline's workers, not before the run: only a
+cheap check per INPUT runs first (the manifest exists, the glob matches a first file).
+
+Where it runs: without a Beam --runner, on this machine with --workers processes (default:
+every core this process may use); --workers 1 runs in this one process. The outputs are
+the same bytes for any worker count. Beam options (--runner=DataflowRunner, FlinkRunner,
+SparkRunner, ... with their own options) pass through unchanged; --workers then does not
+apply.
 
 The output directory: a run holds its lock (OUT/.longreel.lock) throughout, so a second run on
 the same directory stops at once, naming the first; _SUCCESS.json is written last (config
@@ -63,6 +72,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="Override one config key, e.g. --set segment.clip_s=5 (repeatable).")
     p.add_argument("--show-config", action="store_true", help="Print every config key with default and help; exit.")
+    p.add_argument("--workers", type=_positive_int, default=None, metavar="N",
+                   help="Local runner only (no --runner): run on N worker processes (default: every core this "
+                        "process may use, %(default_n)s here); 1 runs in this process. Outputs do not depend on N."
+                        % {"default_n": default_workers()})
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--resume", action="store_true",
                       help="Continue an unfinished run in --out (no _SUCCESS.json) with the same config.")
@@ -104,18 +117,28 @@ def main(args, beam_args: list[str]) -> int:
             missing = [i for i in args.inputs if _missing_local_path(i)]
             if missing:
                 raise InputError(f"no such file or directory: {', '.join(missing)}")
-            items = expand_inputs(args.inputs)
+            items = plan_inputs(args.inputs)
     except (InputError, RuntimeError) as e:
         print(f"longreel curate: {e}", file=sys.stderr)
         return 2
     from longreel.pipelines.cli_common import command_line, exit_code
     from longreel.pipelines.curate import run_curate
     if_exists = "overwrite" if args.overwrite else "resume" if args.resume else "error"
-    stats = run_curate(items, args.out, cfg, beam_args, command=command_line(args, "curate"), if_exists=if_exists)
+    workers = args.workers or default_workers()
+    stats = run_curate(items, args.out, cfg, beam_args, command=command_line(args, "curate"), if_exists=if_exists,
+                       workers=workers)
     print(json.dumps(stats["totals"]))
     products = ["segment"] + [s for s in ("caption", "qra") if s in cfg.stages]
     products += ["passrate"] * ("filter" in cfg.stages) + ["pack_write"] * ("pack" in cfg.stages)
     return exit_code("curate", stats, products, args.out)
+
+
+def _positive_int(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, not {n}")
+    return n
+
 
 def _missing_local_path(spec: str) -> bool:
     """A command-line INPUT naming a local path that does not exist: a typo, not a video to reject."""

@@ -40,11 +40,13 @@ class SegmentConfig(ConfigModel):
 
 
 class OutputConfig(ConfigModel):
-    parquet_shards: int = cfg(1, "Parquet files per stage table (rows assigned by key hash).")
+    parquet_shards: int | None = cfg(None, "Parquet files per table of ingest/segment (videos, clips, rejects; "
+                                           "rows assigned by key hash); null: follows the table's size, one file "
+                                           "per 256 MB of rows.")
 
     def check(self):
-        if self.parquet_shards < 1:
-            raise ConfigError("output.parquet_shards must be >= 1")
+        if self.parquet_shards is not None and self.parquet_shards < 1:
+            raise ConfigError("output.parquet_shards must be >= 1 (or null: follows the table's size)")
 
 
 OPTIONAL_STAGES = ("caption", "qra", "filter", "pack", "card")

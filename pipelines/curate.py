@@ -10,7 +10,9 @@ files; the rules for a directory that holds another run are in :mod:`longreel.pi
 """
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import shlex
 import time
 
@@ -18,6 +20,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from longreel.pipelines.config import CurateConfig
+from longreel.pipelines.io.inputs import InputError, InputPlan, ReadInputs, input_error_of
 from longreel.pipelines.io.parquet_sink import WriteSortedParquet
 from longreel.pipelines.provenance import code_version
 from longreel.pipelines.runner import make_pipeline
@@ -68,16 +71,33 @@ def add_totals(doc: dict) -> dict:
     return doc
 
 
-def build_curate(p: beam.Pipeline, items: list[dict], out_dir: str, cfg: CurateConfig,
+def spread(pcoll, label: str):
+    """A fusion break before work that costs more per element than what produced it (one video fans out into
+    clips, one clip into model calls): without it the runner fuses the expensive step into the cheap one and
+    runs it where the cheap one's few elements happened to be. Elements and their order-free meaning are
+    unchanged, so the funnel and the (sorted) outputs are too."""
+    return pcoll | f"Spread{label}" >> beam.Reshuffle()
+
+
+def read_inputs(p: beam.Pipeline, inputs: InputPlan | list[dict]):
+    """Items from an :class:`InputPlan` (found on the workers) or from a list the caller already has."""
+    if isinstance(inputs, InputPlan):
+        return p | "Inputs" >> ReadInputs(inputs)
+    return p | "Inputs" >> beam.Create(inputs)
+
+
+def build_curate(p: beam.Pipeline, items: InputPlan | list[dict], out_dir: str, cfg: CurateConfig,
                  command: str | None = None, handlers: dict | None = None) -> dict:
     """Add the curation stages ``cfg`` asks for to ``p``; return the main PCollections by table name.
 
+    ``items``: an :class:`~longreel.pipelines.io.inputs.InputPlan` (``longreel curate``: the inputs are listed on
+    the workers) or a list of items ``{"uri", "license", "attribution"}``.
     ``handlers`` (tests, custom clients) may inject a caption ``ModelHandler`` (``"caption"``), a QRA backend
     factory (``"qra"``) or an answerer handler (``"filter"``).
     """
     handlers = handlers or {}
     shards = cfg.output.parquet_shards
-    inputs = p | "Inputs" >> beam.Create(items)
+    inputs = read_inputs(p, items)
     probed = inputs | "Ingest" >> ProbeVideos(cfg.ingest.probe_timeout_s)
     deduped = probed[MAIN] | "Dedup" >> DedupVideos()
     clips_dir = FileSystems.join(out_dir, "clips") if cfg.segment.mode == "materialize" else None
@@ -97,21 +117,24 @@ def build_curate(p: beam.Pipeline, items: list[dict], out_dir: str, cfg: CurateC
 
     if "caption" in cfg.stages:
         from longreel.pipelines.stages.caption import add_caption_stage
-        cap = add_caption_stage(p, videos, clips, out_dir, cfg.caption, handler=handlers.get("caption"))
+        # a run that packs builds the frame cache in the caption's decode pass: one decode per video
+        cap = add_caption_stage(p, videos, spread(clips, "Clips"), out_dir, cfg.caption,
+                                handler=handlers.get("caption"), pack_cfg=cfg.pack if "pack" in cfg.stages else None)
         rejects.append(cap["rejects"])
         counts.append(cap["counts"])
         tables.update(captions=cap["captions"], clip_facts=cap["facts"])
     if "qra" in cfg.stages:
         from longreel.pipelines.stages.qra import add_qra_stage
-        qra = add_qra_stage(p, tables["captions"], tables["clip_facts"], videos, out_dir, cfg.qra,
-                            backend_factory=handlers.get("qra"))
+        qra = add_qra_stage(p, spread(tables["captions"], "Captions"), tables["clip_facts"], videos, out_dir,
+                            cfg.qra, backend_factory=handlers.get("qra"))
         rejects.append(qra["rejects"])
         counts.append(qra["counts"])
         tables["qras"] = qra["qras"]
     passrates = None
     if "filter" in cfg.stages:
         from longreel.pipelines.stages.passrate import add_filter_stage, finish_filter_stats
-        flt = add_filter_stage(p, videos, tables["qras"], out_dir, cfg.filter, handler=handlers.get("filter"))
+        flt = add_filter_stage(p, videos, spread(tables["qras"], "QRAs"), out_dir, cfg.filter,
+                               handler=handlers.get("filter"))
         rejects.append(flt["rejects"])
         counts.append(flt["counts"])
         passrates = flt["pass_rates"]
@@ -135,12 +158,15 @@ def build_curate(p: beam.Pipeline, items: list[dict], out_dir: str, cfg: CurateC
     all_rejects | "WriteRejects" >> WriteSortedParquet(out_dir, "rejects", "reject", shards)
 
     order, units = stage_layout(cfg)
-    meta = {"config_hash": config_hash(cfg), "code_version": code_version(), "inputs": len(items)}
+    # "inputs" keeps its place in the document; its value is ingest's count, which is known only once the
+    # workers have listed the inputs (every listed input, repeats included, enters ingest)
+    meta = {"config_hash": config_hash(cfg), "code_version": code_version(), "inputs": None}
     if command:
         meta["command"] = command
 
     def finish(doc: dict) -> dict:
         doc = add_totals(doc)
+        doc["inputs"] = doc["totals"]["videos_in"]
         for f in finishers:
             doc = f(doc)
         return doc
@@ -150,9 +176,13 @@ def build_curate(p: beam.Pipeline, items: list[dict], out_dir: str, cfg: CurateC
     return {**tables, "rejects": all_rejects}
 
 
-def run_curate(items: list[dict], out_dir: str, cfg: CurateConfig, beam_args: list[str] | None = None,
-               command: str | None = None, handlers: dict | None = None, if_exists: str = "overwrite") -> dict:
+def run_curate(items: InputPlan | list[dict], out_dir: str, cfg: CurateConfig, beam_args: list[str] | None = None,
+               command: str | None = None, handlers: dict | None = None, if_exists: str = "overwrite",
+               workers: int = 1) -> dict:
     """Run the pipeline to completion (and build the data card when ``card`` is a stage); return the stats.
+
+    ``workers``: processes of the local runner (when ``beam_args`` name no ``--runner``; see
+    :func:`~longreel.pipelines.runner.make_pipeline`). The outputs do not depend on it.
 
     The output directory's contract (:mod:`longreel.pipelines.io.run_dir`): the run holds ``out_dir``'s lock throughout
     (another run there raises :class:`~longreel.pipelines.io.run_dir.RunDirBusy`), ``if_exists`` says what to do with a
@@ -163,11 +193,17 @@ def run_curate(items: list[dict], out_dir: str, cfg: CurateConfig, beam_args: li
     from longreel.pipelines.io.run_dir import RunIdentity, RunLock, digest_inputs, prepare, write_marker
     from longreel.schemas.config import to_dict
 
+    if isinstance(items, InputPlan):  # the inputs are listed by the job: their count is known after it
+        digest, count = items.digest(), None
+    else:
+        digest, count = digest_inputs(items), len(items)
     ident = RunIdentity(config=to_dict(cfg), config_hash=config_hash(cfg), stages=list(cfg.stages),
-                        inputs_digest=digest_inputs(items), n_inputs=len(items))
-    with RunLock(out_dir, command):
+                        inputs_digest=digest, n_inputs=count)
+    with _undo_on_input_error(out_dir), RunLock(out_dir, command):
         action, old = prepare(out_dir, ident, if_exists)
-        stats = _run_locked(items, out_dir, cfg, beam_args, command, handlers)
+        with _undo_on_input_error(out_dir, fresh=action == "fresh"):
+            stats = _run_locked(items, out_dir, cfg, beam_args, command, handlers, workers)
+        ident.n_inputs = stats["inputs"]
         steps = [{"step": "curate", "config_hash": ident.config_hash}]
         if action == "resume" and old:  # steps run alone since (e.g. a caption pass) whose outputs are still there
             steps += [s for s in old.get("steps") or [] if s.get("step") not in {"curate", *cfg.stages}]
@@ -175,33 +211,72 @@ def run_curate(items: list[dict], out_dir: str, cfg: CurateConfig, beam_args: li
     return stats
 
 
+@contextlib.contextmanager
+def _undo_on_input_error(out_dir: str, fresh: bool = False):
+    """A malformed manifest is found by the worker that reads it, after the run began: leave nothing behind, as
+    an input error found before the run does. ``fresh`` (around the run, in a directory that held no run): remove
+    what the run wrote; a previous run's files stay (for --resume). Otherwise (around the lock): remove the
+    directory if it did not exist before and is empty again."""
+    created = not fresh and "://" not in out_dir and not os.path.exists(out_dir)
+    try:
+        yield
+    except InputError:
+        if fresh:
+            from longreel.pipelines.io.run_dir import remove_outputs
+            remove_outputs(out_dir, None)
+        elif created:
+            with contextlib.suppress(OSError):
+                os.rmdir(out_dir)
+        raise
+
+
 #: flags about the output directory, not the data: the outputs of a resumed or overwriting run are those of the
 #: plain command, so the command recorded in stats.json and the card leaves them out (the lock shows them)
 DIRECTORY_FLAGS = ("--resume", "--overwrite")
+#: options (with a value) about how the run executes, not what it computes: left out the same way
+EXECUTION_OPTIONS = ("--workers",)
 
 
 def reproduction_command(command: str | None) -> str | None:
-    """``command`` without :data:`DIRECTORY_FLAGS`."""
+    """``command`` without :data:`DIRECTORY_FLAGS` and :data:`EXECUTION_OPTIONS` (with their values)."""
     if not command:
         return command
-    return shlex.join([part for part in shlex.split(command) if part not in DIRECTORY_FLAGS])
+    kept, parts = [], iter(shlex.split(command))
+    for part in parts:
+        if part in EXECUTION_OPTIONS:
+            next(parts, None)
+        elif part not in DIRECTORY_FLAGS and not part.startswith(tuple(o + "=" for o in EXECUTION_OPTIONS)):
+            kept.append(part)
+    return shlex.join(kept)
 
 
-def _run_locked(items: list[dict], out_dir: str, cfg: CurateConfig, beam_args, command, handlers) -> dict:
+def _describe_inputs(items: InputPlan | list[dict]) -> str:
+    if isinstance(items, InputPlan):
+        return f"{len(items.specs)} input specs (listed by the workers)"
+    dups = sum(1 for it in items if it.get("duplicate_of"))
+    return f"{len(items)} inputs" + (f" ({dups} listed twice)" if dups else "")
+
+
+def _run_locked(items: InputPlan | list[dict], out_dir: str, cfg: CurateConfig, beam_args, command, handlers,
+                workers: int = 1) -> dict:
     import json
 
     command = reproduction_command(command)
 
     with FileSystems.create(FileSystems.join(out_dir, "config.yaml")) as fh:
         fh.write(dump_yaml(cfg).encode())
-    dups = sum(1 for it in items if it.get("duplicate_of"))
-    log.info("curate: %d inputs%s -> %s (config %s)", len(items), f" ({dups} listed twice)" if dups else "",
-             out_dir, config_hash(cfg)[:12])
+    log.info("curate: %s -> %s (config %s)", _describe_inputs(items), out_dir, config_hash(cfg)[:12])
     t0 = time.monotonic()
-    p = make_pipeline(beam_args)
+    p = make_pipeline(beam_args, workers=workers)
     build_curate(p, items, out_dir, cfg, command=command, handlers=handlers)
-    result = p.run()
-    result.wait_until_finish()
+    try:
+        p.run().wait_until_finish()
+    except Exception as e:
+        # A malformed manifest is found by the worker that reads it: still the user's input error, not a crash.
+        bad_input = input_error_of(e)
+        if bad_input is not None:
+            raise bad_input from None
+        raise
     with FileSystems.open(FileSystems.join(out_dir, "stats.json")) as fh:
         stats = json.loads(fh.read())
     log.info("curate: pipeline done in %.1f s: %s", time.monotonic() - t0, stats.get("totals"))

@@ -1,20 +1,64 @@
 """Pipeline options: standard Beam options pass through; the local default runner is pinned.
 
 Beam's DirectRunner first tries to download the Prism runner binary, which fails offline and
-costs time; when the user names no runner, the in-process FnApiRunner is used instead. Any
-``--runner`` the user gives (DataflowRunner, FlinkRunner, SparkRunner, DirectRunner with
-``--direct_running_mode=multi_processing``...) is used unchanged, with all its options.
+costs time; when the user names no runner, Beam's FnApiRunner is used instead: in this process for
+one worker, or with ``workers`` SDK worker processes (its ``multi_processing`` mode, which runs each
+stage's bundles on all of them at once). Any ``--runner`` the user gives (DataflowRunner, FlinkRunner,
+SparkRunner, DirectRunner...) is used unchanged, with all its options.
 """
 from __future__ import annotations
 
+import logging
+import os
+
 import apache_beam as beam
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, WorkerOptions
+
+log = logging.getLogger("longreel")
 
 
-def make_pipeline(beam_args: list[str] | None = None) -> beam.Pipeline:
+def default_workers() -> int:
+    """The cores this process may run on (its CPU affinity, which a container or ``taskset`` narrows)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def make_pipeline(beam_args: list[str] | None = None, workers: int = 1) -> beam.Pipeline:
+    """A pipeline on the user's ``--runner``, or on the local FnApiRunner with ``workers`` processes."""
+    if workers < 1:
+        raise ValueError("workers must be >= 1")
     options = PipelineOptions(list(beam_args or []))
-    if options.view_as(StandardOptions).runner is None:
-        from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+    if options.view_as(StandardOptions).runner is not None:
+        if workers > 1:
+            log.info("--runner given: the local worker count (%d) does not apply; the runner's options decide",
+                     workers)
+        return beam.Pipeline(options=options)
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+    if workers == 1:
         return beam.Pipeline(runner=FnApiRunner(), options=options)
-    return beam.Pipeline(options=options)
+    direct = options.view_as(DirectOptions)
+    direct.direct_running_mode = "multi_processing"
+    direct.direct_num_workers = workers
+    return beam.Pipeline(runner=FnApiRunner(provision_info=_worker_provision(options)), options=options)
 
+
+def _worker_provision(options: PipelineOptions):
+    """What the local runner tells its worker processes (it tells them no pipeline options by default): the log
+    level, the user's or else the launcher's, so that ``-q`` also quiets the workers' start-up and shutdown lines.
+    (Beam's import-time warnings in a worker come before any option and still show.)
+    Only the logging options: the workers parse what they get as command-line options, numbers come as floats."""
+    from apache_beam.portability.api import beam_provision_api_pb2
+    from apache_beam.runners.job.utils import dict_to_struct
+    from apache_beam.runners.portability.fn_api_runner.fn_runner import ExtendedProvisionInfo
+
+    harness = options.view_as(WorkerOptions)
+    sent = {"default_sdk_harness_log_level": (harness.default_sdk_harness_log_level
+                                              or logging.getLevelName(log.getEffectiveLevel())),
+            # Beam's harness reports each connection at INFO, and its main module warns on every start that the
+            # local runner keeps no state between runs: longreel's own lines are what a user of the CLI reads
+            "sdk_harness_log_level_overrides": (harness.sdk_harness_log_level_overrides
+                                                or {"apache_beam": "WARNING", "__main__": "ERROR"})}
+    return ExtendedProvisionInfo(beam_provision_api_pb2.ProvisionInfo(
+        retrieval_token="unused-retrieval-token", pipeline_options=dict_to_struct(sent)))

@@ -16,6 +16,11 @@ directory (frame-cache hits). Stages report it as ``(("run:<stage>", metric), n)
 ``latency_mean_s = latency_total_s / timed`` for timed stages. ``run`` (:data:`RUN_KEY`) is the one part of
 ``stats.json`` that differs between two runs of the same config and inputs (:data:`NONDETERMINISTIC_KEYS`);
 everything else in it, and every other output file, is the same bytes.
+
+The same funnel pairs also tick Beam counters (:data:`COUNTER_NAMESPACE`, ``<stage>/<metric>``: ``ingest/in``,
+``ingest/out``, ``ingest/rejected:not_found``, ``segment/clips``...) as they are produced, so that a runner's UI
+(Dataflow, Flink) shows the funnel while the job runs. They are for watching: a runner may count a retried bundle
+twice, so ``stats.json`` stays the record (:func:`funnel_from_metrics` reads the counters back).
 """
 from __future__ import annotations
 
@@ -23,6 +28,8 @@ import json
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+from apache_beam.metrics.metric import MetricsFilter
 
 from longreel.schemas.atomic import write_atomic
 
@@ -173,6 +180,28 @@ def merge_stats(old: dict | None, new: dict, stage_order: list[str] | None = Non
     return merged
 
 
+COUNTER_NAMESPACE = "longreel"
+
+
+class _TickCounters(beam.DoFn):
+    """Funnel pairs -> Beam counters (distribution and run pairs are not funnel counts, and are not ints)."""
+
+    def process(self, pair):
+        (stage, metric), n = pair
+        if not _is_side_pair(pair):
+            Metrics.counter(COUNTER_NAMESPACE, f"{stage}/{metric}").inc(n)
+        return ()
+
+
+def funnel_from_metrics(result) -> dict[tuple[str, str], int]:
+    """``{(stage, metric): n}`` from a finished pipeline's counters (summed over the steps that tick each)."""
+    out: dict[tuple[str, str], int] = {}
+    for c in result.metrics().query(MetricsFilter().with_namespace(COUNTER_NAMESPACE))["counters"]:
+        stage, metric = c.key.metric.name.split("/", 1)
+        out[(stage, metric)] = out.get((stage, metric), 0) + c.committed
+    return out
+
+
 def write_json(path: str, doc: dict) -> str:
     return write_atomic(path, json.dumps(doc, indent=2, sort_keys=False) + "\n")
 
@@ -204,6 +233,7 @@ class WriteStats(beam.PTransform):
                 doc = finish(doc)
             return write_json(self.path, doc)
 
+        pairs | "Counters" >> beam.ParDo(_TickCounters())
         # One always-present element, so that the document is written even when no stage saw any input.
         seed = pairs.pipeline | "Seed" >> beam.Create([(("_", "_"), 0)])
         side = [beam.pvalue.AsSingleton(self.extras[k]) for k in extra_keys]

@@ -125,7 +125,8 @@ def test_a_full_disk_is_one_line_and_exit_1(tmp_path, video, capsys, monkeypatch
 
     monkeypatch.setattr(sink, "write_parquet_atomic", full)
     out = tmp_path / "out"
-    rc, _, err = _run(capsys, ["curate", video, "--out", str(out), "--set", "stages=[]"])
+    # --workers 1: the fault is patched into this process, the write must not move to worker processes
+    rc, _, err = _run(capsys, ["curate", video, "--out", str(out), "--set", "stages=[]", "--workers", "1"])
     assert rc == 1 and "No space left on device" in err and "Traceback" not in err, err
     assert not (out / "_SUCCESS.json").exists() and not (out / ".longreel.lock").exists()
 

@@ -1,4 +1,10 @@
-"""Turning what the user gave (a glob, a directory, a manifest) into a sorted list of input items.
+"""Turning what the user gave (a glob, a directory, a manifest) into input items, on the workers.
+
+The launcher only plans (:func:`plan_inputs`): one classification and one cheap existence check per spec (a
+manifest exists, a glob's first match, a directory's first video file), so a typo is an error before the job
+starts and the job graph holds the specs, never the videos. :class:`ReadInputs` does the rest on the workers:
+globs and directories through ``fileio.MatchFiles``, manifests through ``fileio.ReadMatches`` (streamed, one
+entry at a time), then the repeated-listing check and the licence sidecars.
 
 Everything is read through Beam's FileSystems, so ``gs://`` and ``s3://`` work wherever Beam's
 ``gcp``/``aws`` extras are installed. A manifest is one path/URL per line (``.txt``/``.lst``,
@@ -8,11 +14,16 @@ also come from a sidecar file ``<video>.license`` (first line: licence, rest: at
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
 import posixpath
+import re
+from dataclasses import asdict, dataclass
 
+import apache_beam as beam
+from apache_beam.io import fileio
 from apache_beam.io.filesystems import FileSystems
 
 VIDEO_EXTENSIONS = (".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".mpeg", ".mpg", ".ts", ".ogg", ".ogv",
@@ -24,6 +35,22 @@ class InputError(ValueError):
     """The input specification itself is wrong (the run cannot start); bad *videos* become rejects instead."""
 
 
+def input_error_of(exc: BaseException) -> InputError | None:
+    """The :class:`InputError` a worker raised, from the failure the runner reports (None if it is another).
+
+    In process the runner re-raises the same type with `` [while running 'step']`` appended; a runner that
+    moves the failure between processes keeps only its text, so the message is found by its class name."""
+    seen = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, InputError):
+            return InputError(re.sub(r" \[while running '[^']*'\]$", "", str(e)))
+        e = e.__cause__ or e.__context__
+    m = re.search(r"InputError: ([^\n]*?)(?: \[while running|\n|$)", str(exc))
+    return InputError(m.group(1)) if m else None
+
+
 def _item(uri: str, license: str | None = None, attribution: str | None = None) -> dict:
     return {"uri": uri, "license": license, "attribution": attribution}
 
@@ -32,60 +59,161 @@ def _is_remote(uri: str) -> bool:
     return "://" in uri
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# the launcher's part: one plan per spec
+# ---------------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SpecPlan:
+    """One input spec, classified. ``kind``: ``manifest``, ``directory``, ``glob`` or ``path``; ``pattern`` is what
+    is matched or opened; ``base`` the directory a manifest's relative entries are resolved against."""
+    index: int  # the spec's place on the command line (1-based): earlier listings of a uri win
+    spec: str
+    kind: str
+    pattern: str
+    base: str = ""
+
+    @property
+    def where(self) -> str:
+        """How a listing by this spec is named in a ``duplicate_input`` reject (manifests name their lines)."""
+        return {"directory": f"directory {self.spec}", "glob": f"glob {self.spec}",
+                "path": f"argument {self.index}"}.get(self.kind, self.spec)
+
+
+@dataclass(frozen=True)
+class InputPlan:
+    """What the launcher hands to the job: the classified specs (the videos are found by :class:`ReadInputs`)."""
+    specs: tuple[SpecPlan, ...]
+
+    def digest(self) -> str:
+        """Identifies the inputs of a run (its output directory's identity) without listing them."""
+        return hashlib.sha256(json.dumps([asdict(s) for s in self.specs]).encode()).hexdigest()
+
+
+def _first_video_in(directory: str) -> str | None:
+    with os.scandir(directory) as entries:
+        return next((e.path for e in entries if e.name.lower().endswith(VIDEO_EXTENSIONS)), None)
+
+
+def plan_spec(index: int, spec: str) -> SpecPlan:
+    """Classify one spec, with a check that costs O(1) calls (no listing of what it names)."""
+    low = spec.lower()
+    is_glob = any(c in spec for c in "*?[")
+    local_dir = not is_glob and not _is_remote(spec) and os.path.isdir(spec)
+    if not is_glob and low.endswith(MANIFEST_EXTENSIONS) and not local_dir:
+        if not FileSystems.exists(spec):
+            raise InputError(f"manifest {spec!r} does not exist")
+        base = posixpath.dirname(spec) if _is_remote(spec) else os.path.dirname(os.path.abspath(spec))
+        return SpecPlan(index, spec, "manifest", spec, base)
+    if local_dir:
+        if _first_video_in(spec) is None:
+            raise InputError(f"directory {spec!r} holds no video files ({', '.join(VIDEO_EXTENSIONS)})")
+        return SpecPlan(index, spec, "directory", os.path.join(spec, "*"))
+    if not is_glob and not _is_remote(spec):
+        # A single local path: kept even if missing, so that it turns into a reject with a reason.
+        return SpecPlan(index, spec, "path", spec)
+    if not FileSystems.match([spec], limits=[1])[0].metadata_list:
+        raise InputError(f"{spec!r} matches no file")
+    return SpecPlan(index, spec, "glob", spec)
+
+
+def plan_inputs(specs: list[str]) -> InputPlan:
+    """Plan every spec (empty ones are skipped but keep their argument number). Raises :class:`InputError`."""
+    return InputPlan(tuple(plan_spec(n, s) for n, s in enumerate(specs, 1) if s))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the workers' part: listings, then items
+# ---------------------------------------------------------------------------------------------------------------
+# A listing is (uri, {"pos": [spec index, entry], "where": ..., "license": ..., "attribution": ...}); the
+# smallest pos of a uri is its input, the others are repeats.
+
+def _listing(uri: str, plan: SpecPlan, entry: int, where: str, license=None, attribution=None) -> tuple:
+    return uri, {"pos": [plan.index, entry], "where": where, "license": license, "attribution": attribution}
+
+
+def _text_rows(fh, uri: str, as_json: bool):
+    """(line number, row) per non-empty line; streamed, so a manifest of any length fits in memory."""
+    for n, line in enumerate(io.TextIOWrapper(fh, encoding="utf-8"), 1):
+        if as_json:
+            if not line.strip():
+                continue
+            try:
+                yield n, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise InputError(f"{uri}:{n}: not JSON: {e}") from None
+        else:
+            line = line.strip()
+            if line and not line.startswith("#"):
+                yield n, {"path": line}
+
+
+def _json_rows(fh, uri: str):
+    try:
+        data = json.loads(fh.read())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"{uri}: not JSON: {e}") from None
+    rows = data if isinstance(data, list) else data.get("videos", []) if isinstance(data, dict) else None
+    if not isinstance(rows, list):
+        raise InputError(f"{uri}: expected a list of entries (or {{\"videos\": [...]}})")
+    yield from ((None, r) for r in rows)
+
+
+def _parquet_rows(fh, uri: str):
+    """One record batch at a time (pyarrow reads the file's row groups lazily)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    try:
+        for batch in pq.ParquetFile(fh).iter_batches():
+            yield from ((None, r) for r in batch.to_pylist())
+    except pa.ArrowException as e:
+        raise InputError(f"{uri}: not a readable Parquet file: {e}") from None
+
+
+def manifest_listings(plan: SpecPlan, fh):
+    """The listings of an open manifest, in order. A malformed manifest is an :class:`InputError`, as is an
+    entry that is not an object or names no path; an entry naming a missing file is kept (a ``not_found`` later)."""
+    uri = plan.spec
+    ext = posixpath.splitext(uri.lower())[1]
+    rows = (_text_rows(fh, uri, as_json=ext == ".jsonl") if ext in (".txt", ".lst", ".jsonl")
+            else _json_rows(fh, uri) if ext == ".json" else _parquet_rows(fh, uri))
+    try:
+        for n, (line, r) in enumerate(rows, 1):
+            if not isinstance(r, dict):
+                raise InputError(f"{uri}: entry {n} is not an object")
+            path = r.get("path") or r.get("uri") or r.get("url")
+            if not path or not isinstance(path, str):
+                raise InputError(f"{uri}: entry {n} has no path/uri/url")
+            if not _is_remote(path) and not os.path.isabs(path):
+                path = posixpath.join(plan.base, path) if _is_remote(plan.base) else os.path.join(plan.base, path)
+            where = f"{uri} line {line}" if line is not None else f"{uri} entry {n}"
+            yield _listing(path, plan, n, where, r.get("license"), r.get("attribution"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"cannot read manifest {uri!r}: {e}") from None
+
+
+def matched_listings(plan: SpecPlan, path: str):
+    """The listing of one file a glob or directory matched (a directory lists only its video files)."""
+    if plan.kind == "directory" and not path.lower().endswith(VIDEO_EXTENSIONS):
+        return
+    yield _listing(path, plan, 0, plan.where)
+
+
+def resolve_listings(uri: str, listings) -> list[dict]:
+    """All listings of one uri -> items: the first listed is the input, each later one an item with
+    ``duplicate_of`` (where it was first listed) and ``source`` (where again), which ingest rejects."""
+    ordered = sorted(listings, key=lambda li: li["pos"])
+    first = ordered[0]
+    items = [_item(uri, first["license"], first["attribution"])]
+    for li in ordered[1:]:
+        items.append({**_item(uri, li["license"], li["attribution"]), "duplicate_of": first["where"],
+                      "source": li["where"]})
+    return items
+
+
 def _read_bytes(uri: str) -> bytes:
     with FileSystems.open(uri, compression_type="uncompressed") as fh:
         return fh.read()
-
-
-def _manifest_rows(uri: str) -> list[tuple[dict, str]]:
-    """(item, where it is listed) per entry of a manifest."""
-    ext = posixpath.splitext(uri.lower())[1]
-    base = posixpath.dirname(uri) if _is_remote(uri) else os.path.dirname(os.path.abspath(uri))
-    raw = _read_bytes(uri)
-    rows: list[dict] = []
-    where: list[str] = []
-    if ext in (".txt", ".lst"):
-        for n, line in enumerate(raw.decode("utf-8").splitlines(), 1):
-            line = line.strip()
-            if line and not line.startswith("#"):
-                rows.append({"path": line})
-                where.append(f"{uri} line {n}")
-    elif ext == ".jsonl":
-        for n, line in enumerate(raw.decode("utf-8").splitlines(), 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise InputError(f"{uri}:{n}: not JSON: {e}") from None
-                where.append(f"{uri} line {n}")
-    elif ext == ".json":
-        try:
-            data = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise InputError(f"{uri}: not JSON: {e}") from None
-        rows = data if isinstance(data, list) else data.get("videos", []) if isinstance(data, dict) else None
-        if not isinstance(rows, list):
-            raise InputError(f"{uri}: expected a list of entries (or {{\"videos\": [...]}})")
-    elif ext == ".parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-        try:
-            rows = pq.read_table(io.BytesIO(raw)).to_pylist()
-        except pa.ArrowException as e:
-            raise InputError(f"{uri}: not a readable Parquet file: {e}") from None
-    if not where:
-        where = [f"{uri} entry {n}" for n in range(1, len(rows) + 1)]
-    out = []
-    for n, r in enumerate(rows, 1):
-        if not isinstance(r, dict):
-            raise InputError(f"{uri}: entry {n} is not an object")
-        path = r.get("path") or r.get("uri") or r.get("url")
-        if not path or not isinstance(path, str):
-            raise InputError(f"{uri}: entry {n} has no path/uri/url")
-        if not _is_remote(path) and not os.path.isabs(path):
-            path = posixpath.join(base, path) if _is_remote(base) else os.path.join(base, path)
-        out.append((_item(path, r.get("license"), r.get("attribution")), where[n - 1]))
-    return out
 
 
 def _sidecar_license(uri: str) -> tuple[str | None, str | None]:
@@ -101,8 +229,69 @@ def _sidecar_license(uri: str) -> tuple[str | None, str | None]:
     return text[0].strip(), "\n".join(text[1:]).strip() or None
 
 
+def with_sidecar_license(item: dict) -> dict:
+    """An input without a licence of its own takes its sidecar's (repeats are rejected, so they need none)."""
+    if item["license"] is not None or item.get("duplicate_of"):
+        return item
+    lic, attribution = _sidecar_license(item["uri"])
+    return {**item, "license": lic, "attribution": attribution}
+
+
+class _ManifestListings(beam.DoFn):
+    def __init__(self, plan: SpecPlan):
+        self.plan = plan
+
+    def process(self, readable):
+        with readable.open(compression_type="uncompressed") as fh:
+            yield from manifest_listings(self.plan, fh)
+
+
+def _spec_listings(p, plan: SpecPlan):
+    label = f"Spec{plan.index}"
+    if plan.kind == "manifest":
+        return (p | f"{label}Match" >> fileio.MatchFiles(plan.pattern)
+                | f"{label}Open" >> fileio.ReadMatches()
+                | f"{label}Read" >> beam.ParDo(_ManifestListings(plan)))
+    if plan.kind == "path":
+        return p | f"{label}Path" >> beam.Create([_listing(plan.pattern, plan, 0, plan.where)])
+    return (p | f"{label}Match" >> fileio.MatchFiles(plan.pattern)
+            | f"{label}Listings" >> beam.FlatMap(lambda m, plan=plan: matched_listings(plan, m.path)))
+
+
+class ReadInputs(beam.PTransform):
+    """An :class:`InputPlan` -> items ``{"uri", "license", "attribution"}`` (and ``duplicate_of``/``source`` for a
+    uri listed again), found on the workers. The grouping by uri is the fusion break after the matching: the
+    items of one glob or manifest spread over the workers from there."""
+
+    def __init__(self, plan: InputPlan):
+        super().__init__()
+        self.plan = plan
+
+    def expand(self, pbegin):
+        p = pbegin.pipeline
+        branches = [_spec_listings(p, plan) for plan in self.plan.specs]
+        listings = (tuple(branches) | "AllListings" >> beam.Flatten() if branches
+                    else p | "NoListings" >> beam.Create([]))
+        return (listings
+                | "GroupByUri" >> beam.GroupByKey()
+                | "Resolve" >> beam.FlatMapTuple(resolve_listings)
+                | "SidecarLicence" >> beam.Map(with_sidecar_license))
+
+
+def _local_listings(plan: SpecPlan):
+    if plan.kind == "manifest":
+        with FileSystems.open(plan.pattern, compression_type="uncompressed") as fh:
+            yield from manifest_listings(plan, fh)
+    elif plan.kind == "path":
+        yield _listing(plan.pattern, plan, 0, plan.where)
+    else:
+        for m in sorted(m.path for r in FileSystems.match([plan.pattern]) for m in r.metadata_list):
+            yield from matched_listings(plan, m)
+
+
 def expand_inputs(specs: list[str]) -> list[dict]:
-    """Expand input specs into items ``{"uri", "license", "attribution"}``, sorted by uri.
+    """Expand input specs into items ``{"uri", "license", "attribution"}``, sorted by uri, in this process (for
+    callers that want the list; ``longreel curate`` reads its inputs on the workers with :class:`ReadInputs`).
 
     A spec that matches nothing is an :class:`InputError` (the user mistyped it); an entry of a
     manifest that does not exist is kept, so that it becomes a ``not_found`` reject with its name.
@@ -110,46 +299,10 @@ def expand_inputs(specs: list[str]) -> list[dict]:
     with ``duplicate_of`` (where it was first listed) and ``source`` (where again): ingest turns it into
     a ``duplicate_input`` reject, so that every listed input is counted. The first listing is the input.
     """
-    listed: list[tuple[dict, str]] = []
-    for n, spec in enumerate(specs, 1):
-        if not spec:
-            continue
-        arg = f"argument {n}"
-        low = spec.lower()
-        is_glob = any(c in spec for c in "*?[")
-        if not is_glob and low.endswith(MANIFEST_EXTENSIONS) and not (not _is_remote(spec) and os.path.isdir(spec)):
-            if not FileSystems.exists(spec):
-                raise InputError(f"manifest {spec!r} does not exist")
-            try:
-                listed.extend(_manifest_rows(spec))
-            except (OSError, UnicodeDecodeError) as e:
-                raise InputError(f"cannot read manifest {spec!r}: {e}") from None
-            continue
-        if not is_glob and not _is_remote(spec) and os.path.isdir(spec):
-            pattern = os.path.join(spec, "*")
-            matched = [m.path for r in FileSystems.match([pattern]) for m in r.metadata_list]
-            matched = [m for m in matched if m.lower().endswith(VIDEO_EXTENSIONS)]
-            if not matched:
-                raise InputError(f"directory {spec!r} holds no video files ({', '.join(VIDEO_EXTENSIONS)})")
-            listed.extend((_item(m), f"directory {spec}") for m in sorted(matched))
-            continue
-        if not is_glob and not _is_remote(spec):
-            # A single local path: keep it even if missing, so it turns into a reject with a reason.
-            listed.append((_item(spec), arg))
-            continue
-        matched = [m.path for r in FileSystems.match([spec]) for m in r.metadata_list]
-        if not matched:
-            raise InputError(f"{spec!r} matches no file")
-        listed.extend((_item(m), f"glob {spec}") for m in sorted(matched))
-    first: dict[str, str] = {}
-    items = []
-    for it, where in listed:
-        if it["uri"] in first:
-            it = {**it, "duplicate_of": first[it["uri"]], "source": where}
-        else:
-            first[it["uri"]] = where
-            if it["license"] is None:
-                it["license"], it["attribution"] = _sidecar_license(it["uri"])
-        items.append(it)
+    by_uri: dict[str, list[dict]] = {}
+    for plan in plan_inputs(specs).specs:
+        for uri, li in _local_listings(plan):
+            by_uri.setdefault(uri, []).append(li)
     # stable: a repeated uri sorts after its first listing, which is therefore the one that is probed
+    items = [with_sidecar_license(it) for uri, lis in by_uri.items() for it in resolve_listings(uri, lis)]
     return sorted(items, key=lambda x: x["uri"])

