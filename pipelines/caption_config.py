@@ -7,6 +7,7 @@ section (``caption: CaptionConfig``) and ``longreel caption`` can load it alone.
 from __future__ import annotations
 
 from longreel.pipelines.media import facts as F
+from longreel.pipelines.resources import ResourceHints
 from longreel.schemas.config import ConfigError, ConfigModel, cfg
 
 BACKENDS = ("facts", "transformers", "openai", "vllm")
@@ -150,6 +151,7 @@ class CaptionConfig(ConfigModel):
     openai: OpenAIConfig = cfg(default_factory=OpenAIConfig, help="openai backend.")
     vllm: VLLMConfig = cfg(default_factory=VLLMConfig, help="vllm backend.")
     degenerate: DegenerateConfig = cfg(default_factory=DegenerateConfig, help="Degenerate-caption rejects.")
+    resources: ResourceHints = cfg(default_factory=ResourceHints, help="Beam resource hints on the caption model step.")
     parquet_shards: int = cfg(1, "Parquet files per output table (longreel caption).")
 
     def check(self):

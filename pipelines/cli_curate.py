@@ -123,6 +123,8 @@ def main(args, beam_args: list[str]) -> int:
         return 2
     from longreel.pipelines.cli_common import command_line, exit_code
     from longreel.pipelines.curate import run_curate
+    from longreel.pipelines.portable import preflight
+    preflight(beam_args, [args.out, *args.inputs])  # a portable run that would hang or write elsewhere stops here
     if_exists = "overwrite" if args.overwrite else "resume" if args.resume else "error"
     workers = args.workers or default_workers()
     stats = run_curate(items, args.out, cfg, beam_args, command=command_line(args, "curate"), if_exists=if_exists,

@@ -17,6 +17,7 @@ Rules, stated once (the stage's docstring repeats them):
 """
 from __future__ import annotations
 
+from longreel.pipelines.resources import ResourceHints
 from longreel.schemas.config import ConfigError, ConfigModel, cfg
 
 BACKENDS = ("transformers", "vllm")
@@ -77,6 +78,7 @@ class FilterConfig(ConfigModel):
     split_seed: int = cfg(0, "split_rule hash: salt of the hash.")
     sft_min_pass_rate: float = cfg(0.5, "split_rule pass_rate: lowest pass rate that goes to sft.")
     parquet_shards: int = cfg(1, "Parquet files for the pass_rate table.")
+    resources: ResourceHints = cfg(default_factory=ResourceHints, help="Beam resource hints on the answering step.")
 
     def check(self):
         if self.k < 1:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import re
 
+from longreel.pipelines.resources import ResourceHints
 from longreel.schemas.config import ConfigError, ConfigModel, cfg
 from longreel.schemas.records import CATEGORIES
 
@@ -88,6 +89,7 @@ class QRAConfig(ConfigModel):
                                     "constrained to it; "
                                     "every output is checked (reject reasoning_prefix_mismatch). '' = no rule.")
     parquet_shards: int = cfg(1, "Parquet files of the qras table.")
+    resources: ResourceHints = cfg(default_factory=ResourceHints, help="Beam resource hints on the generation step.")
 
     def check(self):
         if self.reasoning_prefix:

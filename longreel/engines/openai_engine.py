@@ -24,7 +24,6 @@ from __future__ import annotations
 import base64
 import io
 import logging
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -32,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from longreel.engines.base import Completion, Engine, EngineRequest
+from longreel.engines.secrets import resolve_api_key
 
 log = logging.getLogger("longreel")
 
@@ -104,7 +104,7 @@ class OpenAIEngine(Engine):
         import openai
 
         # Local servers take any key; the SDK refuses to start without one.
-        key = (os.environ.get(self.api_key_env) if self.api_key_env else None) or "none"
+        key = resolve_api_key(self.api_key_env) or "none"  # an environment variable or a Secret Manager version
         self._client = openai.OpenAI(base_url=self.base_url.rstrip("/"), api_key=key, timeout=self.timeout_s,
                                      max_retries=self.max_retries)
         self._slots = threading.BoundedSemaphore(self.concurrency)

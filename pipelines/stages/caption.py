@@ -47,6 +47,7 @@ from longreel.pipelines.inference.handler import ClientSpec, GenerationModelHand
 from longreel.pipelines.media import facts as F
 from longreel.pipelines.media.decode import DECODE_VERSION, sample_timestamps, upright  # noqa: F401 (upright: re-exported)
 from longreel.pipelines.prompts import load_template, render
+from longreel.pipelines.resources import on_model_step
 from longreel.pipelines.stages.base import MAIN, REJECTS, Progress, checked, rejected
 
 STAGE_FACTS = "clip_facts"
@@ -488,7 +489,8 @@ class CaptionClips(beam.PTransform):
         filtered = decoded[MAIN] | "StaticBlackFilter" >> beam.ParDo(FilterClips(cfg)).with_outputs(
             REJECTS, main=MAIN)
         requests = filtered[MAIN] | "ToRequests" >> beam.Map(to_request, cfg)
-        results, dlq = requests | "Caption" >> RunInference(self.handler).with_exception_handling()
+        results, dlq = requests | "Caption" >> on_model_step(RunInference(self.handler).with_exception_handling(),
+                                                             cfg.resources)
         rows = results | "ToCaptionRows" >> beam.ParDo(ToCaptionRow(
             cfg, self.info, self.prompt, self.prompt_hash, self.sampling)).with_outputs(REJECTS, TIMING, COMPUTE,
                                                                                        main=MAIN)

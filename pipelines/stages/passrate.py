@@ -53,6 +53,7 @@ from apache_beam.ml.inference.base import RunInference
 from longreel.pipelines.compute import call_pairs
 from longreel.pipelines.filter_config import FilterConfig
 from longreel.pipelines.passrate.answerers import AnswererHandler, make_handler, question_seed
+from longreel.pipelines.resources import on_model_step
 from longreel.pipelines.stages.base import MAIN, REJECTS, Progress, checked, rejected
 from longreel.task.prompting import messages_for_qra
 from longreel.task.rewards import score, validate_reference
@@ -318,7 +319,7 @@ class PassRateFilter(beam.PTransform):
         joined = {"videos": keyed_v, "qras": keyed_q} | "JoinVideos" >> beam.CoGroupByKey()
         prepared = joined | "FramesAndPrompts" >> beam.ParDo(PrepareQuestions(self.cfg, self.handler.processor_dir())).with_outputs(REJECTS,
                                                                                                        main=MAIN)
-        answered = prepared[MAIN] | "Answer" >> RunInference(self.handler)
+        answered = prepared[MAIN] | "Answer" >> on_model_step(RunInference(self.handler), self.cfg.resources)
         scored = answered | "Score" >> beam.ParDo(ScoreQuestion(self.cfg, self.provenance())).with_outputs(
             REJECTS, main=MAIN)
         rejects = (prepared[REJECTS], scored[REJECTS]) | "Rejects" >> beam.Flatten()

@@ -23,6 +23,7 @@ from apache_beam.pvalue import TaggedOutput
 from longreel.pipelines.io.parquet_sink import WriteSortedParquet
 from longreel.pipelines.qra.generate import CONTEXT_STAGE, REFINE_STAGE, STAGE, VideoQRAWriter
 from longreel.pipelines.qra_config import QRAConfig
+from longreel.pipelines.resources import on_model_step
 from longreel.pipelines.stages.base import MAIN, REJECTS, Progress, checked
 
 log = logging.getLogger("longreel")
@@ -165,8 +166,8 @@ class GenerateQRA(beam.PTransform):
             "videos": videos | "KeyVideos" >> beam.Map(lambda r: (r["video_id"], r)),
         }
         grouped = keyed | "GroupByVideo" >> beam.CoGroupByKey()
-        out = grouped | "WriteQRAs" >> beam.ParDo(_QRAVideoFn(self.cfg, self.backend_factory)).with_outputs(
-            REJECTS, COUNTS, main=MAIN)
+        out = grouped | "WriteQRAs" >> on_model_step(beam.ParDo(_QRAVideoFn(self.cfg, self.backend_factory)),
+                                                     self.cfg.resources).with_outputs(REJECTS, COUNTS, main=MAIN)
         return {MAIN: out[MAIN], REJECTS: out[REJECTS], COUNTS: out[COUNTS]}
 
 
