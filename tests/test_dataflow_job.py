@@ -69,12 +69,13 @@ def curate_job(manifest: str, overrides: list[str], beam_args: list[str]):
 
     from longreel.pipelines.config import CurateConfig
     from longreel.pipelines.curate import build_curate
-    from longreel.pipelines.io.inputs import expand_inputs
+    from longreel.pipelines.io.inputs import plan_inputs
     from longreel.schemas.config import load_yaml
 
     cfg = load_yaml(CurateConfig, DEMO_CONFIG, overrides)
     p = beam.Pipeline(options=PipelineOptions(DATAFLOW + beam_args))
-    build_curate(p, expand_inputs([manifest]), "gs://my-bucket/out", cfg)
+    # as `longreel curate` does: the launcher plans the specs, the workers list the videos
+    build_curate(p, plan_inputs([manifest]), "gs://my-bucket/out", cfg)
     result = p.run()
     return p.runner, result.job
 
@@ -177,9 +178,8 @@ def test_no_launcher_secret_is_in_the_job(gpu_job):
     assert LAUNCHER_KEY.encode() not in payloads + job.json().encode()
 
 
-@pytest.mark.xfail(strict=True, reason="inputs are expanded on the launcher and embedded in the graph "
-                                       "(beam.Create(items)) until issue 16 item 1 reads them on the workers")
 def test_no_input_is_in_the_job(gpu_job):
+    """The workers list the inputs (issue 16 item 1): no video path travels in the job graph."""
     runner, _ = gpu_job
     assert b"/data/videos/000007.mp4" not in unpacked_payloads(runner.proto_pipeline)
 
@@ -194,7 +194,5 @@ def test_the_job_is_built(job_sizes):
     assert job_sizes[10] > 10_000  # a real pipeline, not an empty request
 
 
-@pytest.mark.xfail(strict=True, reason="inputs are expanded on the launcher and embedded in the graph "
-                                       "(beam.Create(items)) until issue 16 item 1 reads them on the workers")
 def test_the_job_does_not_grow_with_the_manifest(job_sizes):
     assert job_sizes[100_000] <= 1.10 * job_sizes[10], job_sizes
