@@ -45,6 +45,9 @@ def stage_layout(cfg: CurateConfig) -> tuple[list[str], dict[str, str]]:
         from longreel.pipelines.stages.qra import QRA_STAGES, QRA_UNITS
         order += QRA_STAGES
         units.update(QRA_UNITS)
+    if "blind" in cfg.stages:
+        order.append("blind")
+        units["blind"] = "question"
     if "filter" in cfg.stages:
         from longreel.pipelines.stages.passrate import STAGE as FILTER_STAGE
         order.append(FILTER_STAGE)
@@ -108,6 +111,13 @@ def build_curate(p: beam.Pipeline, items: list[dict], out_dir: str, cfg: CurateC
         rejects.append(qra["rejects"])
         counts.append(qra["counts"])
         tables["qras"] = qra["qras"]
+    if "blind" in cfg.stages:  # before the pass-rate filter: the VLM never sees a text-answerable question
+        from longreel.pipelines.stages.blind import add_blind_stage, finish_blind_stats
+        bl = add_blind_stage(tables["qras"], out_dir, cfg.blind, engine_factory=handlers.get("blind"))
+        rejects.append(bl["rejects"])
+        counts.append(bl["counts"])
+        tables["qras"] = bl["qras"]
+        finishers.append(lambda d, k=cfg.blind.k, prov=bl["provenance"]: finish_blind_stats(d, k, prov))
     passrates = None
     if "filter" in cfg.stages:
         from longreel.pipelines.stages.passrate import add_filter_stage, finish_filter_stats
