@@ -8,6 +8,7 @@ import pytest
 from longreel.engines.base import Completion, Engine
 from longreel.pipelines.blind_config import BlindConfig
 from longreel.pipelines.gates import blind as G
+from longreel.pipelines.stages.passrate import sample_passes
 from longreel.schemas.config import ConfigError
 
 MC = {"qra_id": "q1", "video_id": "v1", "problem_type": "multiple_choice", "question": "Which colour dominates?",
@@ -50,7 +51,7 @@ class ScriptedEngine(Engine):
 def _run(q, engine, cfg=None):
     cfg = cfg or BlindConfig(k=8)
     vs = G.views(q, cfg)
-    return G.score_views(q, vs, engine.generate(G.requests_for(q, vs, cfg)), cfg)
+    return G.score_views(q, vs, engine.generate(G.requests_for(q, vs, cfg)), cfg, sample_passes)
 
 
 def test_rotation_moves_the_answer_with_its_option():

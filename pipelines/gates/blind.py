@@ -112,10 +112,10 @@ class Scored:
     reasons: list[str]
 
 
-def score_views(q: dict, vs: list[View], completions: list[Completion], cfg: BlindConfig) -> Scored:
-    """Every sample scored with the trainer's rewards against the reference of the rotation it saw."""
-    from longreel.pipelines.stages.passrate import sample_passes
-
+def score_views(q: dict, vs: list[View], completions: list[Completion], cfg: BlindConfig, sample_passes) -> Scored:
+    """Every sample scored with the trainer's rewards against the reference of the rotation it saw; a sample
+    passes by ``sample_passes(accuracy, reward, cfg.pass_threshold)`` (the pass-rate filter's rule, passed in:
+    the stages import the gates, not the other way)."""
     ptype = problem_type(q)
     rewards, texts, reasons, passes = [], [], [], 0
     for v, c in zip(vs, completions):

@@ -22,6 +22,7 @@ from longreel.pipelines.blind_config import BlindConfig
 from longreel.pipelines.compute import call_pairs
 from longreel.pipelines.gates import blind as G
 from longreel.pipelines.stages.base import MAIN, REJECTS, Progress, checked, rejected
+from longreel.pipelines.stages.passrate import sample_passes
 from longreel.task.rewards import validate_reference
 
 STAGE = G.STAGE
@@ -87,7 +88,7 @@ class _BlindBatchFn(beam.DoFn):
             yield rejected(STAGE, qid, "answerer_failed", f"{failed[0].error_reason}: {failed[0].error_message}",
                            video_id=vid)
             return
-        s = G.score_views(q, vs, completions, cfg)
+        s = G.score_views(q, vs, completions, cfg, sample_passes)
         answerable = G.is_text_answerable(s.pass_count, s.k, cfg)
         tokens_in = sum(c.prompt_tokens for c in completions)
         tokens_out = sum(c.new_tokens for c in completions)
