@@ -286,3 +286,20 @@ def test_openai_compatible_server_as_blind_answerer(chat_server, tmp_path, monke
     assert rows["q1"]["backend"] == "openai" and rows["q1"]["answerer"] == "served-model"
     assert doc["blind"]["text_answerable"] == 2 and doc["blind"]["kept"] == 0
     assert next(s for s in doc["stages"] if s["stage"] == "blind")["extra"]["compute.input_text_tokens"] == 5 * 30
+
+
+def test_the_timestamp_probe_reads_v1_scene_options_and_nothing_else():
+    from longreel.testing.blind_probe import read_answer
+
+    v1 = G.blind_messages("Which of these scenes happens first in the video?",
+                          [f"From 0:{s}.0 to 0:{s + 10}.0 (10.0 s): a grey scene." for s in (30, 10, 40, 20)],
+                          "multiple_choice")[1]["content"]
+    assert read_answer(v1) == "B"
+    order = G.blind_messages("In which order do these scenes appear in the video? (1) From 0:30.0 to 0:40.0: a. "
+                             "(2) From 0:10.0 to 0:20.0: b. (3) From 0:20.0 to 0:30.0: c.",
+                             ["1, 2, 3", "3, 1, 2", "2, 3, 1", "1, 3, 2"], "multiple_choice")[1]["content"]
+    assert read_answer(order) == "C"
+    v2 = G.blind_messages("Which of these scenes happens first in the video?",
+                          ["A grey scene.", "A red scene.", "A blue scene.", "A dark scene."],
+                          "multiple_choice")[1]["content"]
+    assert read_answer(v2) == "A"  # nothing to read: the fallback letter, which rotation turns into 1 in 4
