@@ -76,7 +76,7 @@ def build_curate(p: beam.Pipeline, items: list[dict], out_dir: str, cfg: CurateC
     """Add the curation stages ``cfg`` asks for to ``p``; return the main PCollections by table name.
 
     ``handlers`` (tests, custom clients) may inject a caption ``ModelHandler`` (``"caption"``), a QRA backend
-    factory (``"qra"``) or an answerer handler (``"filter"``).
+    factory (``"qra"``), a blind-filter engine factory (``"blind"``) or an answerer handler (``"filter"``).
     """
     handlers = handlers or {}
     shards = cfg.output.parquet_shards

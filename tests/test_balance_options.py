@@ -51,6 +51,11 @@ def test_ordinary_options_are_shuffled(option):
     assert reason is None and out["option_permutation"] is not None
 
 
+def test_an_answer_that_is_no_option_letter_is_rejected_not_raised():
+    out, reason, _ = O.balance(_row("q1", ["a", "b", "c", "d"], "E"))
+    assert out is None and reason == O.BAD_ANSWER
+
+
 def test_open_ended_rows_pass_unchanged():
     row = dict(_row("q1", ["a"], "A"), problem_type="open_ended", options=None, answer="blue")
     out, reason, _ = O.balance(row)

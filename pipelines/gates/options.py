@@ -26,6 +26,7 @@ from longreel.pipelines.qra.validate import concluded_letter
 STAGE = "qra_balance"
 POSITION_DEPENDENT = "position_dependent_option"
 REMAP_FAILED = "letter_remap_failed"
+BAD_ANSWER = "answer_not_a_letter"
 SALT = "options-v1"
 
 _LETTER = r"\(?(?-i:[A-D])\)?"
@@ -78,6 +79,8 @@ def balance(row: dict) -> tuple[dict | None, str | None, str]:
     fixed = position_dependent(options)
     if fixed is not None:
         return None, POSITION_DEPENDENT, f"option {fixed!r} refers to the other options' positions"
+    if row.get("answer") not in OPTION_LETTERS[:len(options)]:  # the QRA validator writes letters; a table from
+        return None, BAD_ANSWER, f"answer {row.get('answer')!r} is not an option letter"  # elsewhere may not
     perm = permutation(row["qra_id"], len(options))
     answer = OPTION_LETTERS[perm.index(OPTION_LETTERS.index(row["answer"]))]
     reasoning = remap_letters(row["reasoning"], perm)
