@@ -176,6 +176,7 @@ QRA = RecordKind(
         _f("option_permutation", pa.list_(_i32)),  # option i shown at position i came from position perm[i]
         _f("blind_k", _i32),               # text-only samples drawn (blind filter)
         _f("blind_pass_count", _i32),      # of which correct
+        _f("judge_verdict", _str),         # JSON: the judge's verdict, model, revision and prompt hash
     ]),
     required=("qra_id", "video_id", "category", "problem_type", "question", "answer", "reasoning", "target",
               "generator", "model", "prompt_hash", "sampling", "source_caption_ids", "refined"),

@@ -405,7 +405,8 @@ def _compute_claims(c: Claims, stats: dict) -> None:
 
 def _quality_claims(c: Claims, stats: dict, dist: dict) -> None:
     """The question quality gates: the released answer letters tested against uniform (a writer's letter bias is
-    a shortcut for RL) and the blind filter's pass-count histogram with its answerer (null when not run)."""
+    a shortcut for RL), the blind filter's pass-count histogram with its answerer (null when not run), and the
+    judge's failures per check with its model, revision and prompt hash (when it ran)."""
     from longreel.pipelines.gates.options import chi_square_uniform
 
     letters = (dist.get("released_mc_answer") or {}).get("counts")
@@ -414,6 +415,8 @@ def _quality_claims(c: Claims, stats: dict, dist: dict) -> None:
     blind = stats.get("blind")
     c.add("quality/blind", {k: v for k, v in blind.items() if k != "config_hash"} if blind else None,
           source="stats.json")
+    if stats.get("judge"):  # only where `longreel judge` ran: cards of runs without it keep their bytes
+        c.add("quality/judge", stats["judge"], source="stats.json")
 
 
 def _distribution_claims(c: Claims, dist: dict, dist_source: dict) -> None:

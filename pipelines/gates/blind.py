@@ -13,8 +13,9 @@ import hashlib
 import json
 from dataclasses import dataclass
 
-from longreel.engines.base import Completion, Engine, EngineRequest, Sampling, item_seed
+from longreel.engines.base import Completion, EngineRequest, Sampling, item_seed
 from longreel.pipelines.blind_config import BlindConfig
+from longreel.pipelines.gates.engine import build_engine  # noqa: F401  (the blind answerer's engine)
 from longreel.task.prompting import OPTION_LETTERS, SYSTEM_PROMPT, build_messages, question_text
 from longreel.task.rewards import score
 
@@ -142,23 +143,3 @@ def prompt_hash(cfg: BlindConfig) -> str:
                        "schema": answer_schema("multiple_choice", 4, cfg) if cfg.constrained else None},
                       sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
-
-
-def build_engine(cfg: BlindConfig) -> Engine:
-    """The configured text engine (not set up yet)."""
-    if cfg.backend == "transformers":
-        from longreel.engines.transformers_engine import TransformersEngine
-        return TransformersEngine(cfg.model, cfg.model_revision or None, kind="text",
-                                  trust_remote_code=cfg.trust_remote_code,
-                                  dtype="float32" if cfg.dtype == "auto" else cfg.dtype, batch_size=cfg.batch_size,
-                                  threads=cfg.threads)
-    if cfg.backend == "openai":
-        from longreel.engines.openai_engine import OpenAIEngine
-        return OpenAIEngine(cfg.base_url, cfg.model, revision=cfg.model_revision or None,
-                            api_key_env=cfg.api_key_env, timeout_s=cfg.request_timeout_s,
-                            guided_mode=cfg.guided_mode, concurrency=4, max_retries=4)
-    if cfg.backend == "vllm":
-        from longreel.engines.vllm_engine import VLLMEngine
-        return VLLMEngine(cfg.model, cfg.model_revision or None, trust_remote_code=cfg.trust_remote_code,
-                          dtype=cfg.dtype, max_model_len=cfg.max_model_len)
-    raise ValueError(f"unknown blind backend {cfg.backend!r}")
