@@ -6,7 +6,8 @@ questions of ``--after`` two ways, interleaved question by question so both shar
 filter's k samples (options rotated, JSON-schema constrained, scored with the trainer's rewards) and, as the
 baseline, one greedy unconstrained answer to the same text-only prompt. Reported: seconds and tokens per question
 of each, the blind/baseline ratio, and the projection to 1,000 questions; the balance step (a permutation per
-question, no model) timed over 1,000 synthetic rows. Model loading is outside every timing.
+question, no model) timed over 1,000 synthetic rows; the judge's verdict per question (captions in the prompt,
+greedy, JSON-schema constrained) against the same greedy baseline. Model loading is outside every timing.
 
 Leak (``benchmarks/results/blind_template_before_after.json``): the ``blind`` stage (``longreel blind``'s code
 path) run on copies of two ``longreel curate --demo`` output directories, ``--before`` (made by the commit before
@@ -17,7 +18,8 @@ bound of what the timestamps leak).
     python benchmarks/gates.py --before DIR --after DIR [--k 8] [--threads 1] [--only-probe]
 
 ``--only-probe`` re-measures only the timestamp reader's entries of the leak file (no model, seconds) and keeps
-the rest of it.
+the rest of it; ``--only-judge`` measures only the judge's cost (its verdict per question vs one greedy answer,
+interleaved) into the cost file.
 """
 from __future__ import annotations
 
@@ -102,6 +104,40 @@ def cost(questions: list[dict], cfg, engine) -> dict:
     return out
 
 
+def judge_cost(run_dir: str, engine, threads: int) -> dict:
+    """Seconds and tokens per question of the judge's verdict vs one greedy unconstrained answer to the question
+    alone (interleaved), with the same engine."""
+    from longreel.engines.base import EngineRequest, Sampling
+    from longreel.pipelines.gates import blind as G
+    from longreel.pipelines.gates import judge as J
+    from longreel.pipelines.io.parquet_sink import read_table
+    from longreel.pipelines.judge_config import JudgeConfig
+
+    cfg = JudgeConfig(threads=threads)
+    captions = read_table(run_dir, "captions").to_pylist()
+    t = {"judge": 0.0, "baseline": 0.0}
+    tok = {"judge": [0, 0], "baseline": [0, 0]}
+    questions = _questions(run_dir)
+    for q in questions:
+        caps = [c for c in captions if c["video_id"] == q["video_id"]]
+        base = EngineRequest(key="base", messages=G.blind_messages(q["question"], q.get("options"),
+                                                                   G.problem_type(q)),
+                             sampling=Sampling(max_new_tokens=cfg.max_new_tokens, temperature=0.0))
+        for name, req in (("baseline", base), ("judge", J.request_for(q, caps, cfg))):
+            t0 = time.perf_counter()
+            c = engine.generate([req])[0]
+            if name == "judge":
+                J.parse_verdict(c.text)
+            t[name] += time.perf_counter() - t0
+            tok[name] = [tok[name][0] + c.prompt_tokens, tok[name][1] + c.new_tokens]
+    n = len(questions)
+    out = {m: {"seconds_per_question": round(t[m] / n, 3), "seconds_per_1000_questions": round(1000 * t[m] / n, 1),
+               "input_tokens_per_question": round(tok[m][0] / n, 1),
+               "output_tokens_per_question": round(tok[m][1] / n, 1)} for m in t}
+    out["judge_over_baseline"] = round(t["judge"] / t["baseline"], 2)
+    return out
+
+
 def balance_cost(n: int = 1000) -> dict:
     from longreel.pipelines.gates.options import balance
     from longreel.pipelines.qra.targets import make_target
@@ -115,6 +151,21 @@ def balance_cost(n: int = 1000) -> dict:
     for r in rows:
         balance(r)
     return {"seconds_per_1000_questions": round((time.perf_counter() - t0) * 1000 / n, 4)}
+
+
+def judge_only(args) -> int:
+    from longreel.pipelines.blind_config import BlindConfig
+    from longreel.pipelines.gates.blind import build_engine
+
+    with open(args.out_cost) as fh:
+        result = json.load(fh)
+    engine = build_engine(BlindConfig(threads=args.threads))
+    engine.setup()
+    result["judge"] = {"commit": _git("rev-parse", "--short", "HEAD"), **judge_cost(args.after, engine, args.threads)}
+    with open(args.out_cost, "w") as fh:
+        json.dump(result, fh, indent=2)
+    print(json.dumps(result["judge"], indent=2))
+    return 0
 
 
 def probe_only(args) -> int:
@@ -148,10 +199,13 @@ def main() -> int:
     ap.add_argument("--out-cost", default=os.path.join(HERE, "results", "gates.json"))
     ap.add_argument("--out-leak", default=os.path.join(HERE, "results", "blind_template_before_after.json"))
     ap.add_argument("--only-probe", action="store_true", help="re-measure only the timestamp reader's entries")
+    ap.add_argument("--only-judge", action="store_true", help="measure only the judge's cost into --out-cost")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.only_probe:
         return probe_only(args)
+    if args.only_judge:
+        return judge_only(args)
 
     from longreel.pipelines.blind_config import BlindConfig
     from longreel.pipelines.gates.blind import build_engine
@@ -164,7 +218,8 @@ def main() -> int:
            "commit": _git("rev-parse", "--short", "HEAD"), "k": args.k, "threads": args.threads,
            "answerer": engine.model, "answerer_revision": engine.revision}
     result = {"benchmark": "gates", **env, "questions": "the demo corpus' questions (--after)",
-              "blind": cost(_questions(args.after), cfg, engine), "balance": balance_cost()}
+              "blind": cost(_questions(args.after), cfg, engine), "balance": balance_cost(),
+              "judge": judge_cost(args.after, engine, args.threads)}
     with open(args.out_cost, "w") as fh:
         json.dump(result, fh, indent=2)
     print(json.dumps(result, indent=2))
