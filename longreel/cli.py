@@ -26,6 +26,8 @@ COMMANDS = {
     "caption": ("longreel.pipelines.cli_caption", "Caption the clips of a curate output (facts, transformers, openai, vllm)."),
     "qra": ("longreel.pipelines.cli_qra", "Question-reasoning-answer generation from the captions of an output directory."),
     "pack": ("longreel.pipelines.cli_pack", "Frame cache + WebDataset shards + wids index from an output directory."),
+    "blind": ("longreel.pipelines.cli_blind", "Blind filter: reject questions a text-only model answers without the video."),
+    "judge": ("longreel.pipelines.cli_judge", "Judge: an LLM checks each question against the captions it was written from."),
     "filter": ("longreel.pipelines.cli_filter", "Pass-rate filter: answer each question k times, keep the medium ones."),
     "cost": ("longreel.pipelines.cli_cost", "Project a curation run's GPU-hours stage by stage, and what each lever saves."),
     "train": ("longreel.trainer.cli_train", "Train the policy: CoT-SFT (sft), GRPO (grpo), or plot a run's curves (plot)."),

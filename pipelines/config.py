@@ -1,6 +1,7 @@
 """Configuration of the curation pipeline (YAML + validation, see :mod:`longreel.schemas.config`)."""
 from __future__ import annotations
 
+from longreel.pipelines.blind_config import BlindConfig
 from longreel.pipelines.caption_config import CaptionConfig
 from longreel.pipelines.filter_config import FilterConfig
 from longreel.pipelines.pack.config import PackConfig
@@ -49,9 +50,10 @@ class OutputConfig(ConfigModel):
             raise ConfigError("output.parquet_shards must be >= 1 (or null: follows the table's size)")
 
 
-OPTIONAL_STAGES = ("caption", "qra", "filter", "pack", "card")
+OPTIONAL_STAGES = ("caption", "qra", "blind", "filter", "pack", "card")
 # A stage needs the ones it reads from.
-STAGE_NEEDS = {"caption": (), "qra": ("caption",), "filter": ("qra",), "pack": ("qra",), "card": ()}
+STAGE_NEEDS = {"caption": (), "qra": ("caption",), "blind": ("qra",), "filter": ("qra",), "pack": ("qra",),
+               "card": ()}
 
 
 def _default_stages() -> list[str]:
@@ -63,11 +65,13 @@ class CurateConfig(ConfigModel):
     segment: SegmentConfig = cfg(default_factory=SegmentConfig, help="Cutting videos into clips.")
     output: OutputConfig = cfg(default_factory=OutputConfig, help="Output tables.")
     stages: list[str] = cfg(default_factory=_default_stages,
-                            help="Stages after ingest/dedup/segment, in order: caption, qra, filter (needs an "
-                                 "answerer model: filter.model), pack (frame cache + WebDataset shards), card "
+                            help="Stages after ingest/dedup/segment, in order: caption, qra, blind (text-only "
+                                 "answerability filter, off by default: SmolLM2 takes ~6 s a question on a CPU), "
+                                 "filter (needs an answerer model: filter.model), pack (frame cache + WebDataset shards), card "
                                  "(data card in <out>/card). [] stops after segment.")
     caption: CaptionConfig = cfg(default_factory=CaptionConfig, help="Clip captioning.")
     qra: QRAConfig = cfg(default_factory=QRAConfig, help="Question-reasoning-answer generation.")
+    blind: BlindConfig = cfg(default_factory=BlindConfig, help="Blind (text-only) answerability filter.")
     filter: FilterConfig = cfg(default_factory=FilterConfig, help="Pass-rate filter.")
     pack: PackConfig = cfg(default_factory=PackConfig, help="Frame cache and shards.")
 

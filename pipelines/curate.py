@@ -48,6 +48,9 @@ def stage_layout(cfg: CurateConfig) -> tuple[list[str], dict[str, str]]:
         from longreel.pipelines.stages.qra import QRA_STAGES, QRA_UNITS
         order += QRA_STAGES
         units.update(QRA_UNITS)
+    if "blind" in cfg.stages:
+        order.append("blind")
+        units["blind"] = "question"
     if "filter" in cfg.stages:
         from longreel.pipelines.stages.passrate import STAGE as FILTER_STAGE
         order.append(FILTER_STAGE)
@@ -93,7 +96,7 @@ def build_curate(p: beam.Pipeline, items: InputPlan | list[dict], out_dir: str, 
     ``items``: an :class:`~longreel.pipelines.io.inputs.InputPlan` (``longreel curate``: the inputs are listed on
     the workers) or a list of items ``{"uri", "license", "attribution"}``.
     ``handlers`` (tests, custom clients) may inject a caption ``ModelHandler`` (``"caption"``), a QRA backend
-    factory (``"qra"``) or an answerer handler (``"filter"``).
+    factory (``"qra"``), a blind-filter engine factory (``"blind"``) or an answerer handler (``"filter"``).
     """
     handlers = handlers or {}
     shards = cfg.output.parquet_shards
@@ -130,6 +133,13 @@ def build_curate(p: beam.Pipeline, items: InputPlan | list[dict], out_dir: str, 
         rejects.append(qra["rejects"])
         counts.append(qra["counts"])
         tables["qras"] = qra["qras"]
+    if "blind" in cfg.stages:  # before the pass-rate filter: the VLM never sees a text-answerable question
+        from longreel.pipelines.stages.blind import add_blind_stage, finish_blind_stats
+        bl = add_blind_stage(tables["qras"], out_dir, cfg.blind, engine_factory=handlers.get("blind"))
+        rejects.append(bl["rejects"])
+        counts.append(bl["counts"])
+        tables["qras"] = bl["qras"]
+        finishers.append(lambda d, k=cfg.blind.k, prov=bl["provenance"]: finish_blind_stats(d, k, prov))
     passrates = None
     if "filter" in cfg.stages:
         from longreel.pipelines.stages.passrate import add_filter_stage, finish_filter_stats

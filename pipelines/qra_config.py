@@ -88,6 +88,11 @@ class QRAConfig(ConfigModel):
                                     "decoding takes a JSON-schema pattern (transformers, vllm, openai) are "
                                     "constrained to it; "
                                     "every output is checked (reject reasoning_prefix_mismatch). '' = no rule.")
+    balance_options: bool = cfg(True, "Permute each multiple-choice item's options with a permutation seeded by "
+                                      "its qra_id (recorded as option_permutation) and remap the answer, so answer "
+                                      "letters are uniform whatever the writer's bias; options that depend on their "
+                                      "position ('all of the above', 'both A and B') are rejected "
+                                      "position_dependent_option (funnel stage qra_balance).")
     parquet_shards: int = cfg(1, "Parquet files of the qras table.")
     resources: ResourceHints = cfg(default_factory=ResourceHints, help="Beam resource hints on the generation step.")
 

@@ -247,7 +247,8 @@ class WriteStats(beam.PTransform):
 
 # What a stage hands on, for the "nothing survived" check: (stage, what its ``out`` counts).
 PRODUCTS = {"segment": "videos with clips", "caption": "captions", "qra": "questions",
-            "passrate": "questions kept by the pass-rate filter", "pack_write": "questions packed into shards"}
+            "blind": "questions kept by the blind filter", "passrate": "questions kept by the pass-rate filter",
+            "pack_write": "questions packed into shards"}
 
 
 def nothing_survived(doc: dict, stages: list[str]) -> str | None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "2.1"
+SCHEMA_VERSION = "2.2"
 
 
 @dataclass(frozen=True)
@@ -172,6 +172,11 @@ QRA = RecordKind(
         _f("refine_prompt_hash", _str),    # prompt hash of the accepted refinement, if any
         _f("draft_reasoning", _str),       # the reasoning before an accepted refinement
         _f("context", _str),               # JSON: caption window (strategy, window, n_windows, span, prompt tokens)
+        # 2.2: quality gates (null: the gate did not run)
+        _f("option_permutation", pa.list_(_i32)),  # option i shown at position i came from position perm[i]
+        _f("blind_k", _i32),               # text-only samples drawn (blind filter)
+        _f("blind_pass_count", _i32),      # of which correct
+        _f("judge_verdict", _str),         # JSON: the judge's verdict, model, revision and prompt hash
     ]),
     required=("qra_id", "video_id", "category", "problem_type", "question", "answer", "reasoning", "target",
               "generator", "model", "prompt_hash", "sampling", "source_caption_ids", "refined"),
@@ -215,6 +220,33 @@ PASS_RATE = RecordKind(
     allowed={"label": frozenset({"easy", "medium", "hard"}), "split": frozenset({"sft", "rl", "drop"})},
 )
 
+BLIND = RecordKind(
+    name="blind",
+    key="qra_id",
+    schema=pa.schema([
+        _f("qra_id", _str, False),
+        _f("video_id", _str, False),
+        _f("k", _i32, False),
+        _f("pass_count", _i32, False),
+        _f("text_answerable", _bool, False),  # pass_count / k >= max_pass_rate: rejected
+        _f("max_pass_rate", _f64, False),
+        _f("rewards", pa.list_(_f64), False),
+        _f("completions", pa.list_(_str)),  # the k samples, rotation by rotation
+        _f("sample_reasons", pa.list_(_str)),
+        _f("rotate_options", _bool),
+        _f("answerer", _str, False),
+        _f("answerer_revision", _str),
+        _f("backend", _str, False),
+        _f("temperature", _f64, False),
+        _f("seed", _i64, False),
+        _f("prompt_hash", _str, False),
+        _f("input_tokens", _i64),          # prompt tokens over the question's requests (one per rotation)
+        _f("output_tokens", _i64),
+    ]),
+    required=("qra_id", "video_id", "k", "pass_count", "text_answerable", "max_pass_rate", "rewards", "answerer",
+              "backend", "temperature", "seed", "prompt_hash"),
+)
+
 REJECT = RecordKind(
     name="reject",
     key="key",
@@ -229,7 +261,8 @@ REJECT = RecordKind(
     required=("stage", "key", "reason", "message"),
 )
 
-KINDS: dict[str, RecordKind] = {k.name: k for k in (VIDEO, CLIP, CLIP_FACTS, CAPTION, QRA, PASS_RATE, REJECT)}
+KINDS: dict[str, RecordKind] = {k.name: k for k in (VIDEO, CLIP, CLIP_FACTS, CAPTION, QRA, PASS_RATE, BLIND,
+                                                    REJECT)}
 
 
 def reject(stage: str, key: str, reason: str, message: str, video_id: str | None = None,

@@ -70,7 +70,8 @@ def test_cli_template_end_to_end_counts_add_up(tmp_path):
          "rejected_total": 1, "balanced": True}]}))
     assert main(["-q", "qra", "--out", str(out), "--set", "qra.per_category=3"]) == 0
     stats = read_json(str(out / "stats.json"))
-    assert [s["stage"] for s in stats["stages"]] == ["ingest", "qra_context", "qra", "qra_refine"]
+    assert [s["stage"] for s in stats["stages"]] == ["ingest", "qra_context", "qra", "qra_refine",
+                                                     "qra_balance"]
     ctx = check_balanced(stats, "qra_context")
     assert ctx["in"] == 3 and ctx["rejected"] == {"no_captions": 1}
     qra = check_balanced(stats, "qra")

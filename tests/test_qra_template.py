@@ -138,3 +138,40 @@ def test_no_comparison_question_without_a_clear_winner(margin_case):
     assert template_questions("v7", caps, facts, "goal_purpose", n_mc=2, n_open=2) == []
     assert all(i["kind"].startswith("color") for i in template_questions("v7", caps, facts, "spatial", n_mc=2,
                                                                           n_open=1))
+
+
+def _stamped_video(contents):
+    """Captions written like the facts captioner's: a leading time span, then the content."""
+    caps, t = [], 0.0
+    for i, content in enumerate(contents):
+        caps.append({"clip_id": f"s-{i:05d}", "video_id": "s", "start_s": t, "end_s": t + 10.0,
+                     "text": f"From {int(t) // 60}:{t % 60:04.1f} to {int(t + 10) // 60}:{(t + 10) % 60:04.1f} "
+                             f"(10.0 s): {content}."})
+        t += 10.0
+    return caps
+
+
+def test_scene_options_carry_content_not_timestamps():
+    from longreel.pipelines.qra.validate import has_time_ref
+
+    # identical contents that differ only in their time span: no scene question can be told apart by content
+    same = _stamped_video(["a well-lit grey scene with no shot cut"] * 8)
+    for cat in ("temporal", "plot_narrative"):
+        items = template_questions("s", same, {}, cat, n_mc=3, n_open=3)
+        assert not [i for i in items if i["kind"] in ("first_scene", "scene_before", "scene_order")]
+    # distinct contents: the options are the contents, with no time reference left to read the order from
+    distinct = _stamped_video([f"a {animal} {verb}" for animal in ("rabbit", "bird") for verb in
+                               ("runs", "sleeps", "eats", "jumps")])
+    items = [i for cat in ("temporal", "plot_narrative")
+             for i in template_questions("s", distinct, {}, cat, n_mc=3, n_open=3)]
+    scene_items = [i for i in items if i["kind"] in ("first_scene", "scene_before", "scene_order", "what_next")]
+    assert {i["kind"] for i in scene_items} >= {"first_scene", "scene_before", "scene_order"}
+    for item in scene_items:
+        shown = item["options"] or [item["answer"]]
+        assert not any(has_time_ref(o) for o in shown), item
+        if item["kind"] == "scene_order":
+            assert not has_time_ref(item["question"].split("? ", 1)[1]), item
+    first = next(i for i in scene_items if i["kind"] == "first_scene")
+    by_content = {c["text"].split(": ", 1)[1].rstrip(".").capitalize(): c["start_s"] for c in distinct}
+    starts = [by_content[o.rstrip(".")] for o in first["options"]]
+    assert correct_text(first) == first["options"][starts.index(min(starts))]

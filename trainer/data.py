@@ -13,7 +13,8 @@ loader yields one item per question (or per video with ``unit="video"``)::
 
     {"frames": torch.uint8 [T, H, W, 3], "video_metadata": {...VideoMetadata fields...},
      "video_grid_thw": [t, h, w], "question", "options", "answer", "problem_type", "target",
-     "category", "reasoning", "qra_id", "video_id", "split", "pass_rate", "meta": {...},
+     "category", "reasoning", "qra_id", "video_id", "split", "pass_rate", "blind_k", "blind_pass_count" (null
+     when the blind filter did not run), "meta": {...},
      "key", "shard", "epoch", "position"}
 
 ready for the processor with :func:`processor_inputs` (``do_sample_frames=False, do_resize=False``).
@@ -94,7 +95,7 @@ def _items_of(sample: dict, url: str, unit: str):
     for q in sample["qras"]:
         item = dict(base)
         for k in ("qra_id", "question", "options", "answer", "problem_type", "target", "category", "reasoning",
-                  "split", "pass_rate"):
+                  "split", "pass_rate", "blind_k", "blind_pass_count"):
             item[k] = q.get(k)
         out.append(item)
     return out

@@ -237,6 +237,7 @@ def collect(run_dir: str, shards: str | None = None, *, name: str | None = None,
     _source_claims(c, videos)
     _model_claims(c, tables)
     _compute_claims(c, stats)
+    _quality_claims(c, stats, dist)
     _distribution_claims(c, dist, dist_source)
     splits = _release_claims(c, indexes)
     _hf_claims(c, tables, indexes, splits, dataset, data_prefix, tables_prefix, features)
@@ -400,6 +401,22 @@ def _compute_claims(c: Claims, stats: dict) -> None:
 
     rows = [{k: v for k, v in r.items() if k != "model_seconds"} for r in compute_table(stats)]
     c.add("compute", rows, source="stats.json")
+
+
+def _quality_claims(c: Claims, stats: dict, dist: dict) -> None:
+    """The question quality gates: the released answer letters tested against uniform (a writer's letter bias is
+    a shortcut for RL), the blind filter's pass-count histogram with its answerer (null when not run), and the
+    judge's failures per check with its model, revision and prompt hash (when it ran)."""
+    from longreel.pipelines.gates.options import chi_square_uniform
+
+    letters = (dist.get("released_mc_answer") or {}).get("counts")
+    c.add("quality/answer_letters", {"counts": dict(letters), **chi_square_uniform(list(letters.values()))}
+          if letters else None, source="stats.json (released_mc_answer)")
+    blind = stats.get("blind")
+    c.add("quality/blind", {k: v for k, v in blind.items() if k != "config_hash"} if blind else None,
+          source="stats.json")
+    if stats.get("judge"):  # only where `longreel judge` ran: cards of runs without it keep their bytes
+        c.add("quality/judge", stats["judge"], source="stats.json")
 
 
 def _distribution_claims(c: Claims, dist: dict, dist_source: dict) -> None:

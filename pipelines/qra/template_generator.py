@@ -26,15 +26,23 @@ from __future__ import annotations
 import hashlib
 import itertools
 import random
+import re
 from typing import Callable, Sequence
 
 from longreel.pipelines.qra.context import fmt_span, fmt_ts
 from longreel.pipelines.qra.targets import OPTION_LETTERS, normalize_question
-from longreel.pipelines.qra.validate import option_key
+from longreel.pipelines.qra.validate import has_time_ref, option_key
 
 GENERATOR = "template"
 MODEL = "longreel-template-qra"
-VERSION = "template-qra-v1"
+# v2: scene options carry a caption's content without its time span (v1's options differed only in their
+# timestamps, so "which scene happens first" was answerable from the options text alone)
+VERSION = "template-qra-v2"
+#: The random choices keep v1's seed: a v2 question differs from v1's only where the options changed.
+RNG_SALT = "template-qra-v1"
+
+# A caption's leading time span: "[00:10-00:20] ", "From 0:10.0 to 0:20.0 (10.0 s): " (the facts captioner's).
+_LEADING_SPAN_RE = re.compile(r"^\s*(?:\[[^\]]*\]|from\s+\S+\s+to\s+\S+(?:\s*\([^)]*\))?)\s*:?\s*", re.I)
 
 #: The most-motion interval must exceed every other option by this much (0..255 scale) and by 10 %.
 MOTION_MARGIN = 1.0
@@ -76,13 +84,30 @@ def _caption_text(c: dict) -> str:
     return " ".join(str(c["text"]).split())
 
 
+def _scene_text(c: dict) -> str | None:
+    """What a caption says happens, without when: its leading time span removed, first letter capitalised. None
+    when a time reference remains inside: as an option it would give the scene's place in time away."""
+    text = _LEADING_SPAN_RE.sub("", _caption_text(c), count=1).strip()
+    if not text or has_time_ref(text):
+        return None
+    return text[0].upper() + text[1:]
+
+
+def _distinct_scenes(caps) -> list[dict]:
+    """The earliest caption of each distinct scene content, in time order (captions without usable content left
+    out): options built from these differ in what they show, not in when."""
+    distinct: dict[str, dict] = {}
+    for c in caps:
+        text = _scene_text(c)
+        if text is not None:
+            distinct.setdefault(option_key(text), c)
+    return sorted(distinct.values(), key=lambda c: c["start_s"])
+
+
 # ---- question kinds: each yields candidate items (possibly none) for a window ----------------------------
 
 def _first_scene(caps, facts, rng):
-    distinct = {}
-    for c in caps:
-        distinct.setdefault(option_key(_caption_text(c)), c)
-    pool = sorted(distinct.values(), key=lambda c: c["start_s"])
+    pool = _distinct_scenes(caps)
     if len(pool) < 4:
         return
     for _ in range(6):
@@ -90,7 +115,7 @@ def _first_scene(caps, facts, rng):
         shuffled = chosen[:]
         rng.shuffle(shuffled)
         correct = shuffled.index(chosen[0])
-        options = [_caption_text(c) for c in shuffled]
+        options = [_scene_text(c) for c in shuffled]
         steps = "; ".join(f"option {OPTION_LETTERS[i]} is shown at {_span(c)}" for i, c in enumerate(shuffled))
         reasoning = (f"Checking the video for each scene: {steps}. The earliest of these times is "
                      f"{_span(chosen[0])}, option {OPTION_LETTERS[correct]}. So the answer is {OPTION_LETTERS[correct]}.")
@@ -98,22 +123,20 @@ def _first_scene(caps, facts, rng):
 
 
 def _scene_before(caps, facts, rng):
+    scenes = {id(c): _scene_text(c) for c in caps}
     distinct_next = [(a, b) for a, b in zip(caps, caps[1:])
-                     if option_key(_caption_text(a)) != option_key(_caption_text(b))]
+                     if scenes[id(a)] and scenes[id(b)] and option_key(scenes[id(a)]) != option_key(scenes[id(b)])]
     rng.shuffle(distinct_next)
     for prev, cur in distinct_next:
-        pool = {}
-        for c in caps:
-            k = option_key(_caption_text(c))
-            if k != option_key(_caption_text(prev)) and k != option_key(_caption_text(cur)):
-                pool.setdefault(k, c)
+        taken = {option_key(scenes[id(prev)]), option_key(scenes[id(cur)])}
+        pool = [c for c in _distinct_scenes(caps) if option_key(scenes[id(c)]) not in taken]
         if len(pool) < 3:
             continue
-        distract = rng.sample(sorted(pool.values(), key=lambda c: c["start_s"]), 3)
-        options, pos = _place(_caption_text(prev), [_caption_text(c) for c in distract], rng)
-        others = "; ".join(f"{_caption_text(c)!r} is at {_span(c)}" for c in distract)
+        distract = rng.sample(pool, 3)
+        options, pos = _place(scenes[id(prev)], [scenes[id(c)] for c in distract], rng)
+        others = "; ".join(f"{scenes[id(c)]!r} is at {_span(c)}" for c in distract)
         reasoning = (f"Checking the video just before {_span(cur)}: the interval {_span(prev)} shows "
-                     f"{_caption_text(prev)!r}, while {others}. So the answer is {OPTION_LETTERS[pos]}.")
+                     f"{scenes[id(prev)]!r}, while {others}. So the answer is {OPTION_LETTERS[pos]}.")
         yield _mc(f"Which scene comes right before the scene at {_span(cur)}?", options, pos, reasoning,
                   "scene_before")
 
@@ -244,10 +267,7 @@ def _dominant_color(caps, facts, rng, mc: bool):
 
 
 def _scene_order(caps, facts, rng):
-    distinct = {}
-    for c in caps:
-        distinct.setdefault(option_key(_caption_text(c)), c)
-    pool = sorted(distinct.values(), key=lambda c: c["start_s"])
+    pool = _distinct_scenes(caps)
     if len(pool) < 3:
         return
     for _ in range(6):
@@ -258,7 +278,7 @@ def _scene_order(caps, facts, rng):
         distract = [p for p in perms if p != correct]
         rng.shuffle(distract)
         options, pos = _place(correct, distract, rng)
-        listed = " ".join(f"({i + 1}) {_caption_text(c)}" for i, c in enumerate(three))
+        listed = " ".join(f"({i + 1}) {_scene_text(c)}" for i, c in enumerate(three))
         steps = "; ".join(f"scene ({i + 1}) is at {_span(three[i])}" for i in order)
         reasoning = (f"Checking the video for each scene: {steps}. In time order that is {correct}. "
                      f"So the answer is {OPTION_LETTERS[pos]}.")
@@ -296,13 +316,15 @@ def _motion_trend(caps, facts, rng, mc: bool):
 
 
 def _what_next(caps, facts, rng):
+    scenes = {id(c): _scene_text(c) for c in caps}
     pairs = [(a, b) for a, b in zip(caps, caps[1:])
-             if option_key(_caption_text(a)) != option_key(_caption_text(b))]
+             if scenes[id(b)] and option_key(_caption_text(a)) != option_key(_caption_text(b))
+             and option_key(scenes[id(b)]) != option_key(scenes[id(a)] or "")]
     rng.shuffle(pairs)
     for a, b in pairs:
         reasoning = (f"Checking the video at {_span(a)}: {_caption_text(a)} Right after it, at {_span(b)}, the "
                      f"video shows the next scene.")
-        yield _open(f"What does the video show right after the scene at {_span(a)}?", _caption_text(b), reasoning,
+        yield _open(f"What does the video show right after the scene at {_span(a)}?", scenes[id(b)], reasoning,
                     "what_next")
 
 
@@ -346,7 +368,7 @@ def template_questions(video_id: str, captions: Sequence[dict], facts: dict[str,
     """
     if category not in KINDS:
         raise ValueError(f"unknown category {category!r}")
-    rng = _rng(VERSION, video_id, window, category, seed)
+    rng = _rng(RNG_SALT, video_id, window, category, seed)
     mc_kinds, open_kinds = KINDS[category]
     seen: set = set()
     return _take(mc_kinds, captions, facts, rng, n_mc, seen) + _take(open_kinds, captions, facts, rng, n_open, seen)

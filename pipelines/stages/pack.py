@@ -46,7 +46,7 @@ COUNTS, REJECTS = "counts", "rejects"
 
 QRA_ITEM_FIELDS = ("qra_id", "video_id", "category", "problem_type", "question", "options", "answer", "reasoning",
                    "target", "generator", "model", "model_revision", "prompt_hash", "sampling", "seed",
-                   "source_caption_ids", "refined")
+                   "source_caption_ids", "refined", "option_permutation", "blind_k", "blind_pass_count")
 PASS_RATE_FIELDS = ("k", "pass_count", "mean_reward", "label", "answerer", "answerer_revision", "temperature")
 
 

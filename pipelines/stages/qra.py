@@ -24,13 +24,15 @@ from longreel.pipelines.io.parquet_sink import WriteSortedParquet
 from longreel.pipelines.qra.generate import CONTEXT_STAGE, REFINE_STAGE, STAGE, VideoQRAWriter
 from longreel.pipelines.qra_config import QRAConfig
 from longreel.pipelines.resources import on_model_step
+from longreel.pipelines.stages.balance import BalanceOptions
 from longreel.pipelines.stages.base import MAIN, REJECTS, Progress, checked
 
 log = logging.getLogger("longreel")
 
 COUNTS = "counts"
-QRA_STAGES = [CONTEXT_STAGE, STAGE, REFINE_STAGE]
-QRA_UNITS = {CONTEXT_STAGE: "video", STAGE: "question", REFINE_STAGE: "refinement"}
+BALANCE_STAGE = "qra_balance"
+QRA_STAGES = [CONTEXT_STAGE, STAGE, REFINE_STAGE, BALANCE_STAGE]
+QRA_UNITS = {CONTEXT_STAGE: "video", STAGE: "question", REFINE_STAGE: "refinement", BALANCE_STAGE: "question"}
 
 
 def build_backend(cfg: QRAConfig):
@@ -185,6 +187,10 @@ def add_qra_stage(p, captions_pcoll, facts_pcoll, videos_pcoll, out_dir: str, cf
     if facts_pcoll is not None:
         inputs["facts"] = facts_pcoll
     out = inputs | "QRA" >> GenerateQRA(cfg, backend_factory)
-    out[MAIN] | "WriteQRAs" >> WriteSortedParquet(out_dir, "qras", "qra", cfg.parquet_shards)
-    return {"qras": out[MAIN], "rejects": out[REJECTS], "counts": out[COUNTS]}
+    # options permuted before the table is written: the table, the filters and the shards see one order
+    bal = out[MAIN] | "QRABalance" >> BalanceOptions(cfg.balance_options)
+    bal[MAIN] | "WriteQRAs" >> WriteSortedParquet(out_dir, "qras", "qra", cfg.parquet_shards)
+    rejects = (out[REJECTS], bal[REJECTS]) | "QRAAllRejects" >> beam.Flatten()
+    counts = (out[COUNTS], bal[COUNTS]) | "QRAAllCounts" >> beam.Flatten()
+    return {"qras": bal[MAIN], "rejects": rejects, "counts": counts}
 

@@ -1,0 +1,41 @@
+"""Configuration of the judge (``longreel judge``): an LLM checks each question against the timestamped captions it
+was written from. Checks and reject reasons: :mod:`longreel.pipelines.gates.judge`."""
+from __future__ import annotations
+
+from longreel.pipelines.blind_config import BACKENDS
+from longreel.schemas.config import ConfigError, ConfigModel, cfg
+
+
+class JudgeConfig(ConfigModel):
+    backend: str = cfg("transformers", "Judge engine: transformers, vllm or openai (an OpenAI-compatible server).",
+                       choices=BACKENDS)
+    model: str = cfg("smollm2", "The judging LLM (a local directory or GGUF file, 'smollm2', or the served model's "
+                                "name); use the question writer's model to judge with the generator.")
+    model_revision: str | None = cfg(None, "Revision to record; null records the local weights' revision.")
+    base_url: str = cfg("", "openai: the server's base URL.")
+    api_key_env: str = cfg("OPENAI_API_KEY", "openai: environment variable holding the API key.")
+    guided_mode: str = cfg("response_format", "openai: how the JSON schema is sent.",
+                           choices=("response_format", "guided_json"))
+    request_timeout_s: float = cfg(120.0, "openai: seconds per request.")
+    dtype: str = cfg("auto", "Weights dtype (auto: float32 for transformers).",
+                     choices=("auto", "float32", "bfloat16", "float16"))
+    trust_remote_code: bool = cfg(False, "Allow the model directory's own Python code (opt-in).")
+    max_model_len: int = cfg(8192, "vllm: max_model_len.")
+    threads: int | None = cfg(None, "transformers: torch threads (null: torch's default).")
+    batch_size: int = cfg(4, "Questions per engine call.")
+    max_new_tokens: int = cfg(160, "Tokens of one verdict at most.")
+    explanation_chars: int = cfg(200, "Longest explanation string of the verdict.")
+    seed: int = cfg(0, "Seed (the verdict is greedy; the seed matters only to engines that sample anyway).")
+    timestamp_tolerance_s: float = cfg(1.0, "A time the reasoning cites exists when it lies within this many "
+                                            "seconds of a caption's span (caption stamps are whole seconds).")
+    multi_clip_categories: list[str] = cfg(default_factory=lambda: ["temporal", "plot_narrative"],
+                                           help="Categories whose questions must need more than one clip.")
+    parquet_shards: int = cfg(1, "Parquet files for the judged questions table.")
+
+    def check(self):
+        if self.batch_size < 1 or self.max_new_tokens < 1 or self.explanation_chars < 1 or self.parquet_shards < 1:
+            raise ConfigError("judge.batch_size, max_new_tokens, explanation_chars and parquet_shards must be >= 1")
+        if self.timestamp_tolerance_s < 0:
+            raise ConfigError("judge.timestamp_tolerance_s must be >= 0")
+        if self.backend == "openai" and not self.base_url:
+            raise ConfigError("judge.backend openai needs judge.base_url")
