@@ -106,7 +106,8 @@ def test_curate_demo_reruns_are_byte_identical(tmp_path):
     # wall-clock time lives only under stats.json["run"] (the caption model's latency per clip) ...
     stats = json.loads(first["stats.json"])
     assert NONDETERMINISTIC_KEYS == (RUN_KEY,)
-    assert stats[RUN_KEY]["caption"]["timed"] == 9 and stats[RUN_KEY]["frame_cache"] == {"built": 4}, stats[RUN_KEY]
+    # the caption's decode pass built the frame cache, so the pack stage found all 4 videos there (one decode each)
+    assert stats[RUN_KEY]["caption"]["timed"] == 9 and stats[RUN_KEY]["frame_cache"] == {"hit": 4}, stats[RUN_KEY]
     # ... and in no table: no column and no reject details carry it
     for t in TABLES:
         cols = pq.read_schema(os.path.join(a, f"{t}-00000-of-00001.parquet")).names
