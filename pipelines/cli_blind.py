@@ -8,8 +8,8 @@ import sys
 import time
 
 from longreel.pipelines.blind_config import BACKENDS, BlindConfig
-from longreel.pipelines.cli_common import command_line, exit_code
-from longreel.schemas.config import ConfigError, config_hash, describe, dump_yaml, load_yaml
+from longreel.pipelines.cli_common import command_line, exit_code, model_stage_config
+from longreel.schemas.config import config_hash, dump_yaml
 
 log = logging.getLogger("longreel")
 
@@ -83,27 +83,9 @@ def _run_blind(session, out_dir: str, cfg: BlindConfig, beam_args, qra_table: st
 
 
 def main(args, beam_args: list[str]) -> int:
-    if args.show_config:
-        for key, default, help_text in describe(BlindConfig):
-            print(f"{key} = {default}\n    {help_text}")
-        return 0
-    if not args.out:
-        print("longreel blind: --out is required", file=sys.stderr)
-        return 2
-    unknown = [a for a in beam_args if not a.startswith("--")]
-    if unknown:
-        print(f"longreel blind: unexpected arguments {unknown}", file=sys.stderr)
-        return 2
-    overrides = list(args.overrides)
-    if args.model:
-        overrides.append(f"model={args.model}")
-    if args.backend:
-        overrides.append(f"backend={args.backend}")
-    try:
-        cfg = load_yaml(BlindConfig, args.config, overrides, section="blind")
-    except (ConfigError, OSError) as e:
-        print(f"longreel blind: bad config: {e}", file=sys.stderr)
-        return 2
+    cfg, done = model_stage_config("blind", BlindConfig, args, "blind", beam_args)
+    if cfg is None:
+        return done
     try:
         doc = run_blind(args.out, cfg, beam_args, qra_table=args.qra_table, command=command_line(args, "blind"))
     except FileNotFoundError as e:

@@ -7,9 +7,9 @@ import logging
 import sys
 import time
 
-from longreel.pipelines.cli_common import command_line, exit_code
+from longreel.pipelines.cli_common import command_line, exit_code, model_stage_config
 from longreel.pipelines.filter_config import FilterConfig
-from longreel.schemas.config import ConfigError, config_hash, describe, dump_yaml, load_yaml
+from longreel.schemas.config import config_hash, dump_yaml
 
 log = logging.getLogger("longreel")
 
@@ -90,27 +90,9 @@ def _run_filter(session, out_dir: str, cfg: FilterConfig, beam_args, qra_table: 
 
 
 def main(args, beam_args: list[str]) -> int:
-    if args.show_config:
-        for key, default, help_text in describe(FilterConfig):
-            print(f"{key} = {default}\n    {help_text}")
-        return 0
-    if not args.out:
-        print("longreel filter: --out is required", file=sys.stderr)
-        return 2
-    unknown = [a for a in beam_args if not a.startswith("--")]
-    if unknown:
-        print(f"longreel filter: unexpected arguments {unknown}", file=sys.stderr)
-        return 2
-    overrides = list(args.overrides)
-    if args.model:
-        overrides.append(f"model={args.model}")
-    if args.backend:
-        overrides.append(f"backend={args.backend}")
-    try:
-        cfg = load_yaml(FilterConfig, args.config, overrides, section="filter")
-    except (ConfigError, OSError) as e:
-        print(f"longreel filter: bad config: {e}", file=sys.stderr)
-        return 2
+    cfg, done = model_stage_config("filter", FilterConfig, args, "filter", beam_args)
+    if cfg is None:
+        return done
     try:
         doc = run_filter(args.out, cfg, beam_args, qra_table=args.qra_table, command=command_line(args, "filter"))
     except FileNotFoundError as e:

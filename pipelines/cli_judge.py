@@ -7,9 +7,9 @@ import logging
 import sys
 
 from longreel.pipelines.blind_config import BACKENDS
-from longreel.pipelines.cli_common import command_line, exit_code
+from longreel.pipelines.cli_common import command_line, exit_code, model_stage_config
 from longreel.pipelines.judge_config import JudgeConfig
-from longreel.schemas.config import ConfigError, config_hash, describe, dump_yaml, load_yaml
+from longreel.schemas.config import config_hash, dump_yaml
 
 log = logging.getLogger("longreel")
 
@@ -73,20 +73,9 @@ def run_judge(out_dir: str, cfg: JudgeConfig, beam_args: list[str] | None = None
 
 
 def main(args, beam_args: list[str]) -> int:
-    if args.show_config:
-        for key, default, help_text in describe(JudgeConfig):
-            print(f"{key} = {default}\n    {help_text}")
-        return 0
-    if not args.out:
-        print("longreel judge: --out is required", file=sys.stderr)
-        return 2
-    overrides = list(args.overrides) + ([f"model={args.model}"] if args.model else []) + \
-        ([f"backend={args.backend}"] if args.backend else [])
-    try:
-        cfg = load_yaml(JudgeConfig, args.config, overrides, section="judge")
-    except (ConfigError, OSError) as e:
-        print(f"longreel judge: bad config: {e}", file=sys.stderr)
-        return 2
+    cfg, done = model_stage_config("judge", JudgeConfig, args, "judge", beam_args=None)
+    if cfg is None:
+        return done
     try:
         doc = run_judge(args.out, cfg, beam_args, qra_table=args.qra_table, command=command_line(args, "judge"))
     except FileNotFoundError as e:
