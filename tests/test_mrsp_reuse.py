@@ -256,3 +256,49 @@ def test_cache_plugs_into_the_trainers_policy_functions(setup):
     assert float(((old - ref) * mask).abs().max()) <= TOL
     assert maxdiff(grads(model), g_plain) <= TOL
     model.zero_grad(set_to_none=True)
+
+
+def _saved_bytes_of_deferred_encode(model, enc) -> tuple[int, dict]:
+    """Bytes autograd saves for the deferred encode (the graph MR-SP keeps from rollout to update), and the
+    tower's gradients after pushing a fixed upstream gradient through it."""
+    saved = []
+
+    def pack(t):
+        saved.append(t.numel() * t.element_size())
+        return t
+
+    model.eval()  # rollouts run in eval mode: this is where the deferred encode happens
+    model.zero_grad(set_to_none=True)
+    cache = StepEmbedCache(model, vision="deferred")
+    cache.begin_step()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        cache.video("v", enc["pixel_values_videos"], enc["video_grid_thw"])
+    leaf = cache.update_features("v")
+    g = torch.Generator().manual_seed(1)
+    (leaf * torch.randn(leaf.shape, generator=g)).sum().backward()
+    cache.backward_vision()
+    tower = {n: p.grad.clone() for n, p in model.named_parameters() if "visual" in n and p.grad is not None}
+    return sum(saved), tower
+
+
+def test_deferred_encode_follows_gradient_checkpointing(setup):
+    """With gradient checkpointing on, the deferred graph keeps only block inputs (the tower runs checkpointed
+    although the model is in eval mode for rollouts), and the tower's gradients are unchanged."""
+    model, enc, *_ = setup
+    full_bytes, full_grads = _saved_bytes_of_deferred_encode(model, enc)
+    model.gradient_checkpointing_enable()
+    try:
+        ckpt_bytes, ckpt_grads = _saved_bytes_of_deferred_encode(model, enc)
+        assert not base_tower_training(model)  # the tower is back in the caller's mode
+    finally:
+        model.gradient_checkpointing_disable()
+        model.zero_grad(set_to_none=True)
+    assert ckpt_bytes < 0.6 * full_bytes, (ckpt_bytes, full_bytes)
+    assert full_grads and full_grads.keys() == ckpt_grads.keys()
+    assert maxdiff(full_grads, ckpt_grads) < TOL
+
+
+def base_tower_training(model) -> bool:
+    from longreel.trainer.positions import base_model
+
+    return base_model(model).visual.training

@@ -158,8 +158,7 @@ class StepEmbedCache:
             self.hits += 1
             return hit
         if self.vision == "deferred":
-            with torch.enable_grad():
-                graph = self.encoder(pixel_values_videos, video_grid_thw)
+            graph = self._grad_encode(pixel_values_videos, video_grid_thw)
             self._param_versions = {n: p._version for n, p in base_model(self.model).visual.named_parameters()}
             feats = graph.detach()
             entry = CachedVideo(key, feats, video_grid_thw, fp, graph=graph,
@@ -172,6 +171,25 @@ class StepEmbedCache:
         self._videos[key] = entry
         self.encodes += 1
         return entry
+
+    def _grad_encode(self, pixel_values_videos: Tensor, video_grid_thw: Tensor) -> Tensor:
+        """The encoder with grad, under the tower's activation checkpointing when the model has it enabled.
+
+        transformers checkpoints a block only in training mode, and the deferred encode runs during rollouts,
+        in eval mode: without switching the tower to training mode here, the graph kept until the update
+        holds every block's activations (a 2B-class tower ran out of 80 GB at 256 frames:
+        benchmarks/results/grpo_gpu.json). The Qwen2-VL-family towers have no dropout or batch statistics, so
+        training mode changes nothing else.
+        """
+        tower = base_model(self.model).visual
+        was_training = tower.training
+        if getattr(self.model, "is_gradient_checkpointing", False):
+            tower.train()
+        try:
+            with torch.enable_grad():
+                return self.encoder(pixel_values_videos, video_grid_thw)
+        finally:
+            tower.train(was_training)
 
     def features(self, key: str, pixel_values_videos: Tensor, video_grid_thw: Tensor) -> Tensor:
         """Detached features ``[n_tokens, hidden]`` for rollouts and old/ref log-probs."""
@@ -193,8 +211,7 @@ class StepEmbedCache:
             return entry.features
         if self.vision == "recompute" and entry.leaf is None:
             self.update_encodes += 1
-            with torch.enable_grad():
-                graph = self.encoder(entry.pixel_values_videos, entry.grid_thw)
+            graph = self._grad_encode(entry.pixel_values_videos, entry.grid_thw)
             self._param_versions = {n: p._version for n, p in base_model(self.model).visual.named_parameters()}
             entry.graph = graph
             entry.leaf = graph.detach().clone().requires_grad_(graph.requires_grad)
