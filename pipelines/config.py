@@ -91,5 +91,7 @@ class CurateConfig(ConfigModel):
             missing = [n for n in STAGE_NEEDS[s] if n not in self.stages]
             if missing:
                 raise ConfigError(f"stages: {s} needs {missing}")
+        if "align" in self.stages or "clip_dedup" in self.stages:
+            self.embed.check_clip_model()
         if "filter" in self.stages and self.filter.backend in ("transformers", "vllm") and not self.filter.model:
             raise ConfigError("stages: filter needs an answering model: set filter.model to a local directory")

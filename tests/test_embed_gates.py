@@ -40,6 +40,21 @@ def test_greedy_keeps_the_first_of_a_group_and_does_not_chain():
     assert greedy_near_duplicates(np.zeros((0, 4)), 0.9) == []
 
 
+def test_blocked_pass_decides_as_the_row_by_row_pass():
+    rng = np.random.default_rng(0)
+    centres = rng.standard_normal((30, 16)).astype(np.float32)
+    x = centres[rng.integers(0, 30, 700)] + 0.15 * rng.standard_normal((700, 16)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    for threshold in (0.9, 0.97):
+        row_by_row = greedy_near_duplicates(x, threshold, block=1)
+        assert 0 < sum(d.kept_index is not None for d in row_by_row) < len(x)
+        for blocked in (greedy_near_duplicates(x, threshold, block=64), greedy_near_duplicates(x, threshold)):
+            # the same decisions; a similarity may differ in its last (6th) decimal (GEMM vs GEMV summation order)
+            assert [d.kept_index for d in blocked] == [d.kept_index for d in row_by_row]
+            assert all(a.similarity == b.similarity or abs(a.similarity - b.similarity) <= 2e-6
+                       for a, b in zip(blocked, row_by_row))
+
+
 def test_clip_score_histogram_and_summary():
     frames = _unit([1, 0], [0, 1])
     assert A.clip_score(np.array([1.0, 0.0]), frames) == 0.5
@@ -154,6 +169,7 @@ def test_random_init_clip_is_seeded_and_embeds_unit_rows():
     (["embed.align.min_score=-2"], "align.min_score"),
     (["embed.clip_dedup.action=mark"], "action"),
     (["stages=[align]"], "align needs"),
+    (["stages=[caption, clip_dedup]"], "embed.clip.checkpoint is required"),
     (["stages=[caption, qra, question_dedup, pack]", "embed.question_dedup.batch_size=0"], "batch_size"),
 ])
 def test_config_checks(overrides, match):
