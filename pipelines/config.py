@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from longreel.pipelines.blind_config import BlindConfig
 from longreel.pipelines.caption_config import CaptionConfig
+from longreel.pipelines.embed_config import EmbedConfig
 from longreel.pipelines.filter_config import FilterConfig
 from longreel.pipelines.pack.config import PackConfig
 from longreel.pipelines.qra_config import QRAConfig
@@ -50,10 +51,10 @@ class OutputConfig(ConfigModel):
             raise ConfigError("output.parquet_shards must be >= 1 (or null: follows the table's size)")
 
 
-OPTIONAL_STAGES = ("caption", "qra", "blind", "filter", "pack", "card")
+OPTIONAL_STAGES = ("caption", "align", "clip_dedup", "qra", "question_dedup", "blind", "filter", "pack", "card")
 # A stage needs the ones it reads from.
-STAGE_NEEDS = {"caption": (), "qra": ("caption",), "blind": ("qra",), "filter": ("qra",), "pack": ("qra",),
-               "card": ()}
+STAGE_NEEDS = {"caption": (), "align": ("caption",), "clip_dedup": ("caption",), "qra": ("caption",),
+               "question_dedup": ("qra",), "blind": ("qra",), "filter": ("qra",), "pack": ("qra",), "card": ()}
 
 
 def _default_stages() -> list[str]:
@@ -65,12 +66,17 @@ class CurateConfig(ConfigModel):
     segment: SegmentConfig = cfg(default_factory=SegmentConfig, help="Cutting videos into clips.")
     output: OutputConfig = cfg(default_factory=OutputConfig, help="Output tables.")
     stages: list[str] = cfg(default_factory=_default_stages,
-                            help="Stages after ingest/dedup/segment, in order: caption, qra, blind (text-only "
+                            help="Stages after ingest/dedup/segment, in order: caption, align and clip_dedup "
+                                 "(CLIP caption-frame score and near-duplicate clips, off by default: they need "
+                                 "embed.clip.checkpoint), qra, question_dedup (near-identical questions per video, "
+                                 "off by default), blind (text-only "
                                  "answerability filter, off by default: SmolLM2 takes ~6 s a question on a CPU), "
                                  "filter (needs an answerer model: filter.model), pack (frame cache + WebDataset shards), card "
                                  "(data card in <out>/card). [] stops after segment.")
     caption: CaptionConfig = cfg(default_factory=CaptionConfig, help="Clip captioning.")
     qra: QRAConfig = cfg(default_factory=QRAConfig, help="Question-reasoning-answer generation.")
+    embed: EmbedConfig = cfg(default_factory=EmbedConfig, help="The embedding gates: align, clip_dedup, "
+                                                                "question_dedup.")
     blind: BlindConfig = cfg(default_factory=BlindConfig, help="Blind (text-only) answerability filter.")
     filter: FilterConfig = cfg(default_factory=FilterConfig, help="Pass-rate filter.")
     pack: PackConfig = cfg(default_factory=PackConfig, help="Frame cache and shards.")
@@ -85,5 +91,7 @@ class CurateConfig(ConfigModel):
             missing = [n for n in STAGE_NEEDS[s] if n not in self.stages]
             if missing:
                 raise ConfigError(f"stages: {s} needs {missing}")
+        if "align" in self.stages or "clip_dedup" in self.stages:
+            self.embed.check_clip_model()
         if "filter" in self.stages and self.filter.backend in ("transformers", "vllm") and not self.filter.model:
             raise ConfigError("stages: filter needs an answering model: set filter.model to a local directory")

@@ -44,10 +44,17 @@ def stage_layout(cfg: CurateConfig) -> tuple[list[str], dict[str, str]]:
         from longreel.pipelines.stages.caption import CAPTION_STAGES, CAPTION_UNITS
         order += CAPTION_STAGES
         units.update(CAPTION_UNITS)
+    for s in ("align", "clip_dedup"):
+        if s in cfg.stages:
+            order.append(s)
+            units[s] = "clip"
     if "qra" in cfg.stages:
         from longreel.pipelines.stages.qra import QRA_STAGES, QRA_UNITS
         order += QRA_STAGES
         units.update(QRA_UNITS)
+    if "question_dedup" in cfg.stages:
+        order.append("question_dedup")
+        units["question_dedup"] = "question"
     if "blind" in cfg.stages:
         order.append("blind")
         units["blind"] = "question"
@@ -120,9 +127,19 @@ def build_curate(p: beam.Pipeline, items: InputPlan | list[dict], out_dir: str, 
 
     if "caption" in cfg.stages:
         from longreel.pipelines.stages.caption import add_caption_stage
+        gates = None
+        if "align" in cfg.stages or "clip_dedup" in cfg.stages:  # on the frames the caption stage decoded
+            from longreel.pipelines.stages.clip_gates import ClipGates, finish_clip_gate_stats
+            clip_gates = ClipGates(cfg.embed, cfg.stages)
+            finishers.append(lambda d, prov=clip_gates.provenance(): finish_clip_gate_stats(d, cfg.embed, prov))
+
+            def gates(captions, frames, t=clip_gates):
+                g = {"captions": captions, "frames": frames} | "ClipGates" >> t
+                return {"captions": g[MAIN], "rejects": g[REJECTS], "counts": g["counts"]}
         # a run that packs builds the frame cache in the caption's decode pass: one decode per video
         cap = add_caption_stage(p, videos, spread(clips, "Clips"), out_dir, cfg.caption,
-                                handler=handlers.get("caption"), pack_cfg=cfg.pack if "pack" in cfg.stages else None)
+                                handler=handlers.get("caption"), pack_cfg=cfg.pack if "pack" in cfg.stages else None,
+                                gates=gates)
         rejects.append(cap["rejects"])
         counts.append(cap["counts"])
         tables.update(captions=cap["captions"], clip_facts=cap["facts"])
@@ -133,6 +150,13 @@ def build_curate(p: beam.Pipeline, items: InputPlan | list[dict], out_dir: str, 
         rejects.append(qra["rejects"])
         counts.append(qra["counts"])
         tables["qras"] = qra["qras"]
+    if "question_dedup" in cfg.stages:  # cheap: before the blind filter and the pass-rate filter pay per question
+        from longreel.pipelines.stages.question_dedup import add_question_dedup_stage, finish_question_dedup_stats
+        qd = add_question_dedup_stage(tables["qras"], cfg.embed)
+        rejects.append(qd["rejects"])
+        counts.append(qd["counts"])
+        tables["qras"] = qd["qras"]
+        finishers.append(lambda d, prov=qd["provenance"]: finish_question_dedup_stats(d, cfg.embed, prov))
     if "blind" in cfg.stages:  # before the pass-rate filter: the VLM never sees a text-answerable question
         from longreel.pipelines.stages.blind import add_blind_stage, finish_blind_stats
         bl = add_blind_stage(tables["qras"], out_dir, cfg.blind, engine_factory=handlers.get("blind"))

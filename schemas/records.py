@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "2.2"
+SCHEMA_VERSION = "2.3"
 
 
 @dataclass(frozen=True)
@@ -140,6 +140,9 @@ CAPTION = RecordKind(
         _f("input_tokens", _i64),          # prompt tokens, vision tokens included
         _f("vision_tokens", _i64),         # of which the video's (null: the engine cannot tell)
         _f("output_tokens", _i64),
+        # 2.3: embedding gates (null: the gate did not run)
+        _f("clip_score", _f64),            # mean cosine of the caption's CLIP text embedding and its frames'
+        _f("near_duplicate_of", _str),     # clip_dedup action keep: the earlier kept clip this one duplicates
     ]),
     required=("clip_id", "video_id", "text", "backend", "model", "prompt_hash", "sampling", "frame_timestamps"),
 )

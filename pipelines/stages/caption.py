@@ -389,7 +389,9 @@ def to_request(el: dict, cfg: CaptionConfig) -> Request:
     if cfg.backend != "facts":
         text, _ = render(cfg.prompt, n_frames=len(f["frame_timestamps"]), start_s=c["start_s"], end_s=c["end_s"],
                          duration_s=c["end_s"] - c["start_s"], timestamps=f["frame_timestamps"])
-    return Request(key=c["clip_id"], text=text, frames=el["frames"], timestamps=f["frame_timestamps"],
+    # the facts captioner reads only the facts; frames kept for the embedding gates are not its input
+    return Request(key=c["clip_id"], text=text, frames=el["frames"] if cfg.backend != "facts" else None,
+                   timestamps=f["frame_timestamps"],
                    fps=el["fps"], frame_indices=f["frame_indices"], meta={"clip": c, "facts": f})
 
 
@@ -451,12 +453,17 @@ class CaptionClips(beam.PTransform):
 
     ``frame_cache=(pack_cfg, cache_dir)``: each video is decoded in one pass (one task per video) that also builds
     the pack stage's frame cache entry, so the pack stage and a pass-rate filter on cached frames decode nothing.
+
+    ``keep_frames``: keep the decoded frames of every clip the filter passes even for the facts captioner, and
+    return them as ``"frames"`` (``{"clip", "facts", "frames", "fps"}`` per clip) for the embedding gates
+    (:mod:`longreel.pipelines.stages.clip_gates`), which embed them where they were decoded.
     """
 
-    def __init__(self, cfg: CaptionConfig, handler=None, frame_cache=None):
+    def __init__(self, cfg: CaptionConfig, handler=None, frame_cache=None, keep_frames: bool = False):
         super().__init__()
         self.cfg = cfg
         self.frame_cache = frame_cache
+        self.keep_frames = keep_frames or cfg.backend != "facts"
         self.budget = frame_budget(cfg)
         self.info = model_info(cfg)
         self.prompt = prompt_name(cfg)
@@ -483,7 +490,7 @@ class CaptionClips(beam.PTransform):
         decoded = (tasks[MAIN]
                    | "SpreadTasks" >> beam.Reshuffle()
                    | "DecodeAndMeasure" >> beam.ParDo(DecodeClipFrames(
-                       cfg, self.budget, keep_frames=cfg.backend != "facts", frame_cache=self.frame_cache)
+                       cfg, self.budget, keep_frames=self.keep_frames, frame_cache=self.frame_cache)
                    ).with_outputs(REJECTS, main=MAIN))
         facts = decoded[MAIN] | "FactsRows" >> beam.Map(lambda el: el["facts"])
         filtered = decoded[MAIN] | "StaticBlackFilter" >> beam.ParDo(FilterClips(cfg)).with_outputs(
@@ -506,11 +513,11 @@ class CaptionClips(beam.PTransform):
             timing_pairs("Captions", STAGE_CAPTION, rows[TIMING]),
             rows[COMPUTE],
         ) | "CaptionCounts" >> beam.Flatten()
-        return {MAIN: rows[MAIN], REJECTS: rejects, "facts": facts, "counts": counts}
+        return {MAIN: rows[MAIN], REJECTS: rejects, "facts": facts, "counts": counts, "frames": filtered[MAIN]}
 
 
 def add_caption_stage(p, videos_pcoll, clips_pcoll, out_dir: str, cfg: CaptionConfig, handler=None,
-                      pack_cfg=None) -> dict:
+                      pack_cfg=None, gates=None) -> dict:
     """Add captioning to pipeline ``p``; write ``captions-*`` and ``clip_facts-*`` Parquet tables under ``out_dir``.
 
     ``pack_cfg`` (a PackConfig, when the run packs too): the caption's decode pass also builds the frame cache
@@ -519,6 +526,9 @@ def add_caption_stage(p, videos_pcoll, clips_pcoll, out_dir: str, cfg: CaptionCo
     Returns ``{"captions", "facts", "rejects", "counts"}`` PCollections: the caller flattens ``rejects`` into its
     rejects table and ``counts`` into its :class:`~longreel.pipelines.stats.WriteStats` (stage order: ``CAPTION_STAGES``,
     units ``CAPTION_UNITS``).
+
+    ``gates`` (optional): ``gates(captions, frames) -> {"captions", "rejects", "counts"}``, applied before the
+    ``captions`` table is written (the embedding gates: their per-caption fields land in that table).
     """
     from longreel.pipelines.io.parquet_sink import WriteSortedParquet
 
@@ -527,7 +537,13 @@ def add_caption_stage(p, videos_pcoll, clips_pcoll, out_dir: str, cfg: CaptionCo
     if pack_cfg is not None:
         from apache_beam.io.filesystems import FileSystems
         frame_cache = (pack_cfg, pack_cfg.cache_dir or FileSystems.join(out_dir, "frame_cache"))
-    out = {"videos": videos_pcoll, "clips": clips_pcoll} | "CaptionClips" >> CaptionClips(cfg, handler, frame_cache)
+    out = {"videos": videos_pcoll, "clips": clips_pcoll} | "CaptionClips" >> CaptionClips(
+        cfg, handler, frame_cache, keep_frames=gates is not None)
+    if gates is not None:
+        g = gates(out[MAIN], out["frames"])
+        out = {**out, MAIN: g["captions"],
+               REJECTS: (out[REJECTS], g["rejects"]) | "CaptionAndGateRejects" >> beam.Flatten(),
+               "counts": (out["counts"], g["counts"]) | "CaptionAndGateCounts" >> beam.Flatten()}
     out[MAIN] | "WriteCaptions" >> WriteSortedParquet(out_dir, "captions", "caption", cfg.parquet_shards)
     out["facts"] | "WriteClipFacts" >> WriteSortedParquet(out_dir, "clip_facts", "clip_facts", cfg.parquet_shards)
     return {"captions": out[MAIN], "facts": out["facts"], "rejects": out[REJECTS], "counts": out["counts"]}
