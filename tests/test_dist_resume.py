@@ -47,7 +47,9 @@ def _run(cmd: list[str]) -> None:
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, f"{cmd[:8]} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    # the head of stderr holds the first rank's traceback; the tail, torchrun's summary
+    assert proc.returncode == 0, \
+        f"{cmd[:8]} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[:6000]}\n...\n{proc.stderr[-3000:]}"
 
 
 def _train_args(stage: str, model: str, out: Path, grads: Path, *extra: str) -> list[str]:
@@ -59,6 +61,7 @@ def _train_args(stage: str, model: str, out: Path, grads: Path, *extra: str) -> 
     return ["-m", "longreel", "train", stage, *[a for s in sets for a in ("--set", s)]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", ["grpo", "sft"])
 def test_fsdp_two_ranks_match_one_process(tiny, tmp_path, stage):
     one, two = tmp_path / "one", tmp_path / "two"
@@ -109,3 +112,35 @@ def test_two_rank_resume_is_exact(tiny, tmp_path, strategy):
         assert r["resumed"] == r["straight"]
         assert r["loaded"] == r["saved"] != r["scrambled"]
     assert rng[0]["saved"] != rng[1]["saved"]  # each rank got its own states back, not rank 0's
+
+
+EXIT_SCRIPT = """
+import atexit, sys
+import torch, torch.distributed as dist
+
+def report():  # registered before the trainer's handler, so it runs after it (atexit is last-in, first-out)
+    print(f"rank {rank}: group alive at exit: {dist.is_initialized()}", flush=True)
+
+atexit.register(report)
+from longreel.trainer.runtime import init_distributed
+rank = init_distributed(torch.device("cpu")).rank
+t = torch.ones(4)
+dist.all_reduce(t)
+raise RuntimeError(f"rank {rank} fails before closing its session")
+"""
+
+
+def test_a_failing_rank_destroys_its_process_group_at_exit(tmp_path):
+    """An exception that skips ``TrainSession.close()`` must not leave the gloo group to the interpreter's teardown,
+    where its threads can abort the process (SIGABRT, "terminate called without an active exception") and bury the
+    traceback: ``init_distributed`` destroys the group it created at exit."""
+    script = tmp_path / "fail.py"
+    script.write_text(EXIT_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    proc = subprocess.run([*_torchrun(2), str(script)], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode != 0
+    assert "fails before closing its session" in proc.stderr
+    out = proc.stdout + proc.stderr
+    for rank in (0, 1):
+        assert f"rank {rank}: group alive at exit: False" in out, out[-4000:]

@@ -31,6 +31,7 @@ gradient sum (``sum_gradients``) is at once the sum over the SP group and over t
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import math
 import os
@@ -104,7 +105,18 @@ def init_distributed(device: torch.device, backend: str = "auto") -> DistInfo:
     owns = not dist.is_initialized()
     if owns:
         dist.init_process_group(backend=backend)
+        # a gloo group still alive at interpreter exit (an exception that skipped close()) can abort the process
+        # with "terminate called without an active exception", hiding the real error: destroy it while Python is
+        # still whole
+        atexit.register(_destroy_at_exit)
     return DistInfo(rank=rank, world=world, local_rank=local_rank, device=device, backend=backend, owns_group=owns)
+
+
+def _destroy_at_exit() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def init_sp_groups(info: DistInfo, sp_size: int) -> DistInfo:
