@@ -96,7 +96,8 @@ LATER_KEYS = (("caption", "frames", "sampling"), ("caption", "frames", "backend"
 #: defaults changed after it: set back to the dataclass-era value before hashing
 LATER_DEFAULTS = {("output", "parquet_shards"): 1}
 #: TrainConfig keys added after the hash below was pinned
-TRAIN_LATER_KEYS = (("dist", "fsdp_param_dtype"), ("dist", "fsdp_reduce_dtype"), ("dist", "fsdp_reshard_after_forward"))
+TRAIN_LATER_KEYS = (("dist", "fsdp_param_dtype"), ("dist", "fsdp_reduce_dtype"),
+                    ("dist", "fsdp_reshard_after_forward"))
 
 
 def _hash_of_dataclass_era_keys(cfg, later_keys=LATER_KEYS, later_defaults=None) -> str:

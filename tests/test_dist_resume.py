@@ -144,3 +144,16 @@ def test_a_failing_rank_destroys_its_process_group_at_exit(tmp_path):
     out = proc.stdout + proc.stderr
     for rank in (0, 1):
         assert f"rank {rank}: group alive at exit: False" in out, out[-4000:]
+
+
+def test_fsdp_mixed_precision_follows_the_config():
+    from longreel.trainer.runtime import fsdp_mixed_precision
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    off = fsdp_mixed_precision("auto", "auto", cpu)
+    assert off.param_dtype is None and off.reduce_dtype is None  # auto: off on CPU
+    on = fsdp_mixed_precision("auto", "auto", gpu)
+    assert on.param_dtype == torch.bfloat16 and on.reduce_dtype == torch.float32  # auto: bf16 compute on CUDA
+    forced = fsdp_mixed_precision("bfloat16", "off", cpu)
+    assert forced.param_dtype == torch.bfloat16 and forced.reduce_dtype is None
+    assert fsdp_mixed_precision("off", "float32", gpu).param_dtype is None

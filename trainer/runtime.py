@@ -46,7 +46,8 @@ import torch
 from longreel.trainer.config import DataConfig, OptimConfig
 
 __all__ = ["DistInfo", "init_distributed", "init_sp_groups", "sum_gradients", "all_gather_objects", "all_reduce_sum",
-           "all_reduce_max", "fsdp_mixed_precision", "shard_fsdp", "seed_everything", "build_optimizer", "build_scheduler", "ItemStream", "load_items", "rollout_seed"]
+           "all_reduce_max", "fsdp_mixed_precision", "shard_fsdp", "seed_everything", "build_optimizer",
+           "build_scheduler", "ItemStream", "load_items", "rollout_seed"]
 
 log = logging.getLogger("longreel.trainer")
 
