@@ -232,8 +232,11 @@ def load_checkpoint(path: str | os.PathLike, *, model: torch.nn.Module, optimize
     path = Path(path)
     is_sharded = (path / SHARDED).is_dir()
     if is_sharded != sharded:
-        have = "a sharded (dist.strategy=fsdp)" if is_sharded else "a full-weights (dist.strategy=ddp)"
-        raise ValueError(f"{path} is {have} checkpoint; resume it with the same dist.strategy")
+        if is_sharded:
+            raise ValueError(f"{path} is a sharded checkpoint (an FSDP run): resume it with dist.strategy=fsdp "
+                             "under torchrun (2 or more ranks)")
+        raise ValueError(f"{path} holds full weights (a single-process or DDP run): resume it without "
+                         "dist.strategy=fsdp")
     if sharded:
         groups = None
         if optimizer is not None:
