@@ -6,16 +6,17 @@ backward passes of a step (``sum_gradients``): each rank's loss is already divid
 sequence) count, so the summed gradient equals the single-process gradient of the same global batch.
 
 FSDP (``dist.strategy=fsdp``, :func:`shard_fsdp`): the model is wrapped with FSDP2 ``fully_shard`` (one unit per
-decoder layer, one for the vision tower, the root holding the embeddings, final norm and LM head), so weights,
+decoder layer, one for the vision tower, one for the token embeddings, the root holding the final norm and LM head),
+so weights,
 gradients and AdamW state are sharded over the ranks; FSDP reduce-scatters and averages, so the loss is scaled by
 the world size. FSDP runs a collective in every unit's forward and backward, so the ranks must run the same passes
 in the same order, which a trainer whose ranks generate responses of different lengths does not do by itself:
 
 * the no-grad phases (rollouts, old/reference log-probs, evaluation) run inside ``TrainSession.gathered()``: every
   unit is gathered once, by every rank together, and the phase runs without collectives;
-* the root and the vision tower stay gathered from then until the optimizer step (``hold_resident``): MR-SP calls
-  the tower, the embeddings and the LM head directly rather than through the root's forward, and the deferred
-  vision backward reuses the rollout's encode graph;
+* the root, the embeddings and the vision tower stay gathered from then until the optimizer step
+  (``hold_resident``): MR-SP calls the tower and the embeddings directly rather than through the root's forward,
+  and the deferred vision backward reuses the rollout's encode graph;
 * the update's decoder-layer passes are FSDP's usual per-layer gather / reduce-scatter (ZeRO-3, or ZeRO-2 with
   ``dist.fsdp_reshard_after_forward=false``); a rank with fewer passes (a skipped item) pads with zero-weight passes
   (``lockstep_passes``).
@@ -236,9 +237,9 @@ def fsdp_parts(model: torch.nn.Module) -> tuple[torch.nn.Module | None, list[tor
 
 
 def shard_fsdp(model: torch.nn.Module, *, mp_policy=None, reshard_after_forward: bool = True) -> dict[str, list]:
-    """Wrap ``model`` with FSDP2 ``fully_shard``: one unit per decoder layer, one for the vision tower, and the root
-    (embeddings, final norm, LM head, tied or not). Returns the units by role (``layers``, ``resident``: the
-    vision tower and the root, which ``TrainSession`` keeps gathered through a step)."""
+    """Wrap ``model`` with FSDP2 ``fully_shard``: one unit per decoder layer, one for the vision tower, one for the
+    token embeddings, and the root (final norm, LM head). Returns the units by role (``layers``, ``resident``: the
+    vision tower, the embeddings and the root, which ``TrainSession`` keeps gathered through a step)."""
     from torch.distributed.fsdp import fully_shard
 
     kw = {"mp_policy": mp_policy} if mp_policy is not None else {}
@@ -249,6 +250,13 @@ def shard_fsdp(model: torch.nn.Module, *, mp_policy=None, reshard_after_forward:
     if visual is not None:
         fully_shard(visual, **kw)
         resident.append(visual)
+    # the embeddings in a unit of their own: MR-SP looks them up outside the model's forward (inputs_embeds), after
+    # which the root's post-backward hook (on its forward's inputs) has already reduced the root's gradients; a unit
+    # whose input needs no gradient is reduced at the end of the backward, once its gradient is complete
+    emb = getattr(getattr(getattr(model, "model", model), "language_model", None), "embed_tokens", None)
+    if emb is not None:
+        fully_shard(emb, **kw)
+        resident.append(emb)
     fully_shard(model, **kw)
     resident.append(model)
     # FSDP makes the first unit to run forward the root; MR-SP calls the tower before (or without) the model's own
