@@ -128,11 +128,19 @@ def sp_checks(model, prompt, pv, grid, mmt, resp, rmask, weights) -> dict:
 
 
 def main() -> None:
-    model_dir, inputs_path, out_path = sys.argv[1:4]
     # a collective mismatch would hang both ranks: dump the stacks and exit instead
     faulthandler.dump_traceback_later(float(os.environ.get("MRSP_WORKER_TIMEOUT", "420")), exit=True)
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
+    try:
+        _checks(*sys.argv[1:4])
+    finally:
+        # on every path, an exception's included: a gloo group left to the interpreter's teardown can abort the
+        # process (SIGABRT, "terminate called without an active exception") and bury the exception's traceback
+        dist.destroy_process_group()
+
+
+def _checks(model_dir: str, inputs_path: str, out_path: str) -> None:
     rank, size = world()
     from safetensors.torch import load_file
     from transformers import AutoModelForImageTextToText
@@ -181,7 +189,6 @@ def main() -> None:
         with open(out_path, "w", encoding="utf-8") as fh:
             json.dump(gathered, fh, indent=1, sort_keys=True)
     dist.barrier()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

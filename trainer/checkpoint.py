@@ -9,6 +9,12 @@ A step checkpoint is a directory ``<out>/checkpoints/step-000006/`` holding
 ``rng-rank<R>.safetensors`` + ``rng-rank<R>.json``  torch CPU/CUDA, numpy and Python RNG states of each rank
 ``trainer_state.json``     step, loader position, config hash, anything else the loop needs to continue
 
+A sharded checkpoint (an FSDP run) holds ``sharded/`` instead of ``model.safetensors`` and
+``optimizer.safetensors``: every rank writes its own shards of the weights and of the AdamW state through
+``torch.distributed.checkpoint`` (``get_state_dict`` / ``set_state_dict`` and the safetensors storage writer, whose
+index lives in each file's JSON header; no pickle), one ``shard-000RR-*.safetensors`` per rank, and
+``optimizer.json`` keeps the param groups. Loading reshards: the saved layout need not match the loading world.
+
 It is written to a temp directory beside it and renamed into place, then ``latest`` (a one-line text file) is
 replaced atomically; a crash mid-save leaves the previous checkpoint as the latest. Loading uses safetensors and
 JSON only (``torch.load`` is never needed; were it used, it would be with ``weights_only=True``).
@@ -107,13 +113,52 @@ def _step_name(step: int) -> str:
     return f"step-{step:06d}"
 
 
+SHARDED = "sharded"
+
+
+def save_sharded(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> list:
+    """Every rank writes its shards of ``model`` (and of ``optimizer``'s tensor state) under ``path``; collective.
+    Returns the optimizer's param groups (parameters named by FQN) for the caller to keep as JSON."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageWriter
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+    if optimizer is None:
+        msd, groups, state = get_model_state_dict(model), [], {}
+    else:
+        msd, osd = get_state_dict(model, optimizer)
+        groups, state = osd["param_groups"], osd["state"]
+    dcp.save({"model": msd, "optim": state}, storage_writer=HuggingFaceStorageWriter(str(path), save_distributed=True))
+    return groups
+
+
+def load_sharded(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                 param_groups: list | None = None) -> None:
+    """Read what :func:`save_sharded` wrote into the (sharded) ``model`` and ``optimizer``; collective."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict, set_state_dict
+
+    if optimizer is None:
+        sd = {"model": get_model_state_dict(model), "optim": {}}
+    else:
+        msd, osd = get_state_dict(model, optimizer)  # the target layout (initialises an empty optimizer's state)
+        sd = {"model": msd, "optim": osd["state"]}
+    dcp.load(sd, storage_reader=HuggingFaceStorageReader(str(path)))
+    if optimizer is None:
+        set_state_dict(model, [], model_state_dict=sd["model"], optim_state_dict={})
+    else:
+        set_state_dict(model, optimizer, model_state_dict=sd["model"],
+                       optim_state_dict={"state": sd["optim"], "param_groups": param_groups})
+
+
 def save_checkpoint(ckpt_root: str | os.PathLike, step: int, *, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer | None, scheduler, trainer_state: dict, rank: int = 0,
-                    world: int = 1, barrier=None, model_state: dict[str, torch.Tensor] | None = None) -> Path:
+                    world: int = 1, barrier=None, sharded: bool = False) -> Path:
     """Write checkpoint ``step`` under ``ckpt_root`` (rank 0 writes the shared files; every rank its RNG).
 
     ``barrier``: a callable synchronising ranks (``torch.distributed.barrier``) when ``world > 1``.
-    ``model_state``: a full state dict to save instead of ``model`` (FSDP: gathered by the caller).
+    ``sharded``: every rank writes its shards of the (FSDP) model and optimizer (``save_sharded``); collective.
     """
     root = Path(ckpt_root)
     root.mkdir(parents=True, exist_ok=True)
@@ -128,13 +173,14 @@ def save_checkpoint(ckpt_root: str | os.PathLike, step: int, *, model: torch.nn.
     t, meta = rng_state()
     save_file(t, str(tmp / f"rng-rank{rank}.safetensors"))
     write_json_atomic(tmp / f"rng-rank{rank}.json", meta)
+    if sharded:
+        groups = save_sharded(tmp / SHARDED, model, optimizer)
+        if rank == 0 and optimizer is not None:
+            write_json_atomic(tmp / "optimizer.json", {"param_groups": groups, "sharded": True})
     if rank == 0:
-        if model_state is not None:
-            save_file({k: v.detach().cpu().contiguous() for k, v in model_state.items()},
-                      str(tmp / "model.safetensors"))
-        else:
+        if not sharded:
             save_model(model, str(tmp / "model.safetensors"))
-        if optimizer is not None:
+        if optimizer is not None and not sharded:
             ot, om = _optimizer_to_files(optimizer)
             save_file(ot, str(tmp / "optimizer.safetensors"))
             write_json_atomic(tmp / "optimizer.json", om)
@@ -178,12 +224,28 @@ def prune_checkpoints(ckpt_root: str | os.PathLike, keep: int) -> None:
 
 
 def load_checkpoint(path: str | os.PathLike, *, model: torch.nn.Module, optimizer=None, scheduler=None,
-                    rank: int = 0, load_model_weights: bool = True) -> dict:
-    """Restore a checkpoint written by ``save_checkpoint``; return its ``trainer_state``."""
+                    rank: int = 0, load_model_weights: bool = True, sharded: bool = False) -> dict:
+    """Restore a checkpoint written by ``save_checkpoint``; return its ``trainer_state``.
+
+    ``sharded``: ``model`` (and ``optimizer``) are FSDP-sharded; every rank calls this together. A sharded
+    checkpoint needs a sharded model and the other way round (an FSDP run resumes an FSDP run)."""
     path = Path(path)
-    if load_model_weights:
+    is_sharded = (path / SHARDED).is_dir()
+    if is_sharded != sharded:
+        if is_sharded:
+            raise ValueError(f"{path} is a sharded checkpoint (an FSDP run): resume it with dist.strategy=fsdp "
+                             "under torchrun (2 or more ranks)")
+        raise ValueError(f"{path} holds full weights (a single-process or DDP run): resume it without "
+                         "dist.strategy=fsdp")
+    if sharded:
+        groups = None
+        if optimizer is not None:
+            with open(path / "optimizer.json", encoding="utf-8") as fh:
+                groups = json.load(fh)["param_groups"]
+        load_sharded(path / SHARDED, model, optimizer, groups)
+    elif load_model_weights:
         missing, unexpected = load_model(model, str(path / "model.safetensors"), strict=True)
-    if optimizer is not None:
+    if optimizer is not None and not sharded:
         with open(path / "optimizer.json", encoding="utf-8") as fh:
             om = json.load(fh)
         _optimizer_from_files(optimizer, load_file(str(path / "optimizer.safetensors")), om)

@@ -116,8 +116,19 @@ class RunConfig(ConfigModel):
 class DistConfig(ConfigModel):
     backend: str = cfg("auto", "torch.distributed backend under torchrun: auto (nccl on GPU, gloo on CPU), gloo, nccl.",
                        choices=("auto", "gloo", "nccl"))
-    strategy: str = cfg("ddp", "Data-parallel strategy: ddp (gradients all-reduced) or fsdp (FSDP2 fully_shard; GPU).",
-                        choices=("ddp", "fsdp"))
+    strategy: str = cfg("ddp", "Data-parallel strategy: ddp (a full replica per rank, gradients all-reduced) or fsdp "
+                               "(FSDP2 fully_shard: weights, gradients and optimizer state sharded over the ranks; "
+                               "checkpoints sharded through torch.distributed.checkpoint).", choices=("ddp", "fsdp"))
+    fsdp_param_dtype: str = cfg("auto", "fsdp: dtype the gathered weights compute in (MixedPrecisionPolicy "
+                                        "param_dtype; the sharded master weights keep model.dtype). auto: bfloat16 "
+                                        "on CUDA, off on CPU.", choices=("auto", "off", "float32", "bfloat16"))
+    fsdp_reduce_dtype: str = cfg("auto", "fsdp: dtype gradients are reduce-scattered in (MixedPrecisionPolicy "
+                                         "reduce_dtype). auto: float32 on CUDA, off (the compute dtype) on CPU.",
+                                 choices=("auto", "off", "float32", "bfloat16"))
+    fsdp_reshard_after_forward: bool = cfg(True, "fsdp: free each decoder layer's gathered weights after its forward "
+                                                 "in the update and gather them again for the backward (ZeRO-3); "
+                                                 "false keeps them until the optimizer step (ZeRO-2: more memory, "
+                                                 "less traffic).")
 
 
 class MRSPConfig(ConfigModel):

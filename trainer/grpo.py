@@ -101,6 +101,12 @@ def _pad_time(x: Tensor, t: int, value=0) -> Tensor:
     return torch.cat([x, x.new_full((*x.shape[:-1], t - x.shape[-1]), value)], dim=-1)
 
 
+def _row_chunks(n: int, chunks: int) -> list[slice]:
+    """The micro-batches of a group of ``n`` responses: ``chunks`` contiguous row ranges (fewer when n is small)."""
+    size = math.ceil(n / chunks)
+    return [slice(start, min(n, start + size)) for start in range(0, n, size)]
+
+
 def grpo_group_loss(logp: Tensor, g: GroupBatch, rows: slice, cfg: TrainConfig, denominator: float,
                     norm_len: int) -> tuple[Tensor, dict[str, Tensor]]:
     """Loss of the responses ``rows`` of group ``g`` as their share of the global-batch loss."""
@@ -232,12 +238,13 @@ class GRPOTrainer:
         step = s.step + 1
         t0 = time.perf_counter()
         local = self._prompts(s.local_batch())
-        groups, embeds, vkeys, positions = self._rollout(step, local)
-        t_rollout = time.perf_counter()
-        batches, stats = self._score_groups(local, groups, embeds, vkeys, positions)
-        t_reward = time.perf_counter()
-        sums_behav = self._old_and_ref_logprobs(batches)
-        t_logprob = time.perf_counter()
+        with s.gathered():  # FSDP: the no-grad phases on gathered weights (ranks generate different lengths)
+            groups, embeds, vkeys, positions = self._rollout(step, local)
+            t_rollout = time.perf_counter()
+            batches, stats = self._score_groups(local, groups, embeds, vkeys, positions)
+            t_reward = time.perf_counter()
+            sums_behav = self._old_and_ref_logprobs(batches)
+            t_logprob = time.perf_counter()
         loss_total, sums, grad_norm, signal = self._update(step, batches)
         t_update = time.perf_counter()
         s.step = step
@@ -350,32 +357,36 @@ class GRPOTrainer:
         loss_total, sums = 0.0, {"clip_frac": 0.0, "clip_frac_low": 0.0, "clip_frac_high": 0.0, "approx_kl": 0.0,
                                  "kl_loss": 0.0, "tokens": 0.0}
         grad_norm = 0.0
+        passes = [(b, rows) for b in batches for rows in _row_chunks(b.response_ids.shape[0], chunks)]
+        # FSDP: every rank runs as many passes as the busiest one (a rank that skipped an item repeats its last
+        # pass at weight 0), since each pass runs the layers' collectives
+        padded = passes + passes[-1:] * (s.lockstep_passes(len(passes)) - len(passes))
         for epoch in range(cfg.grpo.ppo_epochs):
             epoch_loss = 0.0
+            s.hold_resident()  # FSDP: the tower and root stay gathered until the step (MR-SP calls them directly)
             if self.mrsp and epoch > 0 and self.vision_mode == "deferred":
                 # the tower stepped: the next epoch's features come from one fresh (kept-graph) encode per video
                 self.cache.begin_step()
-            for b in batches:
-                n = b.response_ids.shape[0]
-                size = math.ceil(n / chunks)
-                for start in range(0, n, size):
-                    rows = slice(start, min(n, start + size))
-                    if self.mrsp:
-                        feats = self.cache.update_features(b.video_key, b.prompt.pixel_values_videos,
-                                                           b.prompt.video_grid_thw)
-                        logp = self._logprobs(model, b, rows, feats)
-                    else:
-                        logp = sequence_logprobs(model, b.prompt, b.response_ids[rows], b.response_mask[rows],
-                                                 temperature=cfg.rollout.temperature)
-                    loss, m = grpo_group_loss(logp, b, rows, cfg, denominator, norm_len)
-                    (loss * s.loss_scale).backward()
-                    epoch_loss += float(loss.detach())
-                    if epoch == cfg.grpo.ppo_epochs - 1:
-                        ntok = float(b.response_mask[rows].sum())
-                        sums["tokens"] += ntok
-                        for k in ("clip_frac", "clip_frac_low", "clip_frac_high", "approx_kl"):
-                            sums[k] += float(m[k]) * ntok
-                        sums["kl_loss"] += float(m.get("kl_loss", 0.0))
+            for pi, (b, rows) in enumerate(padded):
+                if self.mrsp:
+                    feats = self.cache.update_features(b.video_key, b.prompt.pixel_values_videos,
+                                                       b.prompt.video_grid_thw)
+                    logp = self._logprobs(model, b, rows, feats)
+                else:
+                    logp = sequence_logprobs(model, b.prompt, b.response_ids[rows], b.response_mask[rows],
+                                             temperature=cfg.rollout.temperature)
+                loss, m = grpo_group_loss(logp, b, rows, cfg, denominator, norm_len)
+                if pi >= len(passes):  # a lockstep pad: the collectives run, the gradient gets nothing
+                    (loss * 0.0).backward()
+                    continue
+                (loss * s.loss_scale).backward()
+                epoch_loss += float(loss.detach())
+                if epoch == cfg.grpo.ppo_epochs - 1:
+                    ntok = float(b.response_mask[rows].sum())
+                    sums["tokens"] += ntok
+                    for k in ("clip_frac", "clip_frac_low", "clip_frac_high", "approx_kl"):
+                        sums[k] += float(m[k]) * ntok
+                    sums["kl_loss"] += float(m.get("kl_loss", 0.0))
             if self.mrsp:  # the features' accumulated gradient through the tower, once per video
                 self.cache.backward_vision()
             s.reduce_gradients()
@@ -384,6 +395,7 @@ class GRPOTrainer:
             if signal:
                 grad_norm = s.clip_and_step()
             else:  # every group tied: the gradient is zero, and AdamW would still move the weights on momentum
+                s.release()
                 s.optimizer.zero_grad(set_to_none=True)
                 s.scheduler.step()
                 grad_norm = 0.0

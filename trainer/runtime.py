@@ -3,9 +3,26 @@
 Distributed: started by ``torchrun`` (``WORLD_SIZE``/``RANK``/``LOCAL_RANK`` in the environment), gloo on CPU and
 NCCL on GPU. Data parallelism keeps one full replica per rank and sums gradients with ``all_reduce`` after the
 backward passes of a step (``sum_gradients``): each rank's loss is already divided by the *global* token (or
-sequence) count, so the summed gradient equals the single-process gradient of the same global batch. With
-``dist.strategy=fsdp`` (GPU) the model is wrapped with FSDP2 ``fully_shard`` instead, which reduce-scatters and
-averages, so the loss is scaled by the world size.
+sequence) count, so the summed gradient equals the single-process gradient of the same global batch.
+
+FSDP (``dist.strategy=fsdp``, :func:`shard_fsdp`): the model is wrapped with FSDP2 ``fully_shard`` (one unit per
+decoder layer, one for the vision tower, one for the token embeddings, the root holding the final norm and LM head),
+so weights,
+gradients and AdamW state are sharded over the ranks; FSDP reduce-scatters and averages, so the loss is scaled by
+the world size. FSDP runs a collective in every unit's forward and backward, so the ranks must run the same passes
+in the same order, which a trainer whose ranks generate responses of different lengths does not do by itself:
+
+* the no-grad phases (rollouts, old/reference log-probs, evaluation) run inside ``TrainSession.gathered()``: every
+  unit is gathered once, by every rank together, and the phase runs without collectives;
+* the root, the embeddings and the vision tower stay gathered from then until the optimizer step
+  (``hold_resident``): MR-SP calls the tower and the embeddings directly rather than through the root's forward,
+  and the deferred vision backward reuses the rollout's encode graph;
+* the update's decoder-layer passes are FSDP's usual per-layer gather / reduce-scatter (ZeRO-3, or ZeRO-2 with
+  ``dist.fsdp_reshard_after_forward=false``); a rank with fewer passes (a skipped item) pads with zero-weight passes
+  (``lockstep_passes``).
+
+Checkpoints of an FSDP run are sharded (``torch.distributed.checkpoint`` into safetensors, see
+``longreel.trainer.checkpoint``).
 
 MR-SP sequence parallelism (GRPO, ``mrsp.sp_size = S > 1``): the world is cut into groups of ``S`` consecutive
 ranks (``init_sp_groups``); the ranks of a group take the same prompts, so data parallelism runs over
@@ -15,10 +32,12 @@ gradient sum (``sum_gradients``) is at once the sum over the SP group and over t
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import math
 import os
 import random
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -28,7 +47,8 @@ import torch
 from longreel.trainer.config import DataConfig, OptimConfig
 
 __all__ = ["DistInfo", "init_distributed", "init_sp_groups", "sum_gradients", "all_gather_objects", "all_reduce_sum",
-           "seed_everything", "build_optimizer", "build_scheduler", "ItemStream", "load_items", "rollout_seed"]
+           "all_reduce_max", "fsdp_mixed_precision", "shard_fsdp", "seed_everything", "build_optimizer",
+           "build_scheduler", "ItemStream", "load_items", "rollout_seed"]
 
 log = logging.getLogger("longreel.trainer")
 
@@ -42,6 +62,7 @@ class DistInfo:
     backend: str = ""
     sp_size: int = 1
     sp_group: Any = None  # this rank's sequence-parallel process group (None: no SP)
+    owns_group: bool = False  # init_distributed created the process group (and the session destroys it)
 
     @property
     def is_main(self) -> bool:
@@ -83,9 +104,21 @@ def init_distributed(device: torch.device, backend: str = "auto") -> DistInfo:
     if device.type == "cuda":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
-    if not dist.is_initialized():
+    owns = not dist.is_initialized()
+    if owns:
         dist.init_process_group(backend=backend)
-    return DistInfo(rank=rank, world=world, local_rank=local_rank, device=device, backend=backend)
+        # a gloo group still alive at interpreter exit (an exception that skipped close()) can abort the process
+        # with "terminate called without an active exception", hiding the real error: destroy it while Python is
+        # still whole
+        atexit.register(_destroy_at_exit)
+    return DistInfo(rank=rank, world=world, local_rank=local_rank, device=device, backend=backend, owns_group=owns)
+
+
+def _destroy_at_exit() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def init_sp_groups(info: DistInfo, sp_size: int) -> DistInfo:
@@ -142,6 +175,16 @@ def all_reduce_sum(value: float, info: DistInfo) -> float:
     return float(t.item())
 
 
+def all_reduce_max(value: int, info: DistInfo) -> int:
+    if not info.enabled:
+        return int(value)
+    import torch.distributed as dist
+
+    t = torch.tensor([int(value)], dtype=torch.int64, device=info.device if info.backend == "nccl" else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
 def all_gather_objects(obj: Any, info: DistInfo) -> list[Any]:
     if not info.enabled:
         return [obj]
@@ -162,6 +205,64 @@ def rollout_seed(run_seed: int, step: int, index: int) -> int:
     """Sampling seed of one prompt's group: a function of (run seed, step, the prompt's global batch position),
     so a prompt samples the same rollouts whatever rank handles it and after a resume."""
     return (run_seed * 1_000_003 + step * 10_007 + index * 101 + 17) % (2**63 - 1)
+
+
+# --------------------------------------------------------------------------------------------------
+# FSDP
+# --------------------------------------------------------------------------------------------------
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def fsdp_mixed_precision(param_dtype: str, reduce_dtype: str, device: torch.device):
+    """``MixedPrecisionPolicy`` of ``dist.fsdp_param_dtype`` / ``dist.fsdp_reduce_dtype``: ``auto`` is bf16 compute
+    with fp32 gradient reduction on CUDA and off on CPU (bf16 matmuls on a CPU are slow and not what the CPU tests
+    compare against)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    cuda = device.type == "cuda"
+    pick = lambda name, gpu: (gpu if cuda else None) if name == "auto" else _DTYPES.get(name)  # noqa: E731
+    return MixedPrecisionPolicy(param_dtype=pick(param_dtype, torch.bfloat16),
+                                reduce_dtype=pick(reduce_dtype, torch.float32))
+
+
+def fsdp_parts(model: torch.nn.Module) -> tuple[torch.nn.Module | None, list[torch.nn.Module]]:
+    """(vision tower or None, decoder layers) of an HF VLM (``model.model.visual``, ``...language_model.layers``)."""
+    base = getattr(model, "model", model)
+    lm = getattr(base, "language_model", None)
+    layers = list(getattr(lm, "layers", None) or [])
+    if not layers:
+        raise ValueError("dist.strategy=fsdp: found no decoder layers (model.model.language_model.layers)")
+    return getattr(base, "visual", None), layers
+
+
+def shard_fsdp(model: torch.nn.Module, *, mp_policy=None, reshard_after_forward: bool = True) -> dict[str, list]:
+    """Wrap ``model`` with FSDP2 ``fully_shard``: one unit per decoder layer, one for the vision tower, one for the
+    token embeddings, and the root (final norm, LM head). Returns the units by role (``layers``, ``resident``: the
+    vision tower, the embeddings and the root, which ``TrainSession`` keeps gathered through a step)."""
+    from torch.distributed.fsdp import fully_shard
+
+    kw = {"mp_policy": mp_policy} if mp_policy is not None else {}
+    visual, layers = fsdp_parts(model)
+    for layer in layers:
+        fully_shard(layer, reshard_after_forward=reshard_after_forward, **kw)
+    resident = []
+    if visual is not None:
+        fully_shard(visual, **kw)
+        resident.append(visual)
+    # the embeddings in a unit of their own: MR-SP looks them up outside the model's forward (inputs_embeds), after
+    # which the root's post-backward hook (on its forward's inputs) has already reduced the root's gradients; a unit
+    # whose input needs no gradient is reduced at the end of the backward, once its gradient is complete
+    emb = getattr(getattr(getattr(model, "model", model), "language_model", None), "embed_tokens", None)
+    if emb is not None:
+        fully_shard(emb, **kw)
+        resident.append(emb)
+    fully_shard(model, **kw)
+    resident.append(model)
+    # FSDP makes the first unit to run forward the root; MR-SP calls the tower before (or without) the model's own
+    # forward, so settle the root now (private in torch 2.14; there is no public call for it)
+    model._get_fsdp_state()._lazy_init()
+    return {"layers": layers, "resident": resident}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -299,7 +400,8 @@ class TrainSession:
         self.info = init_distributed(device, cfg.dist.backend)
         if sp_size is not None:  # MR-SP: sequence-parallel groups (of 1 rank each when sp_size is 1)
             if sp_size > 1 and cfg.dist.strategy != "ddp":
-                raise ValueError("mrsp.sp_size > 1 needs dist.strategy=ddp")
+                raise ValueError("mrsp.sp_size > 1 needs dist.strategy=ddp (sequence parallelism is not combined "
+                                 "with FSDP yet; MR-SP's embedding reuse with sp_size=1 works under both)")
             init_sp_groups(self.info, sp_size)
         self.device = self.info.device
         if cfg.run.threads:
@@ -330,20 +432,21 @@ class TrainSession:
         self.stream = ItemStream(self.items, seed=cfg.run.seed, shuffle=cfg.data.shuffle)
         self.total_steps = int(total_steps if total_steps is not None else cfg.run.steps)
         self.step = 0
-        # resume: weights first (before any sharding), then optimizer/scheduler/RNG/loader
         resume_from = latest_checkpoint(self.ckpt_root) if cfg.run.resume else None
         self.fsdp = cfg.dist.strategy == "fsdp" and self.info.enabled
+        self._units: dict[str, list] = {"layers": [], "resident": []}
+        self._held = self._gathered = False
         if self.fsdp:
-            self._shard_fsdp()
+            self._units = shard_fsdp(self.model, reshard_after_forward=cfg.dist.fsdp_reshard_after_forward,
+                                     mp_policy=fsdp_mixed_precision(cfg.dist.fsdp_param_dtype,
+                                                                    cfg.dist.fsdp_reduce_dtype, self.device))
         self.optimizer = build_optimizer(self.model, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, self.total_steps)
         self.config_hash = config_hash(cfg)
         if resume_from is not None:
-            if self.fsdp:
-                raise NotImplementedError("resuming an FSDP run is not supported yet (checkpoints hold full weights "
-                                          "only); start a new run from the saved weights")
+            # a sharded (FSDP) checkpoint loads into the sharded model and optimizer on every rank together
             state = load_checkpoint(resume_from, model=self.model, optimizer=self.optimizer,
-                                    scheduler=self.scheduler, rank=self.info.rank)
+                                    scheduler=self.scheduler, rank=self.info.rank, sharded=self.fsdp)
             if state.get("stage") != stage:
                 raise ValueError(f"{resume_from} is a {state.get('stage')!r} checkpoint, not {stage!r}")
             if state.get("world") != self.info.world:
@@ -356,13 +459,60 @@ class TrainSession:
                                     total_steps=self.total_steps, start_step=self.step)
 
     # ------------------------------------------------------------------ distributed helpers
-    def _shard_fsdp(self) -> None:
-        from torch.distributed.fsdp import fully_shard
+    def hold_resident(self) -> None:
+        """FSDP: gather the vision tower and the root (every rank together) and keep them gathered until
+        ``release()`` (the optimizer step). A no-op without FSDP or when already held."""
+        if not self.fsdp or self._held:
+            return
+        for m in self._units["resident"]:
+            m.set_reshard_after_forward(False, recurse=False)
+            m.set_reshard_after_backward(False, recurse=False)
+            m.unshard()
+        self._held = True
 
-        lm = getattr(getattr(self.model, "model", self.model), "language_model", None)
-        for layer in getattr(lm, "layers", []):
-            fully_shard(layer)
-        fully_shard(self.model)
+    @contextmanager
+    def gathered(self):
+        """FSDP: run a no-grad phase (rollouts, log-probs, evaluation) on gathered weights, with no collective inside,
+        so ranks may run different numbers of forwards (responses of different lengths). Every rank enters and
+        leaves together. The resident units stay held afterwards; the decoder layers are sharded again."""
+        if not self.fsdp or self._gathered:
+            yield
+            return
+        self.hold_resident()
+        for m in self._units["layers"]:
+            m.set_reshard_after_forward(False, recurse=False)
+            m.unshard()
+        self._gathered = True
+        try:
+            yield
+        finally:
+            self._gathered = False
+            for m in self._units["layers"]:
+                m.reshard()
+                m.set_reshard_after_forward(self.cfg.dist.fsdp_reshard_after_forward, recurse=False)
+
+    def release(self) -> None:
+        """FSDP: shard every unit again (before the optimizer step, which updates the shards)."""
+        if not self.fsdp or not self._held:
+            return
+        for m in self._units["resident"]:
+            m.reshard()
+            # FSDP's defaults: the root keeps its weights between forward and backward, other units do not
+            m.set_reshard_after_forward(m is not self.model, recurse=False)
+            m.set_reshard_after_backward(True, recurse=False)
+        self._held = False
+
+    def lockstep_passes(self, n: int) -> int:
+        """FSDP: the most forward/backward passes any rank runs in this update (each pass runs collectives, so a
+        rank with fewer pads with zero-weight passes); ``n`` otherwise."""
+        if not self.fsdp:
+            return n
+        most = all_reduce_max(n, self.info)
+        if n == 0 and most > 0:
+            raise RuntimeError(f"rank {self.info.rank} has no item to train on in this step while another rank has "
+                               f"{most} passes; under dist.strategy=fsdp every rank needs at least one (make "
+                               "data.batch_size larger or fix the skipped items)")
+        return most
 
     @property
     def loss_scale(self) -> float:
@@ -382,11 +532,13 @@ class TrainSession:
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         if not self.fsdp:
             return None
+        self.release()
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     def clip_and_step(self) -> float:
+        self.release()
         params = [p for p in self.model.parameters() if p.requires_grad]
         max_norm = self.cfg.optim.max_grad_norm if self.cfg.optim.max_grad_norm > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
@@ -396,11 +548,16 @@ class TrainSession:
         return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
     def dump_grads(self, path: str) -> None:
+        """Rank 0 writes every gradient (under FSDP gathered from the shards: every rank takes part)."""
         from safetensors.torch import save_file
 
+        self.release()
+        grads = {}
+        for n, p in self.model.named_parameters():
+            if p.grad is not None:
+                g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+                grads[n] = g.detach().float().cpu().contiguous()
         if self.info.is_main:
-            grads = {n: p.grad.detach().float().cpu().contiguous() for n, p in self.model.named_parameters()
-                     if p.grad is not None}
             save_file(grads, path)
 
     # ------------------------------------------------------------------ checkpoints
@@ -414,9 +571,10 @@ class TrainSession:
         from longreel.trainer.checkpoint import prune_checkpoints, save_checkpoint
 
         state = {"stage": self.stage, "loader": self.stream.state_dict(), "config_hash": self.config_hash}
-        save_checkpoint(self.ckpt_root, self.step, model=self.model, optimizer=None if self.fsdp else self.optimizer,
+        self.release()
+        save_checkpoint(self.ckpt_root, self.step, model=self.model, optimizer=self.optimizer,
                         scheduler=self.scheduler, trainer_state=state, rank=self.info.rank, world=self.info.world,
-                        barrier=self.barrier, model_state=self.full_state_dict())
+                        barrier=self.barrier, sharded=self.fsdp)
         if self.info.is_main:
             prune_checkpoints(self.ckpt_root, self.cfg.run.keep_checkpoints)
 
@@ -430,8 +588,10 @@ class TrainSession:
 
         if getattr(self, "_eval_items", None) is None:
             self._eval_items = load_items(self.cfg.data, "eval")
-        res = evaluate(self.model, self.processor, self._eval_items, max_new_tokens=self.cfg.eval.max_new_tokens,
-                       max_items=self.cfg.eval.max_items)
+        with self.gathered():
+            res = evaluate(self.model, self.processor, self._eval_items,
+                           max_new_tokens=self.cfg.eval.max_new_tokens, max_items=self.cfg.eval.max_items)
+        self.release()
         self.model.train()
         out = {"eval_accuracy": res["accuracy"], "eval_format_rate": res["format_rate"]}
         out.update({f"eval_accuracy/{k}": v["accuracy"] for k, v in res["per_category"].items()})
@@ -489,8 +649,10 @@ class TrainSession:
         return {"step": self.step, "final": final, **last}
 
     def close(self) -> None:
+        """Close the metrics and, when this session created it, the process group (a caller that set one up itself,
+        e.g. to run several sessions in one launch, keeps it)."""
         self.logger.close()
-        if self.info.enabled:
+        if self.info.enabled and self.info.owns_group:
             import torch.distributed as dist
 
             if dist.is_initialized():

@@ -54,9 +54,14 @@ class SFTTrainer:
         denominator = all_reduce_sum(sum(float(m.sum()) for _, _, m in work), s.info)
         s.model.train()
         loss_sum = 0.0
-        for prompt, ids, mask in work:
+        # FSDP: as many passes on every rank (a rank that skipped an item repeats its last one at weight 0)
+        padded = work + work[-1:] * (s.lockstep_passes(len(work)) - len(work))
+        for k, (prompt, ids, mask) in enumerate(padded):
             logp = sequence_logprobs(s.model, prompt, ids, mask)
             loss = -(logp * mask).sum() / max(denominator, 1.0)
+            if k >= len(work):
+                (loss * 0.0).backward()
+                continue
             (loss * s.loss_scale).backward()
             loss_sum += float(loss.detach())
         s.reduce_gradients()

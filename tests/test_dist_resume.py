@@ -1,0 +1,164 @@
+"""Distributed training on 2 gloo ranks (torchrun, CPU): FSDP2 (``dist.strategy=fsdp``) gives the step-1 gradients of
+the 1-process run within 1e-5, for GRPO with MR-SP (the vision tower trained through the deferred backward) and for
+SFT; and under DDP and FSDP alike, 6 steps equal 3 steps + resume + 3 steps bitwise (weights, logged losses), every
+rank getting its own RNG states back from the checkpoint (sharded through torch.distributed.checkpoint under
+FSDP)."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import torch
+import torchvision  # noqa: F401
+import transformers  # noqa: F401
+
+from safetensors.torch import load_file  # noqa: E402
+
+from longreel.trainer.logging_utils import read_metrics  # noqa: E402
+from longreel.testing.tiny_model import build_tiny_qwen2vl  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+WORKER = REPO / "tests" / "dist_resume_worker.py"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    return build_tiny_qwen2vl(tmp_path_factory.mktemp("tiny") / "m", seed=0)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torchrun(n: int) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "--master_addr", "127.0.0.1",
+            "--master_port", str(_free_port())]
+
+
+def _run(cmd: list[str]) -> None:
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
+               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    # the head of stderr holds the first rank's traceback; the tail, torchrun's summary
+    assert proc.returncode == 0, \
+        f"{cmd[:8]} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[:6000]}\n...\n{proc.stderr[-3000:]}"
+
+
+def _train_args(stage: str, model: str, out: Path, grads: Path, *extra: str) -> list[str]:
+    sets = [f"model.path={model}", f"run.out_dir={out}", f"run.dump_grads={grads}", "run.steps=1",
+            "run.save_final=false", "run.progress=false", "run.tensorboard=false", "run.threads=1", "run.seed=5",
+            "data.source=synthetic", "data.synthetic_train=8", "data.synthetic_kinds=[colour, count]",
+            "data.batch_size=4", "rollout.n=4", "rollout.max_new_tokens=10", "grpo.mix_policy=true",
+            "optim.grad_accum=2", *extra]
+    return ["-m", "longreel", "train", stage, *[a for s in sets for a in ("--set", s)]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["grpo", "grpo-frozen", "sft"])
+def test_fsdp_two_ranks_match_one_process(tiny, tmp_path, case):
+    """``grpo``: MR-SP with the tower trained (deferred); ``grpo-frozen``: the tower frozen, so no vision backward
+    runs after the update's passes (which once hid embedding gradients left behind by each pass)."""
+    stage, *mode = case.split("-")
+    extra = ["mrsp.vision=frozen", "model.freeze_vision=true"] if mode else []
+    one, two = tmp_path / "one", tmp_path / "two"
+    _run([sys.executable, *_train_args(stage, tiny, one, tmp_path / "g1.safetensors", *extra)])
+    _run([*_torchrun(2), *_train_args(stage, tiny, two, tmp_path / "g2.safetensors", "dist.strategy=fsdp", *extra)])
+
+    g1, g2 = load_file(str(tmp_path / "g1.safetensors")), load_file(str(tmp_path / "g2.safetensors"))
+    assert g1.keys() == g2.keys() and len(g1) > 10
+    assert sum(float(g.abs().sum()) for g in g1.values()) > 0  # a real gradient, not an all-tied batch
+    # the vision tower is trained under FSDP too (GRPO: MR-SP's deferred backward through the step's one encode)
+    assert any(k.startswith("model.visual.") and float(g2[k].abs().sum()) > 0 for k in g2) != bool(mode)
+    assert float(g2["model.language_model.embed_tokens.weight"].abs().sum()) > 0
+    worst = max(float((g1[k] - g2[k]).abs().max()) for k in g1)
+    assert worst <= 1e-5, f"max |grad(1 proc) - grad(2 ranks, FSDP)| = {worst}"
+    m1, m2 = read_metrics(one / "metrics.jsonl"), read_metrics(two / "metrics.jsonl")
+    assert len(m1) == len(m2) == 1
+    assert abs(m1[0]["loss"] - m2[0]["loss"]) <= 1e-6
+    if stage == "grpo":
+        for k in ("reward_mean", "accuracy", "format_rate", "response_len_mean"):
+            assert m1[0][k] == m2[0][k], k  # the same rollouts were sampled (on gathered weights) and scored
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_rank_resume_is_exact(tiny, tmp_path, strategy):
+    _run([*_torchrun(2), str(WORKER), tiny, str(tmp_path), "grpo", strategy, "grpo.mix_policy=true",
+          "grpo.beta=0.05"])
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    a, b = load_file(str(straight / "final" / "model.safetensors")), load_file(str(resumed / "final" /
+                                                                                  "model.safetensors"))
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), f"{k} differs"
+    base = load_file(str(Path(tiny) / "model.safetensors"))
+    assert any(not torch.equal(base[k], v) for k, v in a.items())  # the run changed the weights
+    keys = ("step", "loss", "reward_mean", "accuracy", "grad_norm", "lr", "kl")
+    ma = [tuple(r.get(k) for k in keys) for r in read_metrics(straight / "metrics.jsonl")]
+    mb = [tuple(r.get(k) for k in keys) for r in read_metrics(resumed / "metrics.jsonl")]
+    assert [r[0] for r in ma] == [1, 2, 3, 4, 5, 6]
+    assert ma == mb  # steps 1-3 before the stop, 4-6 after the resume: bitwise
+
+    ckpt = resumed / "checkpoints" / "step-000003"
+    assert (ckpt / "sharded").is_dir() == (strategy == "fsdp")
+    if strategy == "fsdp":  # one shard file per rank, safetensors only (no pickle)
+        files = sorted(p.name for p in (ckpt / "sharded").iterdir())
+        assert len(files) == 2 and all(f.endswith(".safetensors") for f in files), files
+    rng = [json.loads((tmp_path / f"rng-rank{r}.json").read_text()) for r in (0, 1)]
+    for r in rng:
+        assert r["resumed"] == r["straight"]
+        assert r["loaded"] == r["saved"] != r["scrambled"]
+    assert rng[0]["saved"] != rng[1]["saved"]  # each rank got its own states back, not rank 0's
+
+
+EXIT_SCRIPT = """
+import atexit, sys
+import torch, torch.distributed as dist
+
+def report():  # registered before the trainer's handler, so it runs after it (atexit is last-in, first-out)
+    print(f"rank {rank}: group alive at exit: {dist.is_initialized()}", flush=True)
+
+atexit.register(report)
+from longreel.trainer.runtime import init_distributed
+rank = init_distributed(torch.device("cpu")).rank
+t = torch.ones(4)
+dist.all_reduce(t)
+raise RuntimeError(f"rank {rank} fails before closing its session")
+"""
+
+
+def test_a_failing_rank_destroys_its_process_group_at_exit(tmp_path):
+    """An exception that skips ``TrainSession.close()`` must not leave the gloo group to the interpreter's teardown,
+    where its threads can abort the process (SIGABRT, "terminate called without an active exception") and bury the
+    traceback: ``init_distributed`` destroys the group it created at exit."""
+    script = tmp_path / "fail.py"
+    script.write_text(EXIT_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    proc = subprocess.run([*_torchrun(2), str(script)], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode != 0
+    assert "fails before closing its session" in proc.stderr
+    out = proc.stdout + proc.stderr
+    for rank in (0, 1):
+        assert f"rank {rank}: group alive at exit: False" in out, out[-4000:]
+
+
+def test_fsdp_mixed_precision_follows_the_config():
+    from longreel.trainer.runtime import fsdp_mixed_precision
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    off = fsdp_mixed_precision("auto", "auto", cpu)
+    assert off.param_dtype is None and off.reduce_dtype is None  # auto: off on CPU
+    on = fsdp_mixed_precision("auto", "auto", gpu)
+    assert on.param_dtype == torch.bfloat16 and on.reduce_dtype == torch.float32  # auto: bf16 compute on CUDA
+    forced = fsdp_mixed_precision("bfloat16", "off", cpu)
+    assert forced.param_dtype == torch.bfloat16 and forced.reduce_dtype is None
+    assert fsdp_mixed_precision("off", "float32", gpu).param_dtype is None
