@@ -9,8 +9,11 @@ One pass, many consumers: a :class:`FrameRequest` is one consumer's timestamps a
 stage's clip frames, the frame cache's processor grid, the pass-rate filter's uniform frames). The decoder
 walks the union of all requests' timestamps in time order, so a video is decoded once however many consumers
 want frames from it, and converts each picked frame straight into every request's output array: memory holds
-one decoded frame at a time, and in the worker the outputs are ``.npy`` files on disk (``open_memmap``), so a
-long video does not grow the worker.
+one decoded frame at a time, and in the worker the outputs are ``.npy`` files on disk written frame by frame
+(:class:`NpyFrameWriter`), so a long video does not grow the worker.
+
+Every decode pass through the worker is logged on the ``longreel.decode`` logger (DEBUG: path, requests,
+frames), so a run can count its passes per video (``benchmarks/throughput.py`` does).
 
 Rotation: frames leave this module as displayed (a phone video shot upright is portrait), turned by the
 stream's display rotation with :func:`upright`; sizes in a request are the displayed size. Every consumer gets
@@ -27,12 +30,15 @@ Backends: ``pyav`` (threaded decoding) and ``decord``; ``benchmarks/decoders.py`
 """
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
+
+log = logging.getLogger("longreel.decode")
 
 DECODE_VERSION = "decode-v1"
 BACKENDS = ("pyav", "decord")
@@ -108,7 +114,7 @@ class _Targets:
 
 class _Outputs:
     """Each request's output array, filled as frames are picked; ``alloc(request, shape)`` makes an array
-    (``np.empty`` in-process, an ``open_memmap`` file in the worker)."""
+    (``np.empty`` in-process, an :class:`NpyFrameWriter` in the worker)."""
 
     def __init__(self, requests: list[FrameRequest], rotation: int, alloc: Callable, convert: Callable):
         self.requests, self.rotation, self.alloc, self.convert = requests, rotation, alloc, convert
@@ -325,28 +331,69 @@ def decode_frames(path: str, timestamps: list[float], *, width: int | None = Non
                            seek_gap_s=seek_gap_s, threads=threads, backend=backend, mode=mode)[0]
 
 
-def decode_to_npy(tmpdir: str, path: str, requests: list[dict], rotation: int | None = 0, backend: str = "pyav",
-                  mode: str = "exact") -> dict:
-    """Worker side of op ``decode``: each request's frames go straight to ``tmpdir/<random>.npy`` as they are
-    picked (memory stays at one frame), metadata in the reply."""
-    names = [os.path.join(tmpdir, f"{uuid.uuid4().hex}.npy") for _ in requests]
+class NpyFrameWriter:
+    """A uint8 ``.npy`` file of ``shape`` filled one frame at a time (``writer[pos] = frame``) with positioned
+    writes. Not a memory map on purpose: the pages of a written shared mapping count in the process's RSS until
+    the kernel writes them back, so a memory-mapped output grows the worker with the video's length (2,880
+    caption frames of an hour-long video), while written pages only sit in the page cache."""
 
-    def alloc(r: int, shape: tuple) -> np.ndarray:
-        return np.lib.format.open_memmap(names[r], mode="w+", dtype=np.uint8, shape=shape)
+    def __init__(self, path: str, shape: tuple):
+        self.path, self.shape = path, tuple(int(x) for x in shape)
+        self.frame_bytes = int(np.prod(self.shape[1:], dtype=np.int64))
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(os.dup(fd), "wb") as fh:
+                np.lib.format.write_array_header_1_0(fh, {"descr": "|u1", "fortran_order": False,
+                                                          "shape": self.shape})
+                self.offset = fh.tell()
+            os.ftruncate(fd, self.offset + self.frame_bytes * self.shape[0])
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd: int | None = fd
+
+    def __setitem__(self, pos: int, frame: np.ndarray) -> None:
+        buf = np.ascontiguousarray(frame, dtype=np.uint8)
+        if buf.shape != self.shape[1:]:
+            raise ValueError(f"frame of shape {buf.shape} for a {self.shape} file")
+        os.pwrite(self.fd, memoryview(buf).cast("B"), self.offset + int(pos) * self.frame_bytes)
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def decode_to_npy(tmpdir: str, path: str, requests: list[dict], rotation: int | None = 0, backend: str = "pyav",
+                  mode: str = "exact", threads: bool = False) -> dict:
+    """Worker side of op ``decode``: each request's frames go straight to ``tmpdir/<random>.npy`` as they are
+    picked (memory stays at one frame, see :class:`NpyFrameWriter`), metadata in the reply."""
+    names = [os.path.join(tmpdir, f"{uuid.uuid4().hex}.npy") for _ in requests]
+    writers: list[NpyFrameWriter] = []
+
+    def alloc(r: int, shape: tuple) -> NpyFrameWriter:
+        writers.append(NpyFrameWriter(names[r], shape))
+        return writers[-1]
 
     try:
         done = decode_requests(path, [FrameRequest(**r) for r in requests], rotation=rotation, backend=backend,
-                               mode=mode, threads=False, alloc=alloc)
+                               mode=mode, threads=threads, alloc=alloc)
     except DecodeError:
+        _close(writers)
         _unlink(names)
         raise
     except Exception as e:  # a decoder failure of any kind is one reject for this input
+        _close(writers)
         _unlink(names)
         raise DecodeError("decode_failed", f"{path}: {type(e).__name__}: {e}") from None
-    for d in done:
-        d.frames.flush()
+    _close(writers)
     return {"results": [{"npy": n, "timestamps": d.timestamps, "indices": d.indices, "fps": d.fps}
                         for n, d in zip(names, done)]}
+
+
+def _close(writers: list[NpyFrameWriter]) -> None:
+    for w in writers:
+        w.close()
 
 
 def _unlink(paths: list[str]) -> None:
@@ -363,6 +410,8 @@ def decode_many_in_worker(worker, path: str, requests: list[FrameRequest], *, ro
     """Decode several consumers' frames in one pass in an :class:`IsolatedWorker`; a hang or crash raises a
     WorkerError (one reject). The frames are memory-mapped from the worker's files (unlinked at once: the
     mapping keeps them readable), so a long video's frames are paged in as the caller uses them."""
+    log.debug("decode pass: %s (%d requests, %d frames, %s, %s)", path, len(requests),
+              sum(len(r.timestamps) for r in requests), backend, mode)
     reply = worker.call("decode", timeout=timeout, path=path, requests=[r.as_dict() for r in requests],
                         rotation=int(rotation or 0), backend=backend, mode=mode)
     out = []
