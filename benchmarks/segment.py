@@ -7,9 +7,10 @@ bytes (so dedup keeps them all):
 * ``longreel curate`` as a user runs it (a fresh process, Beam start-up included) on 1 and on N videos.
 
 The marginal cost per video is ``(T(N) - T(1)) / (N - 1)``, the fixed start-up ``T(1) - marginal``.
-Targets: marginal / ffmpeg <= 1.5; start-up <= 5 s.
+Targets: marginal / ffmpeg <= 1.2; start-up <= 3 s. The machine's load average is recorded at start and end
+(a shared machine: the three repeats run interleaved so that its noise hits both alike).
 
-    python benchmarks/segment.py [--video PATH] [--copies 8] [--repeats 3] [--out benchmarks/results/segment.json]
+    nice -n 10 python benchmarks/segment.py [--video PATH] [--copies 8] [--repeats 3] [--out benchmarks/results/segment.json]
 """
 from __future__ import annotations
 
@@ -25,12 +26,10 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-
 from longreel.pipelines.media.ffmpeg_bin import ffmpeg_exe  # noqa: E402
 
 DEFAULT_VIDEO = "moviepy__bbb_full.mp4"  # a sample video (longreel.testing.sample_videos)
+MARGINAL_MAX, STARTUP_MAX_S = 1.2, 3.0
 
 
 def timed(args: list[str], cwd: str | None = None) -> float:
@@ -50,6 +49,7 @@ def main() -> int:
         from longreel.testing.sample_videos import ensure_videos
         a.video = str(ensure_videos([DEFAULT_VIDEO]) / DEFAULT_VIDEO)
     ff = ffmpeg_exe()
+    load_start = os.getloadavg()
     work = tempfile.mkdtemp(prefix="longreel-bench-segment-")
     try:
         vids = os.path.join(work, "videos")
@@ -95,15 +95,19 @@ def main() -> int:
         "video": os.path.basename(a.video),
         "copies": a.copies,
         "repeats": a.repeats,
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "ffmpeg": ff},
+        "command": "nice -n 10 python benchmarks/segment.py " + " ".join(sys.argv[1:]),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "ffmpeg": ff,
+                    "shared": "yes: other jobs ran on this machine at the same time; see the load averages",
+                    "load_average_start": [round(x, 2) for x in load_start],
+                    "load_average_end": [round(x, 2) for x in os.getloadavg()]},
         "ffmpeg_cli_per_video_s": {"median": round(ff_s, 3), "all": [round(x, 3) for x in ffmpeg_times]},
         "longreel_1_video_s": {"median": round(one_s, 3), "all": [round(x, 3) for x in t1]},
         f"longreel_{a.copies}_videos_s": {"median": round(n_s, 3), "all": [round(x, 3) for x in tn]},
         "marginal_per_video_s": round(marginal, 3),
         "startup_s": round(startup, 3),
         "marginal_ratio_vs_ffmpeg": round(marginal / ff_s, 3),
-        "targets": {"marginal_ratio_max": 1.5, "startup_max_s": 5.0},
-        "meets_targets": {"marginal_ratio": marginal / ff_s <= 1.5, "startup": startup <= 5.0},
+        "targets": {"marginal_ratio_max": MARGINAL_MAX, "startup_max_s": STARTUP_MAX_S},
+        "meets_targets": {"marginal_ratio": marginal / ff_s <= MARGINAL_MAX, "startup": startup <= STARTUP_MAX_S},
     }
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w") as fh:

@@ -40,7 +40,6 @@ import time
 from collections import Counter
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 
 DEFAULT_VIDEO = "moviepy__bbb_full.mp4"  # a sample video (longreel.testing.sample_videos)
 RATIO_TARGET = 1.3
@@ -280,7 +279,8 @@ def main() -> int:
             steps.append((STAGE_STEPS[-1][0], full))
             rows = []
             for name, m in steps:
-                rows.append({"stage": name, "stages_run": m["stages"], "run_cpu_s": m["cpu_s"], "run_wall_s": m["wall_s"],
+                rows.append({"stage": name, "stages_run": m["stages"], "run_cpu_s": m["cpu_s"],
+                             "run_wall_s": m["wall_s"],
                              "stage_cpu_s": round(m["cpu_s"] - (prev["cpu_s"] if prev else 0.0), 3),
                              "decode_passes_per_video": list(m["decode_passes_per_video"].values())})
                 prev = m

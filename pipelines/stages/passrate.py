@@ -340,8 +340,8 @@ class PassRateFilter(beam.PTransform):
         keyed_v = videos | "KeyVideos" >> beam.Map(lambda v: (v["video_id"], v))
         keyed_q = qras | "KeyQuestions" >> beam.Map(lambda q: (q["video_id"], q))
         joined = {"videos": keyed_v, "qras": keyed_q} | "JoinVideos" >> beam.CoGroupByKey()
-        prepared = joined | "FramesAndPrompts" >> beam.ParDo(PrepareQuestions(self.cfg, self.handler.processor_dir(), self.frames_dir)).with_outputs(REJECTS,
-                                                                                                       main=MAIN)
+        prepare = PrepareQuestions(self.cfg, self.handler.processor_dir(), self.frames_dir)
+        prepared = joined | "FramesAndPrompts" >> beam.ParDo(prepare).with_outputs(REJECTS, main=MAIN)
         answered = prepared[MAIN] | "Answer" >> on_model_step(RunInference(self.handler), self.cfg.resources)
         scored = answered | "Score" >> beam.ParDo(ScoreQuestion(self.cfg, self.provenance())).with_outputs(
             REJECTS, main=MAIN)
