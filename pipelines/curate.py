@@ -139,7 +139,7 @@ def build_curate(p: beam.Pipeline, items: InputPlan | list[dict], out_dir: str, 
         # a run that packs builds the frame cache in the caption's decode pass: one decode per video
         cap = add_caption_stage(p, videos, spread(clips, "Clips"), out_dir, cfg.caption,
                                 handler=handlers.get("caption"), pack_cfg=cfg.pack if "pack" in cfg.stages else None,
-                                gates=gates)
+                                filter_cfg=cfg.filter if "filter" in cfg.stages else None, gates=gates)
         rejects.append(cap["rejects"])
         counts.append(cap["counts"])
         tables.update(captions=cap["captions"], clip_facts=cap["facts"])
@@ -167,8 +167,12 @@ def build_curate(p: beam.Pipeline, items: InputPlan | list[dict], out_dir: str, 
     passrates = None
     if "filter" in cfg.stages:
         from longreel.pipelines.stages.passrate import add_filter_stage, finish_filter_stats
+        from longreel.pipelines.stages.caption import filter_frames_dir, shares_filter_pass
+        shared = shares_filter_pass(cfg.caption, cfg.filter)  # its uniform frames come from the caption's pass
         flt = add_filter_stage(p, videos, spread(tables["qras"], "QRAs"), out_dir, cfg.filter,
-                               handler=handlers.get("filter"))
+                               handler=handlers.get("filter"),
+                               frames_dir=filter_frames_dir(out_dir, cfg.pack if "pack" in cfg.stages else None)
+                               if shared else None)
         rejects.append(flt["rejects"])
         counts.append(flt["counts"])
         passrates = flt["pass_rates"]

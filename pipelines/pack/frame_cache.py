@@ -328,3 +328,71 @@ class FrameCache:
         write_atomic(npy, data)
         write_atomic(meta_path, (json.dumps(meta, sort_keys=True, indent=1) + "\n").encode())
         return CacheEntry(key, npy, meta_path, meta)
+
+
+# -- frames of one decode request, as decoded --------------------------------------------------------------------
+
+DECODED_KIND = "longreel-decoded-frames-entry"
+
+
+class DecodedFrameStore:
+    """Frames one stage asked the shared decode pass for, stored as decoded (no processor resize), so that the
+    stage reads them instead of decoding the video again: the pass-rate filter's ``uniform`` frames, decoded in the
+    caption stage's pass. Entries sit beside the frame cache's (``<key[:2]>/<key>.frames.npy`` and
+    ``.frames.json``, the JSON written last and holding the ``.npy``'s size and sha256); ``key`` covers the video's
+    content, the request (timestamps, size), the rotation applied and the decoder's version, so an entry is only
+    ever read by a request for the same frames. A missing or damaged entry reads as absent (the stage decodes)."""
+
+    def __init__(self, cache_dir: str):
+        self.cache_dir = cache_dir
+
+    def key(self, video: dict, request) -> str:
+        from longreel.pipelines.media.decode import DECODE_VERSION
+
+        blob = json.dumps({"kind": DECODED_KIND, "sha256": video["sha256"], "request": request.as_dict(),
+                           "rotation": int(video.get("rotation") or 0) % 360, "decode": DECODE_VERSION},
+                          sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    def paths(self, key: str) -> tuple[str, str]:
+        d = FileSystems.join(self.cache_dir, key[:2])
+        return FileSystems.join(d, f"{key}.frames.npy"), FileSystems.join(d, f"{key}.frames.json")
+
+    def lookup(self, video: dict, request):
+        """The stored :class:`~longreel.pipelines.media.decode.DecodedFrames` of ``request``, or None."""
+        from longreel.pipelines.media.decode import DecodedFrames
+
+        key = self.key(video, request)
+        npy, meta_path = self.paths(key)
+        try:
+            if not FileSystems.exists(meta_path) or not FileSystems.exists(npy):
+                return None
+            meta = json.loads(_read(meta_path))
+            if meta.get("__kind__") != DECODED_KIND or meta.get("key") != key:
+                return None
+            data = _read(npy)
+            want = meta["frames_file"]
+            if len(data) != want["bytes"] or hashlib.sha256(data).hexdigest() != want["sha256"]:
+                return None
+            frames = np.load(io.BytesIO(data), allow_pickle=False)
+        except (OSError, ValueError, KeyError):
+            return None
+        if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[0] != len(request.timestamps):
+            return None
+        return DecodedFrames(frames=frames, timestamps=[float(t) for t in meta["timestamps"]],
+                             indices=[int(i) for i in meta["indices"]], fps=float(meta["fps"]))
+
+    def store(self, video: dict, request, decoded) -> str:
+        """Write ``decoded`` (the frames of ``request``) for ``video``; returns the key."""
+        key = self.key(video, request)
+        npy, meta_path = self.paths(key)
+        data = npy_bytes(np.ascontiguousarray(decoded.frames))
+        meta = {"__kind__": DECODED_KIND, "key": key, "video_id": video["video_id"], "video_sha256": video["sha256"],
+                "request": request.as_dict(), "timestamps": [float(t) for t in decoded.timestamps],
+                "indices": [int(i) for i in decoded.indices], "fps": float(decoded.fps),
+                "frames_file": {"format": "npy", "dtype": "uint8", "layout": "THWC",
+                                "shape": [int(x) for x in decoded.frames.shape], "bytes": len(data),
+                                "sha256": hashlib.sha256(data).hexdigest()}}
+        write_atomic(npy, data)
+        write_atomic(meta_path, (json.dumps(meta, sort_keys=True, indent=1) + "\n").encode())
+        return key

@@ -149,6 +149,23 @@ class DecodeTask:
     clips: list[dict]
 
 
+def shares_filter_pass(cfg: CaptionConfig, filter_cfg) -> bool:
+    """Whether the caption's pass decodes the filter's uniform frames: the filter decodes exact frames with the
+    default decoder, so the pass must too for the frames to be the same."""
+    from longreel.pipelines.media.decode import DEFAULT_BACKEND
+
+    return (filter_cfg is not None and filter_cfg.frame_source == "uniform" and cfg.frames.sampling == "exact"
+            and cfg.frames.backend == DEFAULT_BACKEND)
+
+
+def filter_frames_dir(out_dir: str, pack_cfg=None) -> str:
+    """Where the caption's pass stores the filter's uniform frames: beside the frame cache."""
+    from apache_beam.io.filesystems import FileSystems
+
+    return (pack_cfg.cache_dir if pack_cfg is not None and pack_cfg.cache_dir else None) or \
+        FileSystems.join(out_dir, "frame_cache")
+
+
 def plan_decode(element, n_frames: int, mode: str, max_frames_per_call: int | None):
     """``(video_id, {"videos": [...], "clips": [...]})`` -> DecodeTasks (or ``video_missing`` rejects).
     ``max_frames_per_call=None``: one task per video (one decode pass that also builds the frame cache)."""
@@ -192,14 +209,20 @@ def _reason(worker_reason: str) -> str:
 class DecodeClipFrames(beam.DoFn):
     """DecodeTask -> one element per clip ``{"clip", "facts", "frames" (or None), "timestamps", "indices", "fps"}``."""
 
-    def __init__(self, cfg: CaptionConfig, budget: tuple[int, int, int], keep_frames: bool, frame_cache=None):
+    def __init__(self, cfg: CaptionConfig, budget: tuple[int, int, int], keep_frames: bool, frame_cache=None,
+                 filter_frames=None):
         self.cfg, self.budget, self.keep_frames = cfg, budget, keep_frames
         self.frame_cache = frame_cache  # (PackConfig, cache_dir) or None: see CaptionClips
+        self.filter_frames = filter_frames  # (FilterConfig, store_dir) or None: see CaptionClips
 
     def setup(self):
         from longreel.pipelines.media.worker import IsolatedWorker
         self.worker = IsolatedWorker(default_timeout=self.cfg.frames.timeout_s)
         self.cache = open_frame_cache(*self.frame_cache) if self.frame_cache else None
+        self.store = None
+        if self.filter_frames:
+            from longreel.pipelines.pack.frame_cache import DecodedFrameStore
+            self.store = DecodedFrameStore(self.filter_frames[1])
         self.tmpdir = tempfile.mkdtemp(prefix="longreel-caption-")
         self.verified: dict[tuple, str] = {}
         self.remote: tuple[str, str, str] | None = None  # (uri, sha256, local copy) of the last remote video
@@ -286,6 +309,15 @@ class DecodeClipFrames(beam.DoFn):
         except CacheError:
             return None  # the pack stage rejects it with its reason
 
+    def _filter_request(self, video: dict):
+        """The pass-rate filter's uniform frames when this video has no stored entry yet (else None)."""
+        if self.store is None:
+            return None
+        from longreel.pipelines.stages.passrate import uniform_request
+
+        req = uniform_request(video, self.filter_frames[0])
+        return None if self.store.lookup(video, req) is not None else req
+
     def _store(self, video: dict, decoded) -> None:
         from longreel.pipelines.pack.frame_cache import CacheError
         from longreel.pipelines.stages.base import log
@@ -314,9 +346,11 @@ class DecodeClipFrames(beam.DoFn):
             stamps = [sample_timestamps(c["start_s"], c["end_s"], n) for c in clips]
             decoded: list = [None] * len(clips)
             cache_req = self._cache_request(video)
-            if len(clips) > 1 or cache_req:
+            filter_req = self._filter_request(video)
+            if len(clips) > 1 or cache_req or filter_req:
                 try:
                     reqs = [FrameRequest([t for s in stamps for t in s], *size)] + ([cache_req] if cache_req else [])
+                    reqs += [filter_req] if filter_req else []
                     got = self._decode(path, reqs, video.get("rotation"))
                     d = got[0]
                     for i in range(len(clips)):  # copied out of the mapping: one clip's frames in memory at a time
@@ -324,6 +358,8 @@ class DecodeClipFrames(beam.DoFn):
                                       d.indices[i * n:(i + 1) * n], d.fps)
                     if cache_req:
                         self._store(video, got[1])
+                    if filter_req:
+                        self.store.store(video, filter_req, got[-1])
                 except WorkerError:
                     pass  # retried clip by clip below: only the clips in a damaged stretch are lost
             for i, c in enumerate(clips):
@@ -457,13 +493,18 @@ class CaptionClips(beam.PTransform):
     ``keep_frames``: keep the decoded frames of every clip the filter passes even for the facts captioner, and
     return them as ``"frames"`` (``{"clip", "facts", "frames", "fps"}`` per clip) for the embedding gates
     (:mod:`longreel.pipelines.stages.clip_gates`), which embed them where they were decoded.
+
+    ``filter_frames=(filter_cfg, store_dir)``: the same pass decodes the pass-rate filter's uniform frames into a
+    :class:`~longreel.pipelines.pack.frame_cache.DecodedFrameStore`, where the filter reads them.
     """
 
-    def __init__(self, cfg: CaptionConfig, handler=None, frame_cache=None, keep_frames: bool = False):
+    def __init__(self, cfg: CaptionConfig, handler=None, frame_cache=None, keep_frames: bool = False,
+                 filter_frames=None):
         super().__init__()
         self.cfg = cfg
         self.frame_cache = frame_cache
         self.keep_frames = keep_frames or cfg.backend != "facts"
+        self.filter_frames = filter_frames
         self.budget = frame_budget(cfg)
         self.info = model_info(cfg)
         self.prompt = prompt_name(cfg)
@@ -485,12 +526,13 @@ class CaptionClips(beam.PTransform):
                    | "ClipsPerVideo" >> beam.CoGroupByKey())
         tasks = grouped | "PlanDecode" >> beam.FlatMap(
             plan_decode, cfg.frames.n, cfg.frames.decode,
-            None if self.frame_cache else cfg.frames.max_frames_per_call).with_outputs(
+            None if (self.frame_cache or self.filter_frames) else cfg.frames.max_frames_per_call).with_outputs(
             REJECTS, main=MAIN)
         decoded = (tasks[MAIN]
                    | "SpreadTasks" >> beam.Reshuffle()
                    | "DecodeAndMeasure" >> beam.ParDo(DecodeClipFrames(
-                       cfg, self.budget, keep_frames=self.keep_frames, frame_cache=self.frame_cache)
+                       cfg, self.budget, keep_frames=self.keep_frames, frame_cache=self.frame_cache,
+                       filter_frames=self.filter_frames)
                    ).with_outputs(REJECTS, main=MAIN))
         facts = decoded[MAIN] | "FactsRows" >> beam.Map(lambda el: el["facts"])
         filtered = decoded[MAIN] | "StaticBlackFilter" >> beam.ParDo(FilterClips(cfg)).with_outputs(
@@ -517,11 +559,14 @@ class CaptionClips(beam.PTransform):
 
 
 def add_caption_stage(p, videos_pcoll, clips_pcoll, out_dir: str, cfg: CaptionConfig, handler=None,
-                      pack_cfg=None, gates=None) -> dict:
+                      pack_cfg=None, filter_cfg=None, gates=None) -> dict:
     """Add captioning to pipeline ``p``; write ``captions-*`` and ``clip_facts-*`` Parquet tables under ``out_dir``.
 
     ``pack_cfg`` (a PackConfig, when the run packs too): the caption's decode pass also builds the frame cache
     (``pack_cfg.cache_dir`` or ``<out_dir>/frame_cache``, as the pack stage reads it).
+    ``filter_cfg`` (a FilterConfig, when the run's pass-rate filter decodes ``uniform`` frames): the same pass
+    decodes them into :func:`filter_frames_dir`, where the filter reads them (only with exact sampling on the
+    default decoder, which is how the filter decodes; otherwise the filter decodes its own).
 
     Returns ``{"captions", "facts", "rejects", "counts"}`` PCollections: the caller flattens ``rejects`` into its
     rejects table and ``counts`` into its :class:`~longreel.pipelines.stats.WriteStats` (stage order: ``CAPTION_STAGES``,
@@ -537,8 +582,11 @@ def add_caption_stage(p, videos_pcoll, clips_pcoll, out_dir: str, cfg: CaptionCo
     if pack_cfg is not None:
         from apache_beam.io.filesystems import FileSystems
         frame_cache = (pack_cfg, pack_cfg.cache_dir or FileSystems.join(out_dir, "frame_cache"))
+    filter_frames = None
+    if shares_filter_pass(cfg, filter_cfg):
+        filter_frames = (filter_cfg, filter_frames_dir(out_dir, pack_cfg))
     out = {"videos": videos_pcoll, "clips": clips_pcoll} | "CaptionClips" >> CaptionClips(
-        cfg, handler, frame_cache, keep_frames=gates is not None)
+        cfg, handler, frame_cache, keep_frames=gates is not None, filter_frames=filter_frames)
     if gates is not None:
         g = gates(out[MAIN], out["frames"])
         out = {**out, MAIN: g["captions"],

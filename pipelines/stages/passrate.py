@@ -11,6 +11,10 @@ k times (default 8) by the answering VLM and scored with exactly the trainer's r
    (all its questions share them) in a killable :class:`~longreel.pipelines.media.worker.IsolatedWorker`, already resized to
    the Qwen processor's grid (sides multiples of 28, pixels within [min_pixels, max_pixels], aspect kept). A video
    that fails to decode rejects its questions with the decoder's reason (``decode_failed``, ``timeout``, ...).
+   In ``longreel curate`` with the caption stage (exact sampling, the default decoder) these frames are decoded in
+   the caption stage's one pass per video and stored beside the frame cache
+   (:class:`~longreel.pipelines.pack.frame_cache.DecodedFrameStore`, ``frames_dir``); the filter reads them there
+   and decodes only a video whose entry is missing or damaged (the same frames either way).
    With ``frame_source: cache`` the frames come from the pack stage's frame cache instead
    (:mod:`longreel.pipelines.pack.frame_cache`: the processor's own fps sampling and resize, built on a miss): with the pack's
    parameters the answerer sees exactly the frames the trainer will, and each video is decoded once for both stages.
@@ -67,7 +71,7 @@ SPLITS = ("sft", "rl", "drop")
 DROP_REASONS = ("too_easy", "too_hard", "out_of_band")
 
 __all__ = ["PassRateFilter", "add_filter_stage", "filter_counts", "finish_filter_stats", "keep_decision",
-           "label_for", "sample_passes", "split_for", "split_unit", "uniform_timestamps"]
+           "label_for", "sample_passes", "split_for", "split_unit", "uniform_request", "uniform_timestamps"]
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -119,6 +123,15 @@ def uniform_timestamps(duration_s: float, n: int) -> list[float]:
     return sample_timestamps(0.0, duration_s, n)
 
 
+def uniform_request(video: dict, cfg: FilterConfig):
+    """The :class:`~longreel.pipelines.media.decode.FrameRequest` of ``frame_source: uniform`` for a VIDEO row:
+    ``n_frames`` bin centres over the whole video at the processor's grid size as displayed."""
+    from longreel.pipelines.media.decode import FrameRequest, displayed_size
+
+    w, h = frame_size(*displayed_size(video), cfg)
+    return FrameRequest(uniform_timestamps(float(video["duration_s"]), cfg.n_frames), w, h)
+
+
 def frame_size(width: int, height: int, cfg: FilterConfig) -> tuple[int, int]:
     """(width, height) to decode at: the Qwen-VL processor's own rounding (``smart_resize``, factor 28)."""
     from transformers.models.qwen2_vl.video_processing_qwen2_vl import smart_resize
@@ -135,8 +148,8 @@ def frame_size(width: int, height: int, cfg: FilterConfig) -> tuple[int, int]:
 class PrepareQuestions(beam.DoFn):
     """(video_id, {"videos": [...], "qras": [...]}) -> one example per answerable question (frames decoded once)."""
 
-    def __init__(self, cfg: FilterConfig, processor_dir: str | None = None):
-        self.cfg, self.processor_dir = cfg, processor_dir
+    def __init__(self, cfg: FilterConfig, processor_dir: str | None = None, frames_dir: str | None = None):
+        self.cfg, self.processor_dir, self.frames_dir = cfg, processor_dir, frames_dir
 
     def setup(self):
         from longreel.pipelines.media.worker import IsolatedWorker
@@ -145,6 +158,11 @@ class PrepareQuestions(beam.DoFn):
         self.worker = IsolatedWorker(default_timeout=cfg.decode_timeout_s)
         self.progress = Progress(STAGE, "videos decoded")
         self.cache = None
+        self.store = None
+        self.sources: dict[str, int] = {"shared_pass": 0, "decoded_here": 0}
+        if cfg.frame_source == "uniform" and self.frames_dir:
+            from longreel.pipelines.pack.frame_cache import DecodedFrameStore
+            self.store = DecodedFrameStore(self.frames_dir)
         if cfg.frame_source == "cache":
             from longreel.pipelines.pack.frame_cache import FrameCache, FrameParams, load_video_processor
 
@@ -153,6 +171,9 @@ class PrepareQuestions(beam.DoFn):
                                                                cfg.cache_min_frames), vp)
 
     def teardown(self):
+        if getattr(self, "store", None) is not None and any(self.sources.values()):
+            log.info("%s: uniform frames of %d videos from the caption's decode pass, %d decoded here", STAGE,
+                     self.sources["shared_pass"], self.sources["decoded_here"])
         worker = getattr(self, "worker", None)
         if worker is not None:
             worker.close()
@@ -200,14 +221,16 @@ class PrepareQuestions(beam.DoFn):
         """(uint8 frames [T, H, W, 3] on the processor's grid, video metadata) for one video."""
         if self.cache is not None:
             return self._cached_frames(video)
-        cfg = self.cfg
-        ts = uniform_timestamps(float(video["duration_s"]), cfg.n_frames)
         # the decoder returns frames as displayed (a phone video upright), like the captioner's and the frame cache's
-        from longreel.pipelines.media.decode import displayed_size
-
-        w, h = frame_size(*displayed_size(video), cfg)
-        with _local_copy(video["uri"]) as path:
-            d = self._decode(path, ts, width=w, height=h, rotation=video.get("rotation"))
+        req = uniform_request(video, self.cfg)
+        d = self.store.lookup(video, req) if self.store is not None else None
+        if d is not None:
+            self.sources["shared_pass"] += 1
+        else:
+            with _local_copy(video["uri"]) as path:
+                d = self._decode(path, req.timestamps, width=req.width, height=req.height,
+                                 rotation=video.get("rotation"))
+            self.sources["decoded_here"] += 1
         meta = {"fps": d.fps, "n_frames": int(video["n_frames"]), "duration_s": float(video["duration_s"]),
                 "frame_indices": list(d.indices), "timestamps": list(d.timestamps)}
         return d.frames, meta
@@ -303,10 +326,10 @@ class ScoreQuestion(beam.DoFn):
 class PassRateFilter(beam.PTransform):
     """Stage ``passrate``: ``{"videos": pcoll, "qras": pcoll}`` -> ``{"main", "kept", "rejects"}``."""
 
-    def __init__(self, cfg: FilterConfig, handler: AnswererHandler | None = None):
+    def __init__(self, cfg: FilterConfig, handler: AnswererHandler | None = None, frames_dir: str | None = None):
         super().__init__()
         cfg.check()
-        self.cfg = cfg
+        self.cfg, self.frames_dir = cfg, frames_dir
         self.handler = handler if handler is not None else make_handler(cfg)
 
     def provenance(self) -> dict:
@@ -317,8 +340,8 @@ class PassRateFilter(beam.PTransform):
         keyed_v = videos | "KeyVideos" >> beam.Map(lambda v: (v["video_id"], v))
         keyed_q = qras | "KeyQuestions" >> beam.Map(lambda q: (q["video_id"], q))
         joined = {"videos": keyed_v, "qras": keyed_q} | "JoinVideos" >> beam.CoGroupByKey()
-        prepared = joined | "FramesAndPrompts" >> beam.ParDo(PrepareQuestions(self.cfg, self.handler.processor_dir())).with_outputs(REJECTS,
-                                                                                                       main=MAIN)
+        prepare = PrepareQuestions(self.cfg, self.handler.processor_dir(), self.frames_dir)
+        prepared = joined | "FramesAndPrompts" >> beam.ParDo(prepare).with_outputs(REJECTS, main=MAIN)
         answered = prepared[MAIN] | "Answer" >> on_model_step(RunInference(self.handler), self.cfg.resources)
         scored = answered | "Score" >> beam.ParDo(ScoreQuestion(self.cfg, self.provenance())).with_outputs(
             REJECTS, main=MAIN)
@@ -391,15 +414,17 @@ def finish_filter_stats(doc: dict, k: int, provenance: dict | None = None, confi
 
 
 def add_filter_stage(p, videos_pcoll, qras_pcoll, out_dir: str, cfg: FilterConfig,
-                     handler: AnswererHandler | None = None, label: str = "PassRate") -> dict:
+                     handler: AnswererHandler | None = None, label: str = "PassRate",
+                     frames_dir: str | None = None) -> dict:
     """Add the filter to pipeline ``p``: writes the ``pass_rate`` table under ``out_dir`` and returns
     ``dict(pass_rates=<all scored rows>, kept=<sft/rl rows>, rejects=<reject rows>, counts=<stats pairs>,
     provenance=<dict>)``. The caller writes the rejects into its rejects table, flattens ``counts`` into its
-    stats pairs and applies ``finish_filter_stats(doc, cfg.k, provenance)`` in its stats ``finish``."""
+    stats pairs and applies ``finish_filter_stats(doc, cfg.k, provenance)`` in its stats ``finish``.
+    ``frames_dir``: where the caption stage's pass stored this filter's uniform frames (see the module docstring)."""
     from longreel.pipelines.io.parquet_sink import WriteSortedParquet
 
     del p  # the PCollections carry the pipeline
-    transform = PassRateFilter(cfg, handler)
+    transform = PassRateFilter(cfg, handler, frames_dir)
     out = {"videos": videos_pcoll, "qras": qras_pcoll} | label >> transform
     out[MAIN] | f"{label}WritePassRate" >> WriteSortedParquet(out_dir, "pass_rate", "pass_rate", cfg.parquet_shards)
     counts = filter_counts(label, qras_pcoll, out)
