@@ -28,8 +28,9 @@ weights), else its own frozen cache (one reference tower pass per unique video p
 
 Sequence parallelism (``mrsp.sp_size = S > 1``, torchrun): groups of ``S`` consecutive ranks take the same prompts
 (data-parallel size ``world / S``); each rank encodes its share of the frames (``make_sharded_encoder``; features
-all-gathered), every rank of a group samples the same ``G`` rollouts (same seeds and identical gathered features,
-so identical samples: no broadcast needed, at the cost of generating ``S`` times), and every log-prob pass is split
+all-gathered), the group's ranks split each prompt's ``G`` rollouts (each samples its share from the identical
+gathered features, rollout ``k`` under its own seed, so the samples are one process's; the token ids are then
+all-gathered; the vLLM engine still samples all ``G`` on every rank), and every log-prob pass is split
 over the group (``prefill_logprobs(..., group=)``: the sequence above ``mrsp.sp_min_tokens``, else the rows). Every
 rank computes the same loss from the gathered log-probs and holds its share of the gradient, so the usual
 world-wide gradient sum is the SP-group sum and the data-parallel sum at once. Per-replica counts (token
@@ -133,7 +134,8 @@ class GRPOTrainer:
         self.video_token_id = video_token_id(s.model)
         self.engine = make_engine(cfg.rollout.engine, s.model, s.processor, model_path=cfg.model.path,
                                   rollout_cfg=cfg.rollout, seed=cfg.run.seed,
-                                  dtype="bfloat16" if s.dtype == torch.bfloat16 else "float32")
+                                  dtype="bfloat16" if s.dtype == torch.bfloat16 else "float32",
+                                  group=s.info.sp_group if self.mrsp and s.info.sp_size > 1 else None)
         if self.engine.name != "transformers" and s.step > 0:
             self.engine.sync_weights(s.model, s.full_state_dict())
         self.ref = None
