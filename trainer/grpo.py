@@ -79,6 +79,7 @@ class GroupBatch:
     offline: bool = False  # the last row holds an offline trajectory (mix-policy)
     video_key: str | None = None  # MR-SP: the StepEmbedCache key of the prompt's video
     positions: Any = None         # MR-SP: the prompt's cached M-RoPE positions (trainer.mrsp.positions)
+    old_from_rollout: bool = False  # MR-SP: old_logp are the rollout decode's own log-probs (no old pass)
 
 
 def _replica_sum(value: float, info: DistInfo) -> float:
@@ -150,6 +151,10 @@ class GRPOTrainer:
         self.vision_mode = cfg.mrsp.resolved_vision(cfg.model.freeze_vision)
         if self.mrsp:
             self._init_mrsp()
+            if self.engine.name == "transformers":
+                # the decode runs the policy's weights on the step's cached features: its log-probs are the old
+                # log-probs, so the old pass is not run again (reuse, like the features')
+                self.engine.report_logprobs = True
         self.sampling = SamplingConfig(n=cfg.rollout.n, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                                        max_new_tokens=cfg.rollout.max_new_tokens)
         self.rejected = 0
@@ -179,6 +184,19 @@ class GRPOTrainer:
         return prefill_logprobs(model, b.prompt.input_ids, b.response_ids[rows], b.response_mask[rows],
                                 features=features, positions=b.positions, temperature=self.cfg.rollout.temperature,
                                 group=self.sess.info.sp_group, sp_min_tokens=self.cfg.mrsp.sp_min_tokens)
+
+    def _prompt_graph(self, b: GroupBatch):
+        """MR-SP on one rank: the group's prompt run once with grad for all its micro-batches
+        (``reuse.PromptGraph``), or ``None`` (plain path, an SP group of several ranks, checkpointed layers)."""
+        from longreel.trainer.mrsp.dist_ops import world
+        from longreel.trainer.mrsp.reuse import PromptGraph
+        from longreel.trainer.policy import can_share_prompt
+
+        model = self.sess.model
+        if not self.mrsp or world(self.sess.info.sp_group)[1] > 1 or not can_share_prompt(model):
+            return None
+        feats = self.cache.update_features(b.video_key, b.prompt.pixel_values_videos, b.prompt.video_grid_thw)
+        return PromptGraph(model, b.prompt.input_ids, feats, b.positions)
 
     def _encode_step_videos(self, local) -> tuple[list[VideoEmbeds], list[str], list]:
         """MR-SP: each unique video of this rank's prompts through the policy's tower once (the step's cache)."""
@@ -299,9 +317,10 @@ class GRPOTrainer:
             stats["accuracy"] += accs
             stats["length"] += mask.sum(-1).tolist()
             stats["truncated"] += int((~g.finished).sum())
-            batches.append(GroupBatch(i, prompt, ids, mask, adv, r, embeds=emb, old_logp=behav,
-                                      offline=bool(cfg.grpo.mix_policy and item.get("target")), video_key=vkey,
-                                      positions=pos))
+            offline = bool(cfg.grpo.mix_policy and item.get("target"))
+            batches.append(GroupBatch(i, prompt, ids, mask, adv, r, embeds=emb, old_logp=behav, offline=offline,
+                                      video_key=vkey, positions=pos,
+                                      old_from_rollout=bool(g.behav_is_policy and behav is not None and not offline)))
         return batches, stats
 
     def _old_and_ref_logprobs(self, batches: list[GroupBatch]) -> list[float]:
@@ -313,7 +332,9 @@ class GRPOTrainer:
             for b in batches:
                 behav = b.old_logp
                 every = slice(0, b.response_ids.shape[0])
-                if self.mrsp:
+                if b.old_from_rollout:  # MR-SP: the decode's log-probs (policy weights, these features) are old
+                    prox, behav = behav * b.response_mask, None
+                elif self.mrsp:
                     prox = self._logprobs(model, b, every, b.embeds.features)
                 else:
                     prox = sequence_logprobs(model, b.prompt, b.response_ids, b.response_mask,
@@ -360,9 +381,13 @@ class GRPOTrainer:
             for b in batches:
                 n = b.response_ids.shape[0]
                 size = math.ceil(n / chunks)
+                prompt_graph = self._prompt_graph(b) if size < n else None
                 for start in range(0, n, size):
                     rows = slice(start, min(n, start + size))
-                    if self.mrsp:
+                    if prompt_graph is not None:
+                        logp = prompt_graph.logprobs(model, b.response_ids[rows], b.response_mask[rows],
+                                                     temperature=cfg.rollout.temperature)
+                    elif self.mrsp:
                         feats = self.cache.update_features(b.video_key, b.prompt.pixel_values_videos,
                                                            b.prompt.video_grid_thw)
                         logp = self._logprobs(model, b, rows, feats)
@@ -378,6 +403,8 @@ class GRPOTrainer:
                         for k in ("clip_frac", "clip_frac_low", "clip_frac_high", "approx_kl"):
                             sums[k] += float(m[k]) * ntok
                         sums["kl_loss"] += float(m.get("kl_loss", 0.0))
+                if prompt_graph is not None:
+                    prompt_graph.backward()
             if self.mrsp:  # the features' accumulated gradient through the tower, once per video
                 self.cache.backward_vision()
             s.reduce_gradients()

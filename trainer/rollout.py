@@ -57,6 +57,9 @@ class RolloutGroup:
     texts: list[str]
     finished: Tensor
     behav_logp: Tensor | None = None
+    # behav_logp came from the trainer's own weights on the step's own video features (the transformers
+    # engine's decode): they are the old-policy log-probs, within fp32 rounding
+    behav_is_policy: bool = False
 
     @property
     def lengths(self) -> Tensor:
@@ -123,6 +126,7 @@ class TransformersEngine(RolloutEngine):
         from longreel.engines.transformers_engine import TransformersEngine as SharedTransformersEngine
 
         self.group = group  # an SP group: its ranks split each prompt's rollouts, then all-gather them
+        self.report_logprobs = False  # fill RolloutGroup.behav_logp from the decode (the MR-SP trainer reuses them)
         self.model = model
         self.processor = processor
         self.engine = SharedTransformersEngine.from_model(model, processor, name="policy")
@@ -186,7 +190,7 @@ class TransformersEngine(RolloutEngine):
                 c = self.engine.generate_prepared(self._inputs(prompt, emb), s, share_prompt=self.share_prompt,
                                                   eos_ids=self.eos, pad_id=self.pad_id, suppress_tokens=self.suppress,
                                                   rows=rows)
-                mine.append((c.token_ids, c.finish))
+                mine.append((c.token_ids, c.finish, c.logprobs if self.report_logprobs else None))
         finally:
             model.train(was_training)
         parts = self._gather(mine)
@@ -199,8 +203,15 @@ class TransformersEngine(RolloutEngine):
                                      skip_special_tokens=True)
             ids, mask = pad_responses(token_ids, self.pad_id)
             dev = prompt.input_ids.device
+            behav = None
+            if all(part[i][2] is not None for part in parts):
+                behav = torch.zeros(ids.shape, dtype=torch.float32)
+                for j, lp in enumerate(lp for part in parts for lp in part[i][2]):
+                    behav[j, :len(lp)] = torch.tensor(lp, dtype=torch.float32)
+                behav = behav.to(dev)
             groups.append(RolloutGroup(prompt.key, ids.to(dev), mask.to(dev), texts,
-                                       torch.tensor([f == "stop" for f in finish])))
+                                       torch.tensor([f == "stop" for f in finish]), behav,
+                                       behav_is_policy=behav is not None))
         return groups
 
 
