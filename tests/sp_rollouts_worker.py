@@ -21,6 +21,14 @@ from longreel.trainer.policy import PromptInputs, encode_video  # noqa: E402
 from longreel.trainer.rollout import SamplingConfig, TransformersEngine  # noqa: E402
 
 
+def _record_rows(engine) -> list:
+    """The ``rows`` each ``generate_prepared`` call of ``engine`` sampled."""
+    rows: list = []
+    inner = engine.engine.generate_prepared
+    engine.engine.generate_prepared = lambda *a, **k: (rows.append(list(k["rows"])), inner(*a, **k))[1]
+    return rows
+
+
 def main(model_dir: str, inputs: str, out: str) -> None:
     from safetensors.torch import load_file
     from transformers import AutoModelForImageTextToText, AutoProcessor
@@ -38,17 +46,18 @@ def main(model_dir: str, inputs: str, out: str) -> None:
     res = {"rank": dist.get_rank(), "world": dist.get_world_size()}
     for label, sampling in (("sample", SamplingConfig(n=5, temperature=1.0, top_p=0.95, max_new_tokens=10)),
                             ("greedy", SamplingConfig(n=3, greedy=True, max_new_tokens=6))):
-        alone = TransformersEngine(model, proc).generate(prompts, sampling, seeds, video_embeds=embeds)
+        # no group under torchrun (data-parallel ranks hold different prompts): every rollout sampled here
+        solo = TransformersEngine(model, proc)
+        solo_rows = _record_rows(solo)
+        alone = solo.generate(prompts, sampling, seeds, video_embeds=embeds)
         split = TransformersEngine(model, proc, group=dist.group.WORLD)
-        sampled = []
-        inner = split.engine.generate_prepared
-        split.engine.generate_prepared = lambda *a, **k: (sampled.append(list(k["rows"])), inner(*a, **k))[1]
+        sampled = _record_rows(split)
         groups = split.generate(prompts, sampling, seeds, video_embeds=embeds)
         res[label] = {"alone": [g.response_ids.tolist() for g in alone],
                       "alone_texts": [g.texts for g in alone], "alone_finished": [g.finished.tolist() for g in alone],
                       "split": [g.response_ids.tolist() for g in groups],
                       "split_texts": [g.texts for g in groups], "split_finished": [g.finished.tolist() for g in groups],
-                      "rows_sampled": sampled}
+                      "rows_sampled": sampled, "rows_sampled_without_group": solo_rows}
     allres: list = [None] * dist.get_world_size()
     dist.all_gather_object(allres, res)
     if dist.get_rank() == 0:

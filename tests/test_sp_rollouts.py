@@ -133,6 +133,7 @@ def test_sp_group_splits_rollouts_and_gathers_one_process_samples(dist_results, 
         # each rank sampled only its contiguous share of every prompt's rollouts...
         lo = r["rank"] * per
         assert x["rows_sampled"] == [list(range(lo, min(n, lo + per)))] * 2
+        assert x["rows_sampled_without_group"] == [list(range(n))] * 2  # no SP group: no split
         # ...and after the gather holds every rollout, equal to what one process samples alone
         assert x["split"] == x["alone"] and x["split_texts"] == x["alone_texts"]
         assert x["split_finished"] == x["alone_finished"]

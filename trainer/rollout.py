@@ -148,7 +148,9 @@ class TransformersEngine(RolloutEngine):
         """This rank's contiguous share of a group's ``n`` rollouts, and every rank's count."""
         from longreel.trainer.mrsp.dist_ops import world
 
-        rank, size = world(self.group)
+        # no group: this process samples every rollout (world(None) would be the whole torchrun world, whose
+        # data-parallel ranks hold other prompts)
+        rank, size = world(self.group) if self.group is not None else (0, 1)
         per = -(-n // size)
         sizes = [max(0, min(n, (r + 1) * per) - r * per) for r in range(size)]
         lo = sum(sizes[:rank])
@@ -160,7 +162,7 @@ class TransformersEngine(RolloutEngine):
 
         from longreel.trainer.mrsp.dist_ops import world
 
-        _, size = world(self.group)
+        size = world(self.group)[1] if self.group is not None else 1
         if size == 1:
             return [mine]
         out: list = [None] * size
