@@ -185,21 +185,41 @@ def _plain_logprobs(model, x, resp, mask, *, per_sequence: bool):
     return token_logprobs(out.logits[:, :-1], resp)
 
 
-def _loss(lp, old, mask, adv):
+def _loss(lp, old, mask, adv, denominator=None):
     import torch
 
     ratio = torch.exp(lp - old)
-    return -(torch.minimum(ratio * adv, ratio.clamp(0.8, 1.28) * adv) * mask).sum() / mask.sum()
+    denominator = mask.sum() if denominator is None else denominator
+    return -(torch.minimum(ratio * adv, ratio.clamp(0.8, 1.28) * adv) * mask).sum() / denominator
 
 
-def _prefill_rows(model, rows: int, head: dict, last_id, last_pos) -> None:
-    """Rollout prefill of one prompt for ``rows`` rollouts with a shared prefix: the prompt minus its last token
-    once (``head``: its ``model(...)`` keywords), its K/V cache repeated to ``rows``, then the last token for
-    every row (the first-token logits ``generate`` samples from)."""
-    cache = model(**head, use_cache=True, logits_to_keep=1).past_key_values
-    cache.batch_repeat_interleave(rows)
-    model(input_ids=last_id.expand(rows, 1), position_ids=last_pos.expand(3, rows, 1), past_key_values=cache,
-          use_cache=True)
+def _rollout_prefill(model, **prompt_kw):
+    """Rollout prefill of one prompt for its rollouts, as ``shared_prefix.sample_shared_prefix`` runs it: the
+    whole prompt once (batch 1); every row's first token is drawn from the last position's logits and the decode
+    steps attend to this one K/V copy (nothing repeated per row). Returns the model output (logits + cache)."""
+    return model(**prompt_kw, use_cache=True, logits_to_keep=1)
+
+
+def _rows_on_prompt_state(model, out, prompt_len: int, resp, mask, pos, rows=None):
+    """Log-probs ``[n, T]`` of responses ``rows`` teacher-forced on a kept prompt state (``out``: the rollout
+    prefill's output, its one K/V copy expanded by views): what the decode computes for its own tokens (the MR-SP
+    trainer takes them from the decode as the old log-probs; here the responses are fixed, so they are run)."""
+    import torch
+    from transformers import DynamicCache
+
+    from longreel.trainer.mrsp.reuse import token_logprobs
+
+    if rows is not None:
+        resp, mask = resp[rows], mask[rows]
+    n, t = resp.shape
+    first = out.logits[:, -1:].expand(n, -1, -1)
+    cache = DynamicCache()
+    for i, layer in enumerate(out.past_key_values.layers):
+        cache.update(layer.keys.expand(n, -1, -1, -1), layer.values.expand(n, -1, -1, -1), i)
+    attn = torch.cat([mask.new_ones(n, prompt_len), mask[:, :-1]], dim=1)
+    rest = model(input_ids=resp[:, :-1], attention_mask=attn, position_ids=pos.with_responses(n, t)[
+        :, :, prompt_len:prompt_len + t - 1], past_key_values=cache, use_cache=True).logits
+    return token_logprobs(torch.cat([first, rest], dim=1), resp)
 
 
 def _prompt_inputs(x):
@@ -212,8 +232,26 @@ def _prompt_inputs(x):
                         x["mm_token_type_ids"])
 
 
+def _clock() -> tuple[float, float]:
+    """(wall, CPU seconds of this process): every process runs one torch thread, so its CPU time is what it
+    computed, far less sensitive than wall time to other processes sharing the cores."""
+    return time.perf_counter(), time.process_time()
+
+
+def _phases(*t) -> dict:
+    names = ("rollout_prefill", "old_logp", "ref_logp", "update")
+    out = {n: t[i + 1][0] - t[i][0] for i, n in enumerate(names)}
+    out |= {f"cpu_{n}": t[i + 1][1] - t[i][1] for i, n in enumerate(names)}
+    return out
+
+
+def _micro_batches(g: int, grad_accum: int) -> list[slice]:
+    size = -(-g // max(1, grad_accum))
+    return [slice(a, min(g, a + size)) for a in range(0, g, size)]
+
+
 def step_no_reuse(model, ref, x, resp, mask, adv, *, per_sequence: bool, text: str = "per_sequence",
-                  rollout_per_request: bool = False) -> dict:
+                  rollout_per_request: bool = False, grad_accum: int = 1) -> dict:
     """No embedding reuse. ``rollout_per_request``: the G rollouts are G requests, each encoding the video and
     prefilling its prompt (nothing is shared between them), as with the pixels expanded G times by
     ``generate(num_return_sequences=G)``; otherwise (shared prefix) one request per group."""
@@ -226,47 +264,48 @@ def step_no_reuse(model, ref, x, resp, mask, adv, *, per_sequence: bool, text: s
     ids, mmt = x["input_ids"], x["mm_token_type_ids"]
     shared = text == "shared_prefix"
     prompt = _prompt_inputs(x)
-    t0 = time.perf_counter()
+    t0 = _clock()
     with torch.no_grad():
         if shared and not rollout_per_request:  # one request per group: encode and ropes once, prefill once
-            pos = prompt_positions(model, ids, x["video_grid_thw"], mmt)
-            head = dict(input_ids=ids[:, :-1], pixel_values_videos=x["pixel_values_videos"],
-                        video_grid_thw=x["video_grid_thw"], mm_token_type_ids=mmt[:, :-1])
-            _prefill_rows(model, g, head, ids[:, -1:], pos.prompt[..., -1:])
+            _rollout_prefill(model, input_ids=ids, pixel_values_videos=x["pixel_values_videos"],
+                             video_grid_thw=x["video_grid_thw"], mm_token_type_ids=mmt)
         else:
             for _ in range(g):  # each rollout request prefills its prompt with its video
                 model(input_ids=ids, pixel_values_videos=x["pixel_values_videos"], video_grid_thw=x["video_grid_thw"],
                       mm_token_type_ids=mmt, use_cache=True, logits_to_keep=1)
-        t1 = time.perf_counter()
+        t1 = _clock()
         if shared:
             old = sequence_logprobs(model, prompt, resp, mask)
         else:
             old = _plain_logprobs(model, x, resp, mask, per_sequence=per_sequence)
-        t2 = time.perf_counter()
+        t2 = _clock()
         if shared:
             sequence_logprobs(ref, prompt, resp, mask)
         else:
             _plain_logprobs(ref, x, resp, mask, per_sequence=per_sequence)
-        t3 = time.perf_counter()
-    if shared:
-        lp = sequence_logprobs(model, prompt, resp, mask)
-    else:
-        lp = _plain_logprobs(model, x, resp, mask, per_sequence=per_sequence)
-    _loss(lp, old, mask, adv).backward()
-    t4 = time.perf_counter()
-    return {"rollout_prefill": t1 - t0, "old_logp": t2 - t1, "ref_logp": t3 - t2, "update": t4 - t3}
+        t3 = _clock()
+    for rows in _micro_batches(g, grad_accum):  # each micro-batch encodes and runs its prompt again
+        if shared:
+            lp = sequence_logprobs(model, prompt, resp[rows], mask[rows])
+        else:
+            lp = _plain_logprobs(model, x, resp[rows], mask[rows], per_sequence=per_sequence)
+        _loss(lp, old[rows], mask[rows], adv[rows], mask.sum()).backward()
+    t4 = _clock()
+    return _phases(t0, t1, t2, t3, t4)
 
 
 def step_reuse(model, ref, x, resp, mask, adv, *, vision: str, group=None, sp_min_tokens: int | None = None,
-               text: str = "per_sequence") -> dict:
+               text: str = "per_sequence", grad_accum: int = 1) -> dict:
     """Stage 1 (one process) or with a ``group`` of 2 (sharded vision, rollouts split, log-prob rows split or
-    sequence-parallel above ``sp_min_tokens``)."""
+    sequence-parallel above ``sp_min_tokens``). Shared-prefix text path: the old log-probs come from the rollout's
+    kept prompt state (the trainer takes them from the decode), and in one process the update runs the prompt
+    once with grad for all its micro-batches (``reuse.PromptGraph``)."""
     import torch
 
-    from longreel.trainer.mrsp.dist_ops import allreduce_grads_, world
+    from longreel.trainer.mrsp.dist_ops import allreduce_grads_, gather_seq, world
     from longreel.trainer.mrsp.embed_cache import StepEmbedCache
-    from longreel.trainer.mrsp.reuse import build_inputs_embeds
-    from longreel.trainer.mrsp.sp_prefill import prefill_logprobs
+    from longreel.trainer.mrsp.reuse import PromptGraph, build_inputs_embeds
+    from longreel.trainer.mrsp.sp_prefill import _split, prefill_logprobs
     from longreel.trainer.mrsp.vision_shard import make_sharded_encoder
 
     rank, size = world(group)
@@ -281,33 +320,50 @@ def step_reuse(model, ref, x, resp, mask, adv, *, vision: str, group=None, sp_mi
     sp = sp_min_tokens if sp_min_tokens is not None else 1 << 60
     share = text == "shared_prefix"
     kw = dict(group=group, sp_min_tokens=sp, share_prompt=share)
-    t0 = time.perf_counter()
+    sizes = _split(g, size)  # the rollouts split over the ranks, contiguous (as the trainer's engine does)
+    mine = slice(sum(sizes[:rank]), sum(sizes[:rank + 1]))
+    t0 = _clock()
     cache.begin_step()
     ref_cache.begin_step()
     with torch.no_grad():
         feats = cache.features("video", pv, grid)
         pos = cache.positions("prompt", prompt, grid, x["mm_token_type_ids"])
         embeds = build_inputs_embeds(model, prompt, feats)
-        mine = len(range(rank, g, size))  # the rollouts split over the ranks
-        if share and mine:
-            _prefill_rows(model, mine, dict(inputs_embeds=embeds[:, :-1], position_ids=pos.prompt[..., :-1]),
-                          prompt[:, -1:], pos.prompt[..., -1:])
+        state = None
+        if share and sizes[rank]:
+            state = _rollout_prefill(model, inputs_embeds=embeds, position_ids=pos.prompt)
         elif not share:
-            for _ in range(mine):  # rollout prefill from cached features + positions
+            for _ in range(sizes[rank]):  # rollout prefill from cached features + positions
                 model(inputs_embeds=embeds, position_ids=pos.prompt, use_cache=True, logits_to_keep=1)
-        t1 = time.perf_counter()
-        old = prefill_logprobs(model, prompt, resp, mask, features=feats, positions=pos, **kw)
-        t2 = time.perf_counter()
+        t1 = _clock()
+        if share and (size == 1 or sp >= 1 << 60):  # this rank's rollouts' log-probs from its prompt state
+            lp_mine = (_rows_on_prompt_state(model, state, prompt.shape[1], resp, mask, pos, mine) if state
+                       is not None else feats.new_zeros(0, resp.shape[1]))
+            old = gather_seq(lp_mine, dim=0, group=group, sizes=sizes) if size > 1 else lp_mine
+        else:
+            old = prefill_logprobs(model, prompt, resp, mask, features=feats, positions=pos, **kw)
+        del state
+        t2 = _clock()
         ref_feats = ref_cache.features("video", pv, grid)
         prefill_logprobs(ref, prompt, resp, mask, features=ref_feats, positions=pos, **kw)
-        t3 = time.perf_counter()
-    lp = prefill_logprobs(model, prompt, resp, mask, features=cache.update_features("video"), positions=pos, **kw)
-    _loss(lp, old, mask, adv).backward()
+        t3 = _clock()
+    batches = _micro_batches(g, grad_accum) if size == 1 else [slice(0, g)]
+    graph = (PromptGraph(model, prompt, cache.update_features("video"), pos)
+             if share and size == 1 and len(batches) > 1 else None)
+    for rows in batches:
+        if graph is not None:
+            lp = graph.logprobs(model, resp[rows], mask[rows])
+        else:
+            lp = prefill_logprobs(model, prompt, resp[rows], mask[rows], features=cache.update_features("video"),
+                                  positions=pos, **kw)
+        _loss(lp, old[rows], mask[rows], adv[rows], mask.sum()).backward()
+    if graph is not None:
+        graph.backward()
     cache.backward_vision()
     if size > 1:
         allreduce_grads_(model.parameters(), group)
-    t4 = time.perf_counter()
-    return {"rollout_prefill": t1 - t0, "old_logp": t2 - t1, "ref_logp": t3 - t2, "update": t4 - t3}
+    t4 = _clock()
+    return _phases(t0, t1, t2, t3, t4)
 
 
 def role_step(args) -> None:
@@ -326,11 +382,14 @@ def role_step(args) -> None:
     every = {
         "no_reuse_per_sequence": lambda r, m, a: step_no_reuse(model, ref, x, r, m, a, per_sequence=True,
                                                                text=text),
-        "no_reuse_per_pass": lambda r, m, a: step_no_reuse(model, ref, x, r, m, a, per_sequence=False, text=text),
+        "no_reuse_per_pass": lambda r, m, a: step_no_reuse(model, ref, x, r, m, a, per_sequence=False, text=text,
+                                                           grad_accum=args.grad_accum),
         "no_reuse_per_request": lambda r, m, a: step_no_reuse(model, ref, x, r, m, a, per_sequence=False, text=text,
-                                                              rollout_per_request=True),
-        "reuse": lambda r, m, a: step_reuse(model, ref, x, r, m, a, vision="deferred", text=text),
-        "reuse_frozen": lambda r, m, a: step_reuse(model, ref, x, r, m, a, vision="frozen", text=text),
+                                                              rollout_per_request=True, grad_accum=args.grad_accum),
+        "reuse": lambda r, m, a: step_reuse(model, ref, x, r, m, a, vision="deferred", text=text,
+                                            grad_accum=args.grad_accum),
+        "reuse_frozen": lambda r, m, a: step_reuse(model, ref, x, r, m, a, vision="frozen", text=text,
+                                                   grad_accum=args.grad_accum),
     }
     variants = {k: every[k] for k in args.variants.split(",")}
     results: dict = {k: [] for k in variants}
@@ -345,7 +404,8 @@ def role_step(args) -> None:
             # videos through the tower = patches seen / patches of the video (a batched call counts each copy)
             calls[name] = {"tower_calls": cp.calls + cr.calls,
                            "videos_encoded": (cp.patches + cr.patches) // video_patches}
-            parts["total"] = sum(parts.values())
+            parts["cpu_total"] = sum(v for k, v in parts.items() if k.startswith("cpu_"))
+            parts["total"] = sum(v for k, v in parts.items() if not k.startswith("cpu_"))
             if rep:
                 results[name].append(parts)
             print(f"[step {text}] rep {rep} {name}: {parts['total']:.2f}s", file=sys.stderr, flush=True)
@@ -379,7 +439,8 @@ def role_step_sp(args) -> None:
             sp_min = args.sp_min_tokens if args.sp_min_tokens >= 0 else (0 if args.text == "per_sequence" else None)
             parts = step_reuse(model, ref, x, *batch, vision="deferred", text=args.text, sp_min_tokens=sp_min)
         dist.barrier()
-        parts["total"] = sum(parts.values())
+        parts["cpu_total"] = sum(v for k, v in parts.items() if k.startswith("cpu_"))
+        parts["total"] = sum(v for k, v in parts.items() if not k.startswith("cpu_"))
         if rep:
             runs.append(parts)
         print(f"[step-2ranks {args.text}] rank {dist.get_rank()} rep {rep}: {parts['total']:.2f}s", file=sys.stderr,
@@ -452,7 +513,8 @@ def role_mem(args) -> None:
 
 # ------------------------------------------------------------------------------------------ orchestration
 def _run(cmd: list[str], timeout: int) -> None:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), MALLOC_MMAP_THRESHOLD_="65536")
+    env = dict(os.environ, OMP_NUM_THREADS="1", MALLOC_MMAP_THRESHOLD_="65536",
+               PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
     proc = subprocess.run(cmd, env=env, cwd=str(REPO), timeout=timeout, capture_output=True, text=True)
     sys.stderr.write(proc.stderr[-2000:] if proc.returncode else "".join(
         line + "\n" for line in proc.stderr.splitlines() if line.startswith("[")))
@@ -480,6 +542,12 @@ def main(argv=None) -> int:
                     help="variants also timed with the per-sequence text path (secondary figure; add "
                          "no_reuse_per_sequence, reuse_frozen, reuse_sp2 for the full old table; empty: none)")
     ap.add_argument("--per-sequence-repeats", type=int, default=1, help="measured repeats of the per-sequence path")
+    ap.add_argument("--grad-accum", type=int, default=1,
+                    help="update micro-batches per group in the 1-rank variants (the trainer's optim.grad_accum; "
+                         "grpo_step.py runs 2); 2-rank variants run one")
+    ap.add_argument("--step-only", action="store_true",
+                    help="only the shared-prefix step variants (1 rank, 2 ranks), written to --out; no per-sequence "
+                         "path, no memory sweep")
     ap.add_argument("--quick", action="store_true",
                     help="a check run of a few minutes: --repeats 1, --mem-frames 16,64 (same step config)")
     # internal (the per-process roles)
@@ -502,15 +570,18 @@ def main(argv=None) -> int:
     me = str(Path(__file__).resolve())
     work = Path(tempfile.mkdtemp(prefix="mrsp-bench-"))
     t_start = time.time()
+    load_start = os.getloadavg()
+    command = "python " + " ".join(["benchmarks/mrsp.py", *(argv if argv is not None else sys.argv[1:])])
     try:
         model_dir = build_model(work)
-        mem_frames = sorted({int(f) for f in args.mem_frames.split(",")})
+        mem_frames = [] if args.step_only else sorted({int(f) for f in args.mem_frames.split(",")})
         inputs = {}
         for f in sorted(set(mem_frames) | {args.frames}):
             inputs[f] = (work / f"inputs{f}.safetensors", prepare_inputs(model_dir, f, work / f"inputs{f}.safetensors"))
             print(f"[prep] {f} frames: {inputs[f][1]}", file=sys.stderr, flush=True)
 
-        common = ["--model", model_dir, "--G", str(args.G), "--resp", str(args.resp)]
+        common = ["--model", model_dir, "--G", str(args.G), "--resp", str(args.resp), "--grad-accum",
+                  str(args.grad_accum)]
         step_in = str(inputs[args.frames][0])
 
         def one_rank(text: str, variants: str, repeats: int) -> dict:
@@ -528,6 +599,42 @@ def main(argv=None) -> int:
         steps = one_rank("shared_prefix", "no_reuse_per_request,no_reuse_per_pass,reuse,reuse_frozen", args.repeats)
         steps["reuse_2ranks"] = two_ranks("shared_prefix", args.repeats)
         steps["reuse_sp2"] = two_ranks("shared_prefix", args.repeats, sp_min_tokens=0)
+        if args.step_only:
+            base, base_req = steps["no_reuse_per_pass"]["total"], steps["no_reuse_per_request"]["total"]
+            result = {
+                "benchmark": "mrsp (--step-only: the shared-prefix GRPO-step variants)",
+                "command": command,
+                "config": {"frames": args.frames, "G": args.G, "response_tokens": args.resp,
+                           "grad_accum_1rank": args.grad_accum, "repeats": args.repeats, "video": VIDEO,
+                           "step_inputs": inputs[args.frames][1], "threads_per_process": 1,
+                           "statistic": "median over repeats of each phase; total = median of the per-repeat "
+                                        "totals (2 ranks: max over ranks of each median)"},
+                "step_seconds": steps,
+                "speedup": {
+                    "reuse_vs_no_reuse_per_request": round(base_req / steps["reuse"]["total"], 3),
+                    "reuse_vs_no_reuse_per_pass": round(base / steps["reuse"]["total"], 3),
+                    "reuse_frozen_vs_no_reuse_per_pass": round(base / steps["reuse_frozen"]["total"], 3),
+                    "reuse_2ranks_vs_no_reuse_per_pass": round(base / steps["reuse_2ranks"]["total"], 3),
+                    "reuse_2ranks_vs_reuse": round(steps["reuse"]["total"] / steps["reuse_2ranks"]["total"], 3),
+                    "reuse_sp2_vs_reuse": round(steps["reuse"]["total"] / steps["reuse_sp2"]["total"], 3)},
+                "speedup_cpu_1rank": {
+                    "reuse_vs_no_reuse_per_request": round(steps["no_reuse_per_request"]["cpu_total"]
+                                                           / steps["reuse"]["cpu_total"], 3),
+                    "reuse_vs_no_reuse_per_pass": round(steps["no_reuse_per_pass"]["cpu_total"]
+                                                        / steps["reuse"]["cpu_total"], 3),
+                    "reuse_frozen_vs_no_reuse_per_pass": round(steps["no_reuse_per_pass"]["cpu_total"]
+                                                               / steps["reuse_frozen"]["cpu_total"], 3)},
+                "targets": {"stage1_speedup_ge_1_5_vs_per_pass": base / steps["reuse"]["total"] >= 1.5,
+                            "stage1_speedup_ge_1_5_vs_per_pass_cpu": steps["no_reuse_per_pass"]["cpu_total"]
+                            / steps["reuse"]["cpu_total"] >= 1.5},
+                "host": {"python": platform.python_version(), "cpus": os.cpu_count(),
+                         "load_avg_at_start": load_start, "load_avg_at_end": os.getloadavg()},
+                "wall_seconds": round(time.time() - t_start, 1),
+            }
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+            print(json.dumps(result["speedup"]), file=sys.stderr)
+            return 0
         legacy_names = [v for v in args.per_sequence_variants.split(",") if v]
         legacy: dict = {}
         if [v for v in legacy_names if v != "reuse_sp2"]:
@@ -573,7 +680,7 @@ def main(argv=None) -> int:
         result = {
             "benchmark": "mrsp",
             "config": {"frames": args.frames, "G": args.G, "response_tokens": args.resp,
-                       "video": VIDEO, "step_inputs": inputs[args.frames][1],
+                       "grad_accum_1rank": args.grad_accum, "video": VIDEO, "step_inputs": inputs[args.frames][1],
                        "model": "Qwen2-VL random: text 4 layers, hidden 128, 8 heads / 4 KV heads; vision depth 4, "
                                 "width 128, 4 heads; tiny BPE tokenizer",
                        "threads_per_process": 1, "quick": args.quick,
@@ -622,7 +729,9 @@ def main(argv=None) -> int:
                         "stage1_speedup_ge_1_5_vs_per_pass": base / steps["reuse"]["total"] >= 1.5,
                         "sp_peak_ratio_le_0_65_at_longest": sweep[-1]["peak_ratio_2_over_1"] <= 0.65},
             "host": {"python": platform.python_version(), "machine": platform.machine(),
-                     "cpus": os.cpu_count(), "load_avg_at_end": os.getloadavg()},
+                     "cpus": os.cpu_count(), "load_avg_at_start": load_start,
+                     "load_avg_at_end": os.getloadavg()},
+            "command": command,
             "wall_seconds": round(time.time() - t_start, 1),
         }
         out = Path(args.out)

@@ -132,9 +132,16 @@ def test_recompute_and_two_ppo_epochs_match_plain(tiny, items, tmp_path, monkeyp
         outs[name] = load_file(str(tmp_path / name / "final" / "model.safetensors"))
     base = load_file(str(Path(tiny) / "model.safetensors"))
     assert any(not torch.equal(base[k], v) for k, v in outs["off"].items())
+    # AdamW's second step divides a momentum that can nearly cancel (g2 ~ -0.9 g1) by sqrt(v): at a few single
+    # elements that amplifies fp32 rounding of the gradients ~1000x (3.5e-5 seen with lr 1e-3, against 1e-7
+    # relative gradient differences). So: per tensor, the weights' difference relative to how far they moved,
+    # and a max-abs bound of a tenth of one lr step. A tower left stale in epoch 2 moves whole tensors apart.
     for name in ("deferred", "recompute"):
         worst = max(float((outs[name][k] - outs["off"][k]).abs().max()) for k in outs["off"])
-        assert worst <= TOL, f"{name}: weights after 2 ppo epochs differ from the plain path by {worst}"
+        assert worst <= 1e-4, f"{name}: weights after 2 ppo epochs differ from the plain path by {worst}"
+        rel = max(float((outs[name][k] - outs["off"][k]).norm()) / float((outs["off"][k] - base[k]).norm())
+                  for k in outs["off"] if float((outs["off"][k] - base[k]).norm()) > 0)
+        assert rel <= 1e-3, f"{name}: a tensor's weights differ from the plain path by {rel} of their move"
 
 
 def test_mrsp_config_validation():
@@ -171,7 +178,8 @@ def _free_port() -> int:
 
 
 def _run(cmd: list[str]) -> None:
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+               OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"{cmd[:6]} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"

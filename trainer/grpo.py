@@ -28,8 +28,9 @@ weights), else its own frozen cache (one reference tower pass per unique video p
 
 Sequence parallelism (``mrsp.sp_size = S > 1``, torchrun): groups of ``S`` consecutive ranks take the same prompts
 (data-parallel size ``world / S``); each rank encodes its share of the frames (``make_sharded_encoder``; features
-all-gathered), every rank of a group samples the same ``G`` rollouts (same seeds and identical gathered features,
-so identical samples: no broadcast needed, at the cost of generating ``S`` times), and every log-prob pass is split
+all-gathered), the group's ranks split each prompt's ``G`` rollouts (each samples its share from the identical
+gathered features, rollout ``k`` under its own seed, so the samples are one process's; the token ids are then
+all-gathered; the vLLM engine still samples all ``G`` on every rank), and every log-prob pass is split
 over the group (``prefill_logprobs(..., group=)``: the sequence above ``mrsp.sp_min_tokens``, else the rows). Every
 rank computes the same loss from the gathered log-probs and holds its share of the gradient, so the usual
 world-wide gradient sum is the SP-group sum and the data-parallel sum at once. Per-replica counts (token
@@ -78,6 +79,7 @@ class GroupBatch:
     offline: bool = False  # the last row holds an offline trajectory (mix-policy)
     video_key: str | None = None  # MR-SP: the StepEmbedCache key of the prompt's video
     positions: Any = None         # MR-SP: the prompt's cached M-RoPE positions (trainer.mrsp.positions)
+    old_from_rollout: bool = False  # MR-SP: old_logp are the rollout decode's own log-probs (no old pass)
 
 
 def _replica_sum(value: float, info: DistInfo) -> float:
@@ -139,7 +141,8 @@ class GRPOTrainer:
         self.video_token_id = video_token_id(s.model)
         self.engine = make_engine(cfg.rollout.engine, s.model, s.processor, model_path=cfg.model.path,
                                   rollout_cfg=cfg.rollout, seed=cfg.run.seed,
-                                  dtype="bfloat16" if s.dtype == torch.bfloat16 else "float32")
+                                  dtype="bfloat16" if s.dtype == torch.bfloat16 else "float32",
+                                  group=s.info.sp_group if self.mrsp and s.info.sp_size > 1 else None)
         if self.engine.name != "transformers" and s.step > 0:
             self.engine.sync_weights(s.model, s.full_state_dict())
         self.ref = None
@@ -154,6 +157,10 @@ class GRPOTrainer:
         self.vision_mode = cfg.mrsp.resolved_vision(cfg.model.freeze_vision)
         if self.mrsp:
             self._init_mrsp()
+            if self.engine.name == "transformers":
+                # the decode runs the policy's weights on the step's cached features: its log-probs are the old
+                # log-probs, so the old pass is not run again (reuse, like the features')
+                self.engine.report_logprobs = True
         self.sampling = SamplingConfig(n=cfg.rollout.n, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                                        max_new_tokens=cfg.rollout.max_new_tokens)
         self.rejected = 0
@@ -183,6 +190,19 @@ class GRPOTrainer:
         return prefill_logprobs(model, b.prompt.input_ids, b.response_ids[rows], b.response_mask[rows],
                                 features=features, positions=b.positions, temperature=self.cfg.rollout.temperature,
                                 group=self.sess.info.sp_group, sp_min_tokens=self.cfg.mrsp.sp_min_tokens)
+
+    def _prompt_graph(self, b: GroupBatch):
+        """MR-SP on one rank: the group's prompt run once with grad for all its micro-batches
+        (``reuse.PromptGraph``), or ``None`` (plain path, an SP group of several ranks, checkpointed layers)."""
+        from longreel.trainer.mrsp.dist_ops import world
+        from longreel.trainer.mrsp.reuse import PromptGraph
+        from longreel.trainer.policy import can_share_prompt
+
+        model = self.sess.model
+        if not self.mrsp or world(self.sess.info.sp_group)[1] > 1 or not can_share_prompt(model):
+            return None
+        feats = self.cache.update_features(b.video_key, b.prompt.pixel_values_videos, b.prompt.video_grid_thw)
+        return PromptGraph(model, b.prompt.input_ids, feats, b.positions)
 
     def _encode_step_videos(self, local) -> tuple[list[VideoEmbeds], list[str], list]:
         """MR-SP: each unique video of this rank's prompts through the policy's tower once (the step's cache)."""
@@ -304,9 +324,10 @@ class GRPOTrainer:
             stats["accuracy"] += accs
             stats["length"] += mask.sum(-1).tolist()
             stats["truncated"] += int((~g.finished).sum())
-            batches.append(GroupBatch(i, prompt, ids, mask, adv, r, embeds=emb, old_logp=behav,
-                                      offline=bool(cfg.grpo.mix_policy and item.get("target")), video_key=vkey,
-                                      positions=pos))
+            offline = bool(cfg.grpo.mix_policy and item.get("target"))
+            batches.append(GroupBatch(i, prompt, ids, mask, adv, r, embeds=emb, old_logp=behav, offline=offline,
+                                      video_key=vkey, positions=pos,
+                                      old_from_rollout=bool(g.behav_is_policy and behav is not None and not offline)))
         return batches, stats
 
     def _old_and_ref_logprobs(self, batches: list[GroupBatch]) -> list[float]:
@@ -318,7 +339,9 @@ class GRPOTrainer:
             for b in batches:
                 behav = b.old_logp
                 every = slice(0, b.response_ids.shape[0])
-                if self.mrsp:
+                if b.old_from_rollout:  # MR-SP: the decode's log-probs (policy weights, these features) are old
+                    prox, behav = behav * b.response_mask, None
+                elif self.mrsp:
                     prox = self._logprobs(model, b, every, b.embeds.features)
                 else:
                     prox = sequence_logprobs(model, b.prompt, b.response_ids, b.response_mask,
@@ -367,8 +390,18 @@ class GRPOTrainer:
             if self.mrsp and epoch > 0 and self.vision_mode == "deferred":
                 # the tower stepped: the next epoch's features come from one fresh (kept-graph) encode per video
                 self.cache.begin_step()
+            prompt_graph = None
             for pi, (b, rows) in enumerate(padded):
-                if self.mrsp:
+                pad = pi >= len(passes)
+                if not pad and (pi == 0 or padded[pi - 1][0] is not b) and not s.fsdp \
+                        and len(_row_chunks(b.response_ids.shape[0], chunks)) > 1:
+                    # a group's first micro-batch: its prompt runs once with grad for all of them (not under FSDP,
+                    # whose lockstep passes each run the layers' collectives)
+                    prompt_graph = self._prompt_graph(b)
+                if prompt_graph is not None:
+                    logp = prompt_graph.logprobs(model, b.response_ids[rows], b.response_mask[rows],
+                                                 temperature=cfg.rollout.temperature)
+                elif self.mrsp:
                     feats = self.cache.update_features(b.video_key, b.prompt.pixel_values_videos,
                                                        b.prompt.video_grid_thw)
                     logp = self._logprobs(model, b, rows, feats)
@@ -376,7 +409,7 @@ class GRPOTrainer:
                     logp = sequence_logprobs(model, b.prompt, b.response_ids[rows], b.response_mask[rows],
                                              temperature=cfg.rollout.temperature)
                 loss, m = grpo_group_loss(logp, b, rows, cfg, denominator, norm_len)
-                if pi >= len(passes):  # a lockstep pad: the collectives run, the gradient gets nothing
+                if pad:  # a lockstep pad: the collectives run, the gradient gets nothing
                     (loss * 0.0).backward()
                     continue
                 (loss * s.loss_scale).backward()
@@ -387,6 +420,9 @@ class GRPOTrainer:
                     for k in ("clip_frac", "clip_frac_low", "clip_frac_high", "approx_kl"):
                         sums[k] += float(m[k]) * ntok
                     sums["kl_loss"] += float(m.get("kl_loss", 0.0))
+                if prompt_graph is not None and (pi + 1 >= len(passes) or padded[pi + 1][0] is not b):
+                    prompt_graph.backward()  # the group's last micro-batch: one backward through its prompt
+                    prompt_graph = None
             if self.mrsp:  # the features' accumulated gradient through the tower, once per video
                 self.cache.backward_vision()
             s.reduce_gradients()

@@ -5,8 +5,10 @@
 * ``TransformersEngine``: ``model.generate`` on the trainer's own model (CPU or GPU). The video is encoded once
   per prompt (or taken from ``video_embeds``) and passed as ``mm_encoder_outputs``, so the vision tower does not
   run once per rollout; the prompt itself is prefilled once per group and its K/V cache repeated for the G rows
-  (:func:`generate_shared_prefix`). Each prompt's group is sampled under its own seed (``seeds[i]``), so a
-  prompt gives the same rollouts on whichever rank handles it, and after a resume.
+  (:func:`longreel.engines.shared_prefix.sample_shared_prefix`: one copy of its K/V that the G rows attend to).
+  Rollout ``k`` of prompt ``i`` is sampled from its own seed (``rollout_row_seed(seeds[i], k)``), so a prompt
+  gives the same rollouts on whichever rank handles it, after a resume, and when an SP group splits its G
+  rollouts over its ranks (``group``: each rank samples its share, then they are all-gathered).
 * ``VLLMEngine`` (GPU): the shared vLLM engine of :mod:`longreel.engines` (the one the curation stages use),
   holding its own copy of the weights; ``sync_weights(model)`` copies the trainer's weights into it after every
   update. vLLM is imported lazily, only when this engine is built. With
@@ -55,6 +57,9 @@ class RolloutGroup:
     texts: list[str]
     finished: Tensor
     behav_logp: Tensor | None = None
+    # behav_logp came from the trainer's own weights on the step's own video features (the transformers
+    # engine's decode): they are the old-policy log-probs, within fp32 rounding
+    behav_is_policy: bool = False
 
     @property
     def lengths(self) -> Tensor:
@@ -117,9 +122,11 @@ class TransformersEngine(RolloutEngine):
 
     name = "transformers"
 
-    def __init__(self, model: torch.nn.Module, processor, *, share_prompt: bool = True):
+    def __init__(self, model: torch.nn.Module, processor, *, share_prompt: bool = True, group=None):
         from longreel.engines.transformers_engine import TransformersEngine as SharedTransformersEngine
 
+        self.group = group  # an SP group: its ranks split each prompt's rollouts, then all-gather them
+        self.report_logprobs = False  # fill RolloutGroup.behav_logp from the decode (the MR-SP trainer reuses them)
         self.model = model
         self.processor = processor
         self.engine = SharedTransformersEngine.from_model(model, processor, name="policy")
@@ -137,15 +144,44 @@ class TransformersEngine(RolloutEngine):
         inputs.update(prompt.extra)
         return inputs
 
+    def _my_rows(self, n: int) -> tuple[list[int], list[int]]:
+        """This rank's contiguous share of a group's ``n`` rollouts, and every rank's count."""
+        from longreel.trainer.mrsp.dist_ops import world
+
+        # no group: this process samples every rollout (world(None) would be the whole torchrun world, whose
+        # data-parallel ranks hold other prompts)
+        rank, size = world(self.group) if self.group is not None else (0, 1)
+        per = -(-n // size)
+        sizes = [max(0, min(n, (r + 1) * per) - r * per) for r in range(size)]
+        lo = sum(sizes[:rank])
+        return list(range(lo, lo + sizes[rank])), sizes
+
+    def _gather(self, mine: list[tuple]) -> list[list[tuple]]:
+        """Every rank's per-prompt row lists, in rank order (token ids only: small)."""
+        import torch.distributed as dist
+
+        from longreel.trainer.mrsp.dist_ops import world
+
+        size = world(self.group)[1] if self.group is not None else 1
+        if size == 1:
+            return [mine]
+        out: list = [None] * size
+        dist.all_gather_object(out, mine, group=self.group)
+        return out
+
     @torch.no_grad()
     def generate(self, prompts, sampling, seeds, video_embeds=None, items=None):
+        """With an SP ``group`` each rank samples its contiguous share of every prompt's ``G`` rollouts (rollout
+        ``k`` from ``rollout_row_seed(seeds[i], k)``, from the group's identical gathered video features), then the
+        token ids are all-gathered: every rank returns the same groups, equal to one process's."""
         from longreel.engines.base import Sampling
 
         model = self.model
         was_training = model.training
         model.eval()
-        groups = []
+        mine = []
         try:
+            rows, _ = self._my_rows(sampling.n)
             for i, prompt in enumerate(prompts):
                 emb = video_embeds[i] if video_embeds is not None and video_embeds[i] is not None else None
                 if emb is None:
@@ -154,13 +190,30 @@ class TransformersEngine(RolloutEngine):
                              temperature=0.0 if sampling.greedy else sampling.temperature, top_p=sampling.top_p,
                              top_k=0)
                 c = self.engine.generate_prepared(self._inputs(prompt, emb), s, share_prompt=self.share_prompt,
-                                                  eos_ids=self.eos, pad_id=self.pad_id, suppress_tokens=self.suppress)
-                dev = prompt.input_ids.device
-                ids, mask = pad_responses(c.token_ids, self.pad_id)
-                groups.append(RolloutGroup(prompt.key, ids.to(dev), mask.to(dev), list(c.texts),
-                                           torch.tensor([f == "stop" for f in c.finish])))
+                                                  eos_ids=self.eos, pad_id=self.pad_id, suppress_tokens=self.suppress,
+                                                  rows=rows)
+                mine.append((c.token_ids, c.finish, c.logprobs if self.report_logprobs else None))
         finally:
             model.train(was_training)
+        parts = self._gather(mine)
+        tok = self.processor.tokenizer
+        groups = []
+        for i, prompt in enumerate(prompts):
+            token_ids = [t for part in parts for t in part[i][0]]
+            finish = [f for part in parts for f in part[i][1]]
+            texts = tok.batch_decode([k[:-1] if f == "stop" else k for k, f in zip(token_ids, finish)],
+                                     skip_special_tokens=True)
+            ids, mask = pad_responses(token_ids, self.pad_id)
+            dev = prompt.input_ids.device
+            behav = None
+            if all(part[i][2] is not None for part in parts):
+                behav = torch.zeros(ids.shape, dtype=torch.float32)
+                for j, lp in enumerate(lp for part in parts for lp in part[i][2]):
+                    behav[j, :len(lp)] = torch.tensor(lp, dtype=torch.float32)
+                behav = behav.to(dev)
+            groups.append(RolloutGroup(prompt.key, ids.to(dev), mask.to(dev), texts,
+                                       torch.tensor([f == "stop" for f in finish]), behav,
+                                       behav_is_policy=behav is not None))
         return groups
 
 
@@ -234,9 +287,11 @@ class VLLMEngine(RolloutEngine):
 
 
 def make_engine(name: str, model, processor, *, model_path: str = "", rollout_cfg=None, seed: int = 0,
-                dtype: str = "bfloat16") -> RolloutEngine:
+                dtype: str = "bfloat16", group=None) -> RolloutEngine:
+    """``group``: an SP group whose ranks split each prompt's rollouts (transformers engine; vLLM samples every
+    rollout on each rank)."""
     if name == "transformers":
-        return TransformersEngine(model, processor)
+        return TransformersEngine(model, processor, group=group)
     if name == "vllm":
         return VLLMEngine(model_path, processor, dtype=dtype,
                           gpu_memory_utilization=getattr(rollout_cfg, "vllm_gpu_memory_utilization", 0.4),

@@ -1,11 +1,17 @@
-"""Prefilling a prompt once for its ``n`` sampled continuations (transformers ``generate``).
+"""Prefilling a prompt once for its ``n`` sampled continuations.
+
+* :func:`generate_shared_prefix`: transformers ``generate`` on the prompt's cache repeated to ``n`` rows.
+  Generic over Hugging Face models whose forward takes the prompt's keywords and returns a ``DynamicCache``.
+* :func:`sample_shared_prefix`: Qwen2-VL-family decoders (:func:`supports_shared_decode`): the prompt's K/V kept
+  as one copy that every row attends to (no ``n`` copies), and every row sampled from its own seed
+  (:func:`rollout_row_seed`), so any subset of a group's rows can be sampled anywhere (an SP group splits them).
 
 Used by the transformers engine's prepared-inputs path (GRPO rollouts: the G responses of a prompt) and by
-MR-SP's embedding reuse. Generic over Hugging Face models whose forward takes the prompt's keywords and returns a
-``DynamicCache``.
+MR-SP's embedding reuse.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -55,3 +61,185 @@ def generate_shared_prefix(model, prompt_inputs: dict[str, Any], n: int, **gener
     ids = prompt_inputs["input_ids"]
     return model.generate(input_ids=ids.expand(n, -1), attention_mask=torch.ones_like(ids).expand(n, -1),
                           past_key_values=cache, **generate_kwargs)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Per-rollout seeds and a decoder that keeps one copy of the prompt's K/V
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def rollout_row_seed(seed: int, row: int) -> int:
+    """Seed of rollout ``row`` of a group sampled under ``seed``: a function of the two only, so a rollout is the
+    same whichever process samples it and whichever other rows it is batched with (an SP group's ranks split a
+    group's rows; one process samples them all)."""
+    import numpy as np
+
+    return int(np.random.SeedSequence([int(seed) & (2**63 - 1), int(row)]).generate_state(1, np.uint64)[0] >> 1)
+
+
+class RowSampler:
+    """Samples one token per row, row ``r`` from its own ``torch.Generator`` (seeded ``seeds[r]``), after the
+    suppressed tokens, the temperature, top-k and top-p. Returns the tokens ``[g]`` and their log-probs under
+    ``log_softmax(logits / temperature)`` (no suppression or truncation: what the trainer computes)."""
+
+    def __init__(self, seeds, *, temperature: float = 1.0, top_p: float = 1.0, top_k: int | None = 0,
+                 greedy: bool = False, suppress_tokens=None, device="cpu"):
+        self.greedy = bool(greedy) or temperature <= 0
+        self.temperature = 1.0 if self.greedy else float(temperature)
+        self.top_p, self.top_k = float(top_p), int(top_k or 0)
+        self.suppress = list(suppress_tokens or [])
+        self.gens = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
+
+    def __call__(self, logits: Tensor) -> tuple[Tensor, Tensor]:
+        scaled = logits.float() / self.temperature
+        logp = torch.log_softmax(scaled, dim=-1)
+        if self.suppress:
+            scaled = scaled.index_fill(-1, torch.as_tensor(self.suppress, device=scaled.device), float("-inf"))
+        if self.greedy:
+            tok = scaled.argmax(-1)
+        else:
+            if 0 < self.top_k < scaled.shape[-1]:
+                kth = scaled.topk(self.top_k, dim=-1).values[:, -1:]
+                scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+            if self.top_p < 1.0:  # keep the smallest set whose mass reaches top_p (the top token always)
+                srt, idx = scaled.sort(-1, descending=True)
+                mass = srt.softmax(-1).cumsum(-1)
+                drop = (mass - srt.softmax(-1)) >= self.top_p
+                scaled = scaled.scatter(-1, idx, srt.masked_fill(drop, float("-inf")))
+            probs = scaled.softmax(-1)
+            tok = torch.stack([torch.multinomial(probs[r], 1, generator=gen)[0] for r, gen in enumerate(self.gens)])
+        return tok, logp.gather(-1, tok[:, None])[:, 0]
+
+
+def _language_model(model):
+    inner = getattr(model, "model", None)
+    lm = getattr(inner, "language_model", None)
+    return inner, lm
+
+
+def supports_shared_decode(model) -> bool:
+    """Whether :func:`sample_shared_prefix` can run ``model``'s decoder: a Qwen2-VL-family model (M-RoPE through
+    ``rope_deltas``) whose text layers are plain full-attention Qwen2 layers (q/k/v/o projections, no q/k norm)."""
+    import sys
+
+    inner, lm = _language_model(model)
+    if lm is None or not hasattr(inner, "rope_deltas") or not hasattr(lm, "layers") or not len(lm.layers):
+        return False
+    cfg = lm.config
+    if getattr(cfg, "use_sliding_window", False) or any(t != "full_attention"
+                                                         for t in getattr(cfg, "layer_types", None) or []):
+        return False
+    attn = lm.layers[0].self_attn
+    mod = sys.modules[type(attn).__module__]
+    return (all(hasattr(attn, a) for a in ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "scaling"))
+            and not hasattr(attn, "q_norm") and hasattr(mod, "apply_rotary_pos_emb") and hasattr(lm, "rotary_emb"))
+
+
+def _two_part_attention(q: Tensor, kp: Tensor, vp: Tensor, kr: Tensor, vr: Tensor, scale: float) -> Tensor:
+    """One new token per row attending over the prompt's keys (one copy, ``[1, Hkv, Lp, D]``, seen by every row)
+    and its own response keys (``[g, Hkv, t, D]``); the two softmaxes merged exactly by their log-sum-exps.
+
+    ``q``: ``[g, H, 1, D]`` with ``H = Hkv * grp`` (query head ``h`` reads KV head ``h // grp``). The prompt part
+    is one batched product of all ``g * grp`` queries of a KV head with that head's prompt keys, so the prompt's
+    K/V are read once per step for the whole group and never copied per row. Returns ``[g, 1, H * D]``."""
+    g, h, _, d = q.shape
+    hkv = kp.shape[1]
+    grp = h // hkv
+    qg = q.reshape(g, hkv, grp, d)
+    qp = qg.transpose(0, 1).reshape(hkv, g * grp, d)
+    s1 = torch.matmul(qp, kp[0].transpose(-1, -2)) * scale                    # [Hkv, g*grp, Lp]
+    l1 = torch.logsumexp(s1, -1, keepdim=True)
+    o1 = torch.matmul(torch.exp(s1 - l1), vp[0]).reshape(hkv, g, grp, d).transpose(0, 1)
+    l1 = l1.reshape(hkv, g, grp, 1).transpose(0, 1)
+    s2 = torch.matmul(qg, kr.transpose(-1, -2)) * scale                       # [g, Hkv, grp, t]
+    l2 = torch.logsumexp(s2, -1, keepdim=True)
+    o2 = torch.matmul(torch.exp(s2 - l2), vr)
+    lse = torch.logaddexp(l1, l2)
+    o = torch.exp(l1 - lse) * o1 + torch.exp(l2 - lse) * o2                   # [g, Hkv, grp, D]
+    return o.reshape(g, 1, h * d)
+
+
+@dataclass
+class SharedDecode:
+    """``tokens[r]``: row ``r``'s sampled ids up to and including the first end-of-sequence token (or
+    ``max_new_tokens`` of them); ``logprobs[r]``: their log-probs (temperature applied); ``finished[r]``: it
+    stopped at an end of sequence."""
+
+    tokens: list[list[int]]
+    logprobs: list[list[float]]
+    finished: list[bool]
+
+
+@torch.no_grad()
+def sample_shared_prefix(model, prompt_inputs: dict[str, Any], seeds, *, max_new_tokens: int, eos_ids,
+                         temperature: float = 1.0, top_p: float = 1.0, top_k: int | None = 0, greedy: bool = False,
+                         suppress_tokens=None) -> SharedDecode:
+    """``len(seeds)`` continuations of one prompt, row ``r`` sampled from its own generator seeded ``seeds[r]``.
+
+    The prompt (``prompt_inputs``: the model's keywords for batch 1, no padding) is prefilled once; its K/V stay
+    one ``[1, Hkv, Lp, D]`` copy per layer, and each decode step runs the ``g`` rows' new tokens through the text
+    layers (the HF modules' own projections, rotary, norms and MLPs), each attending over that one prompt copy
+    and its own keys (:func:`_two_part_attention`). Response positions follow the prompt's ``rope_deltas`` as in
+    ``generate``. A row's tokens depend only on its seed and the weights (not on the other rows), up to fp32
+    rounding of batched products: an SP group that splits the rows samples what one process samples.
+    Needs :func:`supports_shared_decode`.
+    """
+    import sys
+
+    inner, lm = _language_model(model)
+    rotary = sys.modules[type(lm.layers[0].self_attn).__module__].apply_rotary_pos_emb
+    inner.rope_deltas = None  # the prefill computes this prompt's own
+    ids = prompt_inputs["input_ids"]
+    out = model(**prompt_inputs, use_cache=True, logits_to_keep=1)
+    cache = out.past_key_values
+    prompt_kv = [(layer.keys, layer.values) for layer in cache.layers]
+    lp_len = int(ids.shape[1])
+    delta = inner.rope_deltas
+    delta = int(delta.reshape(-1)[0]) if delta is not None else 0
+    g = len(seeds)
+    sampler = RowSampler(seeds, temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy,
+                         suppress_tokens=suppress_tokens, device=ids.device)
+    stops = torch.as_tensor(sorted({int(e) for e in eos_ids}), device=ids.device)
+    tok, lp = sampler(out.logits[:, -1].expand(g, -1))
+    del out, cache
+    kv_heads, head_dim = prompt_kv[0][0].shape[1], prompt_kv[0][0].shape[3]
+    dtype = prompt_kv[0][0].dtype
+    resp_k = [torch.empty(g, kv_heads, max_new_tokens, head_dim, dtype=dtype, device=ids.device) for _ in lm.layers]
+    resp_v = [torch.empty_like(k) for k in resp_k]
+    toks, lps = [tok], [lp]
+    done = torch.isin(tok, stops)
+    embed = model.get_input_embeddings()
+    for t in range(max_new_tokens - 1):
+        if bool(done.all()):
+            break
+        h = embed(tok[:, None])
+        pos = torch.full((3, g, 1), lp_len + t + delta, dtype=torch.long, device=ids.device)
+        cos, sin = lm.rotary_emb(h, pos)
+        for i, layer in enumerate(lm.layers):
+            attn = layer.self_attn
+            x = layer.input_layernorm(h)
+            q = attn.q_proj(x).view(g, 1, -1, attn.head_dim).transpose(1, 2)
+            k = attn.k_proj(x).view(g, 1, -1, attn.head_dim).transpose(1, 2)
+            v = attn.v_proj(x).view(g, 1, -1, attn.head_dim).transpose(1, 2)
+            q, k = rotary(q, k, cos, sin)
+            resp_k[i][:, :, t] = k[:, :, 0]
+            resp_v[i][:, :, t] = v[:, :, 0]
+            o = _two_part_attention(q, *prompt_kv[i], resp_k[i][:, :, :t + 1], resp_v[i][:, :, :t + 1], attn.scaling)
+            h = h + attn.o_proj(o)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        logits = model.lm_head(lm.norm(h[:, -1]))
+        tok, lp = sampler(logits)
+        toks.append(tok)
+        lps.append(lp)
+        done |= torch.isin(tok, stops)
+    all_toks = torch.stack(toks, 1).tolist()
+    all_lps = torch.stack(lps, 1).tolist()
+    stop_set = {int(s) for s in stops.tolist()}
+    res = SharedDecode([], [], [])
+    for row_t, row_l in zip(all_toks, all_lps):
+        stop = next((j for j, x in enumerate(row_t) if x in stop_set), None)
+        keep = len(row_t) if stop is None else stop + 1
+        res.tokens.append(row_t[:keep])
+        res.logprobs.append(row_l[:keep])
+        res.finished.append(stop is not None)
+    return res

@@ -337,46 +337,61 @@ class TransformersEngine(Engine):
 
     def generate_prepared(self, inputs: dict, sampling: Sampling, *, share_prompt: bool = True,
                           eos_ids: list[int] | None = None, pad_id: int | None = None,
-                          suppress_tokens: list[int] | None = None) -> Completion:
-        """``sampling.n`` samples of one prompt given as the model's keyword tensors (batch 1; e.g. a trainer's
-        prompt carrying the vision tower's cached outputs as ``mm_encoder_outputs``), under ``sampling.seed``.
+                          suppress_tokens: list[int] | None = None, rows=None) -> Completion:
+        """Samples of one prompt given as the model's keyword tensors (batch 1; e.g. a trainer's prompt carrying
+        the vision tower's cached outputs as ``mm_encoder_outputs``): rows ``rows`` (default ``range(n)``) of
+        its ``sampling.n``, row ``k`` sampled from its own generator seeded
+        ``rollout_row_seed(sampling.seed, k)``, so a row is the same whether it is sampled here alone, with the
+        group's other rows, or on another rank (an SP group splits a group's rows over its ranks).
 
-        ``share_prompt``: the prompt is prefilled once and its cache repeated for the ``n`` rows
-        (:func:`longreel.engines.shared_prefix.generate_shared_prefix`), where the prompt allows it (no left
-        padding). ``suppress_tokens`` are never sampled. The ids of each sample run to (and include) the first end
-        of sequence; the texts leave it out."""
+        ``share_prompt``: the prompt is prefilled once for the rows (where the prompt allows it: no left padding):
+        on Qwen2-VL-family decoders its K/V stay one copy that every row attends to
+        (:func:`longreel.engines.shared_prefix.sample_shared_prefix`), elsewhere the cache is repeated per row
+        (``generate_shared_prefix``). ``suppress_tokens`` are never sampled. The ids of each sample run to (and
+        include) the first end of sequence; the texts leave it out; ``logprobs`` are the sampled tokens'
+        log-probs (temperature applied) when the shared decoder ran."""
         import torch
 
-        from longreel.engines.shared_prefix import generate_shared_prefix
+        from longreel.engines.shared_prefix import (RowSampler, generate_shared_prefix, rollout_row_seed,
+                                                    sample_shared_prefix, supports_shared_decode)
 
         model = self._model
         eos = list(eos_ids) if eos_ids is not None else self.eos_ids()
         pad = pad_id if pad_id is not None else (self.tokenizer.pad_token_id or eos[0])
-        kwargs = dict(max_new_tokens=sampling.max_new_tokens, eos_token_id=eos, pad_token_id=pad, use_cache=True,
-                      suppress_tokens=suppress_tokens)
-        if sampling.greedy:
-            kwargs.update(do_sample=False, top_p=None, top_k=None, temperature=None)
-        else:
-            kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
-                          top_k=sampling.top_k or 0)
+        rows = list(range(sampling.n)) if rows is None else [int(r) for r in rows]
+        seeds = [rollout_row_seed(sampling.seed, r) for r in rows]
         ids = inputs["input_ids"]
-        devices = [ids.device] if ids.device.type == "cuda" else []
-        share = share_prompt and bool(inputs["attention_mask"].all())
-        with torch.random.fork_rng(devices=devices), torch.no_grad():
-            torch.manual_seed(int(sampling.seed))
-            if share:
-                out = generate_shared_prefix(model, inputs, sampling.n, **kwargs)
-            else:
-                out = model.generate(**inputs, num_return_sequences=sampling.n, **kwargs)
         c = Completion(token_ids=[], prompt_tokens=int(ids.shape[1]), vision_tokens=self._vision_token_counts(
             {"input_ids": ids})[0])
-        stops = set(eos)
-        for row in out[:, ids.shape[1]:].tolist():
-            stop = next((j for j, t in enumerate(row) if t in stops), None)
-            kept = row if stop is None else row[:stop + 1]
-            c.token_ids.append(kept)
-            c.finish.append("length" if stop is None else "stop")
-            c.new_tokens += len(kept) - (stop is not None)
+        if not rows:
+            return c
+        sample_kw = dict(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or 0,
+                         greedy=sampling.greedy, suppress_tokens=suppress_tokens)
+        share = share_prompt and bool(inputs["attention_mask"].all())
+        if share and supports_shared_decode(model):
+            dec = sample_shared_prefix(model, inputs, seeds, max_new_tokens=sampling.max_new_tokens, eos_ids=eos,
+                                       **sample_kw)
+            c.token_ids, c.logprobs = dec.tokens, dec.logprobs
+            c.finish = ["stop" if f else "length" for f in dec.finished]
+        else:
+            # the last logits processor draws each row from its own generator and leaves only that token:
+            # generate's own draw (sampling mode, which allows several rows per prompt) can then only pick it
+            sampler = RowSampler(seeds, device=ids.device, **sample_kw)
+            kwargs = dict(max_new_tokens=sampling.max_new_tokens, eos_token_id=eos, pad_token_id=pad, use_cache=True,
+                          do_sample=True, top_p=1.0, top_k=0, temperature=1.0,
+                          logits_processor=[_RowSamplingProcessor(sampler)])
+            devices = [ids.device] if ids.device.type == "cuda" else []
+            with torch.random.fork_rng(devices=devices), torch.no_grad():
+                if share:
+                    out = generate_shared_prefix(model, inputs, len(rows), **kwargs)
+                else:
+                    out = model.generate(**inputs, num_return_sequences=len(rows), **kwargs)
+            stops = set(eos)
+            for row in out[:, ids.shape[1]:].tolist():
+                stop = next((j for j, t in enumerate(row) if t in stops), None)
+                c.token_ids.append(row if stop is None else row[:stop + 1])
+                c.finish.append("length" if stop is None else "stop")
+        c.new_tokens = sum(len(k) - (f == "stop") for k, f in zip(c.token_ids, c.finish))
         c.texts = self.tokenizer.batch_decode([k[:-1] if f == "stop" else k for k, f in zip(c.token_ids, c.finish)],
                                               skip_special_tokens=True)
         return c
@@ -406,3 +421,16 @@ class TransformersEngine(Engine):
                 row += 1
             out.append(c)
         return out
+
+
+class _RowSamplingProcessor:
+    """A ``generate`` logits processor (last in the list, greedy decoding) that draws every row's token from its
+    own generator (:class:`longreel.engines.shared_prefix.RowSampler`) and leaves only that token possible."""
+
+    def __init__(self, sampler):
+        self.sampler = sampler
+
+    def __call__(self, input_ids, scores):
+        tok, _ = self.sampler(scores)
+        out = scores.new_full(scores.shape, float("-inf"))
+        return out.scatter(-1, tok[:, None], 0.0)

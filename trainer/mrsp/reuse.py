@@ -22,7 +22,7 @@ from torch import Tensor
 from longreel.trainer.positions import PromptPositions
 from longreel.trainer.policy import token_logprobs  # noqa: F401  (re-exported: one definition for every log-prob pass)
 
-__all__ = ["build_inputs_embeds", "response_logprobs", "generate_with_features", "token_logprobs",
+__all__ = ["build_inputs_embeds", "response_logprobs", "generate_with_features", "token_logprobs", "PromptGraph",
            "mm_encoder_outputs", "policy_video_embeds"]
 
 
@@ -116,3 +116,50 @@ def policy_video_embeds(features: Tensor, video_grid_thw: Tensor):
     from longreel.trainer.policy import VideoEmbeds
 
     return VideoEmbeds(features=features, grid_thw=video_grid_thw)
+
+
+class PromptGraph:
+    """One prompt's forward with grad, run once for all the micro-batches of its responses in an update.
+
+    Without it every micro-batch of a group runs the prompt (video + question, the long part) again, forward and
+    backward. Here the prompt runs once from the cached features and positions; each micro-batch runs only its
+    responses on top of *leaf* copies of the prompt's K/V and last-position logits (their gradients accumulate
+    over the micro-batches), and :meth:`backward` then pushes the accumulated gradient through the prompt's
+    graph once (down to the features, and with ``StepEmbedCache(vision="deferred")`` on to the tower's once-per-
+    video backward). Sum of the micro-batches' gradients = the per-micro-batch path's, within fp32 rounding
+    (tests/test_grpo_mrsp.py). Needs ``policy.can_share_prompt(model)`` (no gradient checkpointing in training).
+    """
+
+    def __init__(self, model, prompt_ids: Tensor, features: Tensor, positions: PromptPositions):
+        self.length = int(prompt_ids.shape[1])
+        embeds = build_inputs_embeds(model, prompt_ids, features)
+        out = model(inputs_embeds=embeds, position_ids=positions.prompt, use_cache=True, logits_to_keep=1)
+        self._outputs = [out.logits[:, -1:]] + [x for layer in out.past_key_values.layers
+                                               for x in (layer.keys, layer.values)]
+        self._leaves = [t.detach().requires_grad_(t.requires_grad) for t in self._outputs]
+        self.positions = positions
+
+    def logprobs(self, model, response_ids: Tensor, response_mask: Tensor, temperature: float = 1.0) -> Tensor:
+        """``[N, T]`` log-probs of ``N`` right-padded responses (one micro-batch) on the prompt's leaves."""
+        from transformers import DynamicCache
+
+        n, t = response_ids.shape
+        first = self._leaves[0].expand(n, -1, -1)
+        if t == 1:
+            return token_logprobs(first, response_ids, temperature)
+        cache = DynamicCache()
+        kv = self._leaves[1:]
+        for i in range(0, len(kv), 2):
+            cache.update(kv[i].expand(n, -1, -1, -1), kv[i + 1].expand(n, -1, -1, -1), i // 2)
+        attn = torch.cat([response_mask.new_ones(n, self.length), response_mask[:, :-1]], dim=1)
+        pos = self.positions.with_responses(n, t)[:, :, self.length:self.length + t - 1]
+        rest = model(input_ids=response_ids[:, :-1], attention_mask=attn, position_ids=pos, past_key_values=cache,
+                     use_cache=True).logits
+        return token_logprobs(torch.cat([first, rest], dim=1), response_ids, temperature)
+
+    def backward(self) -> None:
+        """The micro-batches' accumulated gradient through the prompt's forward, once."""
+        pairs = [(o, leaf.grad) for o, leaf in zip(self._outputs, self._leaves) if leaf.grad is not None]
+        if pairs:
+            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+        self._outputs, self._leaves = [], []
