@@ -74,3 +74,15 @@ def test_time_kind_frames_show_what_the_question_is_about():
 def test_time_kinds_need_enough_frames():
     with pytest.raises(ValueError, match="at least 3 frames"):
         make_item(0, kinds=("order",), n_frames=2)
+
+
+def test_time_kind_targets_fit_the_learning_benchmarks_rollout_budget(tmp_path):
+    # benchmarks/learn.py samples 16 new tokens: a CoT target longer than that cannot be produced, so SFT would
+    # teach an answer GRPO's rollouts never reach (trial T1 of results/learn_time_trials.json)
+    from transformers import AutoTokenizer
+
+    from longreel.testing.tiny_model import build_tiny_qwen2vl
+
+    tok = AutoTokenizer.from_pretrained(build_tiny_qwen2vl(tmp_path / "m", seed=0, hidden_size=64))
+    longest = max(len(tok(i["target"]).input_ids) for i in make_items(200, seed=4, kinds=TIME_KINDS, size=56))
+    assert longest <= 15  # and one for the end-of-turn token

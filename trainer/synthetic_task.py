@@ -166,7 +166,8 @@ def _render_time(kind: str, rng: np.random.Generator, frames: np.ndarray) -> tup
 
 
 def _question(kind: str, facts: dict, rng: np.random.Generator) -> tuple[str, list[str], str, str]:
-    """(question, options, answer letter, reasoning) of one rendered item."""
+    """(question, options, answer letter, reasoning) of one rendered item. The time kinds' reasoning is kept short:
+    with the tiny test tokenizer every target fits in 16 new tokens (the learning benchmark's rollout budget)."""
     if kind == "colour":
         options = list(COLOURS)
         return "What colour is the ball?", options, LETTERS[options.index(facts["colour"])], \
@@ -186,20 +187,19 @@ def _question(kind: str, facts: dict, rng: np.random.Generator) -> tuple[str, li
         a, b = facts["colours"]
         other = b if facts["first"] == a else a
         return "Which ball moves first?", options, LETTERS[options.index(facts["first"])], \
-            f"The {facts['first']} ball jumps before the {other} ball."
+            f"{facts['first'].capitalize()} moves before {other}."
     if kind == "count_colours":
         options = ["1", "2", "3", "4"]
-        seen = ", ".join(dict.fromkeys(facts["sequence"]))
         return "How many different colours does the ball take?", options, \
-            LETTERS[options.index(str(facts["count"]))], f"The ball is {seen}: {facts['count']} colours."
+            LETTERS[options.index(str(facts["count"]))], f"{facts['count']} colour{'s' if facts['count'] > 1 else ''}."
     if kind == "direction":
         options = ["left", "right"]
         return "Which way does the ball move?", options, LETTERS[options.index(facts["side"])], \
-            f"Each frame the ball is one cell further {facts['side']}."
+            f"It steps {facts['side']}."
     if kind == "change":
         options = list(CHANGES)
         return "What changed about the ball?", options, LETTERS[options.index(facts["change"])], \
-            f"At frame {facts['at']} its {facts['change']} changes."
+            {"colour": "New colour.", "position": "It jumps.", "size": "The size changes."}[facts["change"]]
     raise ValueError(f"unknown kind {kind!r}; choose from {KINDS}")
 
 
