@@ -268,18 +268,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--work", default="", help="working directory (default: a temp dir)")
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "learn.json"))
     p.add_argument("--replot", action="store_true", help="only redraw the PNG from an existing --out JSON")
+    p.add_argument("--merge", default="", metavar="A.json,B.json",
+                   help="combine the JSONs of seeds run as separate processes into --out (no training)")
     return p
 
 
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING)
-    if args.replot:
-        doc = json.loads(Path(args.out).read_text())
-        plot(doc["per_seed"], REPO / doc["reward_curve_png"])
-        return 0
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+def run_seeds(args):
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="longreel-learn-"))
     clock = _Clock()
     results = []
@@ -295,8 +289,44 @@ def main(argv=None) -> int:
               f"sft {r['wall_s']['sft']:.0f}s/{r['cpu_s']['sft']:.0f} cpu-s, "
               f"grpo {r['wall_s']['grpo']:.0f}s/{r['cpu_s']['grpo']:.0f} cpu-s", flush=True)
     wall, cpu = clock.lap()
+    return results, wall, cpu
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    if args.replot:
+        doc = json.loads(Path(args.out).read_text())
+        plot(doc["per_seed"], REPO / doc["reward_curve_png"])
+        return 0
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if args.merge:
+        results, wall, cpu, args = merge_runs(args.merge, args)
+    else:
+        results, wall, cpu = run_seeds(args)
     png = out.with_name(out.stem + "_reward.png")
     plot(results, png)
+    return summarise(results, args, wall, cpu, out, png, argv)
+
+
+def merge_runs(paths: str, args):
+    """Seeds run as separate processes (side by side): one document; the settings must agree but for the seeds.
+    Wall is the longest run's, CPU the sum."""
+    docs = [json.loads(Path(p).read_text()) for p in paths.split(",")]
+    ignore = ("seeds", "merge", "cpu_budget_s")
+    first = {k: v for k, v in docs[0]["settings"].items() if k not in ignore}
+    for d in docs[1:]:
+        other = {k: v for k, v in d["settings"].items() if k not in ignore}
+        if other != first:
+            raise SystemExit(f"cannot merge runs with different settings: {first} vs {other}")
+    merged = argparse.Namespace(**dict(vars(args), **first))
+    merged.seeds = ",".join(d["settings"]["seeds"] for d in docs)
+    results = [r for d in docs for r in d["per_seed"]]
+    return results, max(d["wall_s_total"] for d in docs), sum(d["cpu_s_total"] for d in docs), merged
+
+
+def summarise(results, args, wall, cpu, out, png, argv) -> int:
     min_gain = min(r["gain_points"] for r in results)
     time_gains = [r["gain_points_time"] for r in results if r["gain_points_time"] is not None]
     max_seed_cpu = max(r["cpu_s"]["total_with_eval"] for r in results)
@@ -311,7 +341,8 @@ def main(argv=None) -> int:
         "task": {"kinds": args.kinds.split(","), "generator": "longreel.trainer.synthetic_task",
                  "data_path": "synthetic_task.write_shards (longreel.task.shard_format writer) -> trainer.data loader", "train_items": args.train_items,
                  "eval_items": args.eval_items, "frames": args.frames, "size": args.size, "radius": args.radius},
-        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "work", "replot", "notes")},
+        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "work", "replot", "notes", "merge")},
+        "merged_from": args.merge.split(",") if args.merge else None,
         "per_seed": results,
         "min_gain_points": min_gain,
         "min_gain_points_time_kinds": min(time_gains) if time_gains else None,
