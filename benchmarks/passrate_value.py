@@ -88,7 +88,9 @@ def run_seed(seed: int, args, work: Path) -> dict:
     eval_index = write_shards(held_out, str(work / f"eval_shards{seed}"), dataset="heldout", split="test")
     sft_dir = work / f"sft{seed}"
     c = _Clock()
-    run_sft(sft_config(seed, args, base, sft_index, sft_dir))
+    reused = args.reuse_sft and (sft_dir / "final" / "config.json").exists()
+    if not reused:  # SFT is deterministic under the seed: --reuse-sft takes an earlier run's (same settings)
+        run_sft(sft_config(seed, args, base, sft_index, sft_dir))
     wall["sft"], cpu["sft"] = c.lap()
     from longreel.trainer.config import DataConfig
     from longreel.trainer.runtime import load_items
@@ -142,7 +144,7 @@ def run_seed(seed: int, args, work: Path) -> dict:
                      "final_accuracy": held[-1]["accuracy"], "final_time_kinds": held[-1]["time_kinds"],
                      "mean_reward": sum(r["reward_mean"] for r in cv["reward"]) / max(len(cv["reward"]), 1)}
     wall["total"], cpu["total"] = total.lap()
-    return {"seed": seed, "pool_items": len(pool), "arm_items": m, "pool_labels_by_kind": by_kind,
+    return {"seed": seed, "sft_reused": reused, "pool_items": len(pool), "arm_items": m, "pool_labels_by_kind": by_kind,
             "filter": {"stats": filt["stats"], "command": filt["command"], "returncode": filt["returncode"]},
             "sft_accuracy": sft_eval["accuracy"], "arms": out,
             "final_gain_medium_minus_unfiltered_points": 100 * (out["medium"]["final_accuracy"]
@@ -185,11 +187,14 @@ def plot(results: list[dict], path: Path) -> None:
 def build_parser():
     p = learn.build_parser()
     p.description = __doc__
-    p.add_argument("--pool-items", type=int, default=160, help="items the filter labels")
-    p.add_argument("--arm-items", type=int, default=64, help="items per arm at most (both arms get the same M)")
+    p.add_argument("--pool-items", type=int, default=96, help="items the filter labels")
+    p.add_argument("--arm-items", type=int, default=48, help="items per arm at most (both arms get the same M)")
     p.add_argument("--k", type=int, default=8, help="filter samples per question")
-    p.add_argument("--eval-every", type=int, default=20)
-    p.set_defaults(kinds="colour," + ",".join(TIME_KINDS), grpo_steps=120, eval_items=150,
+    p.add_argument("--eval-every", type=int, default=15)
+    p.add_argument("--reuse-sft", action="store_true", help="keep an SFT checkpoint already in --work (same seed "
+                                                            "and settings) instead of training it again")
+    # sized for a 2-core machine shared by 7 jobs (trial P1, 160 items / 120 steps, could not finish in time)
+    p.set_defaults(kinds="colour," + ",".join(TIME_KINDS), grpo_steps=60, eval_items=100,
                    out=str(REPO / "benchmarks" / "results" / "passrate_value.json"))
     return p
 
@@ -204,7 +209,7 @@ def main(argv=None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     if args.merge:  # seeds run as separate processes side by side: wall is the longest, CPU the sum
         docs = [json.loads(Path(f).read_text()) for f in args.merge.split(",")]
-        drop = ("seeds", "merge")
+        drop = ("seeds", "merge", "reuse_sft")
         if any({k: v for k, v in d["settings"].items() if k not in drop}
                != {k: v for k, v in docs[0]["settings"].items() if k not in drop} for d in docs):
             raise SystemExit("cannot merge runs with different settings")
@@ -234,7 +239,8 @@ def summarise(results, args, wall, cpu, out: Path, argv, merged_from=None) -> in
     doc = {
         "benchmark": "passrate_value",
         "question": "GRPO on the SFT model's medium items vs the same number of unfiltered items, same steps",
-        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "work", "replot", "notes", "merge")},
+        "settings": {k: v for k, v in vars(args).items()
+                     if k not in ("out", "work", "replot", "notes", "merge", "reuse_sft")},
         "merged_from": [d["command"] for d in merged_from] if merged_from else None,
         "per_seed": results,
         "final_gain_medium_minus_unfiltered_points": gains,
