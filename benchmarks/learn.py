@@ -4,8 +4,14 @@ For each seed: build the tiny random Qwen2-VL (offline), CoT-SFT on a few items 
 skill, so GRPO has room), evaluate greedy accuracy on held-out items, GRPO, evaluate again. Writes
 ``benchmarks/results/learn.json`` (accuracy before/after per seed, steps, wall time) and
 ``benchmarks/results/learn_reward.png`` (GRPO reward and held-out accuracy curves). Wall and CPU seconds
-(``time.process_time()`` of this process) are recorded per phase; ``passed`` needs a gain of at least 15 points on
-every seed within ``--cpu-budget-s`` CPU seconds in total (20 CPU-minutes; wall time is inflated on a shared machine).
+(``resource.getrusage``: this process and its children) are recorded per phase; ``passed`` needs a gain of at least
+15 points on every seed within ``--cpu-budget-s`` CPU seconds (20 CPU-minutes; wall time is inflated on a shared
+machine). With time kinds in ``--kinds`` (``synthetic_task.TIME_KINDS``: answerable only from several frames) the
+gain that counts is the pooled one on the time kinds, and the budget is per seed-run; the JSON also holds, per
+kind, the held-out accuracy of a rule-based solver that sees only the middle frame (at chance on the time kinds)
+and of one that sees all frames (100 %), so the model's numbers can be read against both.
+
+    python benchmarks/learn.py --kinds colour,order,count_colours,direction,change --out benchmarks/results/learn_time.json
 
 Why these defaults (``benchmarks/learn_diagnose.py``, ``results/learn_diagnose.json``, ``results/learn_trials.json``):
 SFT at lr 1e-2 over-trained the tiny model on its 64 items and, for seed 1, collapsed the vision-merger features of
@@ -26,6 +32,7 @@ import json
 import logging
 import os
 import platform
+import resource
 import sys
 import tempfile
 import time
@@ -45,7 +52,8 @@ from longreel.trainer.policy import load_policy  # noqa: E402
 from longreel.trainer.sft import run_sft  # noqa: E402
 from longreel.trainer.config import DataConfig  # noqa: E402
 from longreel.trainer.runtime import load_items  # noqa: E402
-from longreel.trainer.synthetic_task import make_items, write_shards  # noqa: E402
+from longreel.trainer.synthetic_solvers import oracle_answer, single_frame_answer  # noqa: E402
+from longreel.trainer.synthetic_task import TIME_KINDS, make_items, write_shards  # noqa: E402
 from longreel.testing.tiny_model import build_tiny_qwen2vl  # noqa: E402
 
 
@@ -97,14 +105,44 @@ def grpo_config(seed: int, args, init: str, train_index: str, out_dir: Path, ste
         f"grpo.ppo_epochs={args.ppo_epochs}", f"grpo.beta={args.grpo_beta}"] + list(args.grpo_set))
 
 
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process (all threads) and its waited-for children (resource.getrusage)."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 class _Clock:
-    """Wall (perf_counter) and CPU (process_time: this process, all its threads) seconds since creation."""
+    """Wall (perf_counter) and CPU (:func:`cpu_seconds`) seconds since creation."""
 
     def __init__(self):
-        self.wall0, self.cpu0 = time.perf_counter(), time.process_time()
+        self.wall0, self.cpu0 = time.perf_counter(), cpu_seconds()
 
     def lap(self) -> tuple[float, float]:
-        return time.perf_counter() - self.wall0, time.process_time() - self.cpu0
+        return time.perf_counter() - self.wall0, cpu_seconds() - self.cpu0
+
+
+def solver_baselines(items) -> dict:
+    """Held-out accuracy per kind of the rule-based solvers that read pixels (no training): one that sees only the
+    middle frame, one that sees all frames, and a uniform guess."""
+    out: dict[str, dict] = {}
+    for it in items:
+        frames = it["frames"].numpy()
+        row = out.setdefault(it["category"], {"n": 0, "single_frame": 0.0, "all_frames_oracle": 0.0, "chance": 0.0})
+        row["n"] += 1
+        row["single_frame"] += single_frame_answer(frames, it["question"], it["options"]) == it["answer"]
+        row["all_frames_oracle"] += oracle_answer(frames, it["question"], it["options"]) == it["answer"]
+        row["chance"] += 1.0 / len(it["options"])
+    for row in out.values():
+        for k in ("single_frame", "all_frames_oracle", "chance"):
+            row[k] /= row["n"]
+    return out
+
+
+def pooled(per_category: dict, kinds) -> float | None:
+    """Item-weighted accuracy over ``kinds`` from an ``evaluate`` per-category table (None when none is there)."""
+    rows = [per_category[k] for k in kinds if k in per_category]
+    n = sum(r["n"] for r in rows)
+    return sum(r["accuracy"] * r["n"] for r in rows) / n if n else None
 
 
 def run_seed(seed: int, args, work: Path) -> dict:
@@ -132,7 +170,20 @@ def run_seed(seed: int, args, work: Path) -> dict:
     curve = [{"step": r["step"], "reward_mean": r["reward_mean"], "format_rate": r["format_rate"],
               "accuracy": r["accuracy"], "response_len_mean": r["response_len_mean"]}
              for r in read_metrics(grpo_dir / "metrics.jsonl")]
+    c = _Clock()
+    baselines = solver_baselines(held_out)
+    wall["solver_baselines"], cpu["solver_baselines"] = c.lap()
+    time_kinds = [k for k in TIME_KINDS if k in before["per_category"]]
+    time_sft, time_grpo = pooled(before["per_category"], time_kinds), pooled(after["per_category"], time_kinds)
+    n_time = sum(baselines[k]["n"] for k in time_kinds)
     return {
+        "time_kinds": time_kinds,
+        "accuracy_time_sft": time_sft, "accuracy_time_grpo": time_grpo,
+        "gain_points_time": None if time_sft is None else 100.0 * (time_grpo - time_sft),
+        "solver_baselines": baselines,
+        "single_frame_time": (sum(baselines[k]["single_frame"] * baselines[k]["n"] for k in time_kinds) / n_time
+                              if n_time else None),
+        "chance_time": sum(baselines[k]["chance"] * baselines[k]["n"] for k in time_kinds) / n_time if n_time else None,
         "seed": seed,
         "accuracy_sft": before["accuracy"], "format_rate_sft": before["format_rate"],
         "accuracy_grpo": after["accuracy"], "format_rate_grpo": after["format_rate"],
@@ -150,7 +201,7 @@ def plot(results: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
+    fig, ax = plt.subplots(1, 2, figsize=(12, 3.8))
     w = 10
     for r in results:
         steps = [c["step"] for c in r["grpo_curve"]]
@@ -158,13 +209,24 @@ def plot(results: list[dict], path: Path) -> None:
         (raw,) = ax[0].plot(steps, ys, alpha=0.25)
         avg = [sum(ys[max(0, i - w + 1):i + 1]) / len(ys[max(0, i - w + 1):i + 1]) for i in range(len(ys))]
         ax[0].plot(steps, avg, color=raw.get_color(), label=f"seed {r['seed']} ({w}-step mean)")
-        ax[1].bar([f"s{r['seed']} SFT", f"s{r['seed']} GRPO"], [r["accuracy_sft"], r["accuracy_grpo"]])
+    kinds = sorted(results[0]["per_category_sft"])
+    width = 0.8 / (2 * len(results) + 1)
+    for j, r in enumerate(results):
+        for h, (stage, key) in enumerate((("SFT", "per_category_sft"), ("GRPO", "per_category_grpo"))):
+            off = (2 * j + h) * width
+            ax[1].bar([i + off for i in range(len(kinds))], [r[key][k]["accuracy"] for k in kinds], width,
+                      label=f"seed {r['seed']} {stage}")
+    base = results[0]["solver_baselines"]
+    ax[1].bar([i + 2 * len(results) * width for i in range(len(kinds))], [base[k]["single_frame"] for k in kinds],
+              width, color="0.6", label="single-frame solver")
+    ax[1].set_xticks([i + 0.4 - width / 2 for i in range(len(kinds))], kinds, rotation=20)
+    ax[1].legend(fontsize=7)
     ax[0].set_xlabel("GRPO step")
     ax[0].set_ylabel("mean rollout reward")
     ax[0].set_title("GRPO reward (training rollouts)")
     ax[0].legend()
     ax[1].set_ylim(0, 1)
-    ax[1].set_title("held-out greedy accuracy")
+    ax[1].set_title("held-out greedy accuracy per kind")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -206,7 +268,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--work", default="", help="working directory (default: a temp dir)")
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "learn.json"))
     p.add_argument("--replot", action="store_true", help="only redraw the PNG from an existing --out JSON")
+    p.add_argument("--merge", default="", metavar="A.json,B.json",
+                   help="combine the JSONs of seeds run as separate processes into --out (no training)")
     return p
+
+
+def run_seeds(args):
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="longreel-learn-"))
+    clock = _Clock()
+    results = []
+    for seed in [int(s) for s in args.seeds.split(",")]:
+        r = run_seed(seed, args, work)
+        results.append(r)
+        if r["gain_points_time"] is not None:
+            print(f"seed {seed}: time kinds SFT {r['accuracy_time_sft']:.3f} -> GRPO {r['accuracy_time_grpo']:.3f} "
+                  f"({r['gain_points_time']:+.1f}); per kind GRPO "
+                  f"{ {k: v['accuracy'] for k, v in r['per_category_grpo'].items()} }", flush=True)
+        print(f"seed {seed}: held-out accuracy SFT {r['accuracy_sft']:.3f} -> GRPO {r['accuracy_grpo']:.3f} "
+              f"({r['gain_points']:+.1f} points; format {r['format_rate_sft']:.2f} -> {r['format_rate_grpo']:.2f}); "
+              f"sft {r['wall_s']['sft']:.0f}s/{r['cpu_s']['sft']:.0f} cpu-s, "
+              f"grpo {r['wall_s']['grpo']:.0f}s/{r['cpu_s']['grpo']:.0f} cpu-s", flush=True)
+    wall, cpu = clock.lap()
+    return results, wall, cpu
 
 
 def main(argv=None) -> int:
@@ -218,33 +301,59 @@ def main(argv=None) -> int:
         return 0
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="longreel-learn-"))
-    clock = _Clock()
-    results = []
-    for seed in [int(s) for s in args.seeds.split(",")]:
-        r = run_seed(seed, args, work)
-        results.append(r)
-        print(f"seed {seed}: held-out accuracy SFT {r['accuracy_sft']:.3f} -> GRPO {r['accuracy_grpo']:.3f} "
-              f"({r['gain_points']:+.1f} points; format {r['format_rate_sft']:.2f} -> {r['format_rate_grpo']:.2f}); "
-              f"sft {r['wall_s']['sft']:.0f}s/{r['cpu_s']['sft']:.0f} cpu-s, "
-              f"grpo {r['wall_s']['grpo']:.0f}s/{r['cpu_s']['grpo']:.0f} cpu-s", flush=True)
-    wall, cpu = clock.lap()
+    if args.merge:
+        results, wall, cpu, args = merge_runs(args.merge, args)
+    else:
+        results, wall, cpu = run_seeds(args)
     png = out.with_name(out.stem + "_reward.png")
     plot(results, png)
+    return summarise(results, args, wall, cpu, out, png, argv)
+
+
+def merge_runs(paths: str, args):
+    """Seeds run as separate processes (side by side): one document; the settings must agree but for the seeds.
+    Wall is the longest run's, CPU the sum."""
+    docs = [json.loads(Path(p).read_text()) for p in paths.split(",")]
+    ignore = ("seeds", "merge", "cpu_budget_s")
+    first = {k: v for k, v in docs[0]["settings"].items() if k not in ignore}
+    for d in docs[1:]:
+        other = {k: v for k, v in d["settings"].items() if k not in ignore}
+        if other != first:
+            raise SystemExit(f"cannot merge runs with different settings: {first} vs {other}")
+    merged = argparse.Namespace(**dict(vars(args), **first))
+    merged.seeds = ",".join(d["settings"]["seeds"] for d in docs)
+    results = [r for d in docs for r in d["per_seed"]]
+    return results, max(d["wall_s_total"] for d in docs), sum(d["cpu_s_total"] for d in docs), merged
+
+
+def summarise(results, args, wall, cpu, out, png, argv) -> int:
     min_gain = min(r["gain_points"] for r in results)
+    time_gains = [r["gain_points_time"] for r in results if r["gain_points_time"] is not None]
+    max_seed_cpu = max(r["cpu_s"]["total_with_eval"] for r in results)
+    # with time kinds in the mix the target is theirs: GRPO >= +15 points over SFT on the pooled time kinds, every
+    # seed, each seed-run within the CPU budget; without them, the original overall-gain target
+    if time_gains:
+        passed = round(min(time_gains), 6) >= 15.0 and max_seed_cpu <= args.cpu_budget_s
+    else:
+        passed = round(min_gain, 6) >= 15.0 and cpu <= args.cpu_budget_s
     summary = {
         "benchmark": "learn",
         "task": {"kinds": args.kinds.split(","), "generator": "longreel.trainer.synthetic_task",
                  "data_path": "synthetic_task.write_shards (longreel.task.shard_format writer) -> trainer.data loader", "train_items": args.train_items,
                  "eval_items": args.eval_items, "frames": args.frames, "size": args.size, "radius": args.radius},
-        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "work", "replot", "notes")},
+        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "work", "replot", "notes", "merge")},
+        "merged_from": args.merge.split(",") if args.merge else None,
         "per_seed": results,
         "min_gain_points": min_gain,
+        "min_gain_points_time_kinds": min(time_gains) if time_gains else None,
         "target_gain_points": 15.0,
         "cpu_budget_s": args.cpu_budget_s,
-        # the target is "within 20 CPU-minutes": judged on this process's CPU time (wall time is inflated on a
-        # shared machine and is reported beside it)
-        "passed": round(min_gain, 6) >= 15.0 and cpu <= args.cpu_budget_s,
+        "max_seed_cpu_s": max_seed_cpu,
+        # the target is "within 20 CPU-minutes": judged on CPU time from resource.getrusage (wall time is inflated
+        # on a shared machine and is reported beside it)
+        "passed": passed,
+        "command": "python " + " ".join([os.path.relpath(__file__, REPO)] + list(argv if argv is not None
+                                                                                  else sys.argv[1:])),
         "wall_s_total": wall,
         "cpu_s_total": cpu,
         "cpu": {"threads": args.threads, "machine": platform.machine(), "cpus_visible": os.cpu_count(),
@@ -253,6 +362,9 @@ def main(argv=None) -> int:
         "notes": args.notes,
     }
     out.write_text(json.dumps(summary, indent=1) + "\n")
+    if time_gains:
+        print(f"time kinds: gains {[round(g, 1) for g in time_gains]} points (single-frame solver "
+              f"{[round(r['single_frame_time'], 3) for r in results]}, chance {results[0]['chance_time']:.3f})")
     print(f"total wall {wall:.0f}s, cpu {cpu:.0f}s; min gain {min_gain:.1f} points; passed={summary['passed']}; "
           f"wrote {out}")
     return 0

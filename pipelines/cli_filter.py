@@ -25,6 +25,11 @@ A sample passes when its accuracy is 1 (or its reward >= pass_threshold). Labels
 hard (0/k), medium. Kept questions (policy `medium`, or a mean-reward band) are split into sft
 and rl by a hash of the qra_id (sft_fraction 36/104 by default) or by pass rate.
 
+With --shards (repeatable: wids index .json files, tar URLs or brace patterns) the questions and
+their frames are read from packed WebDataset shards instead (OUT need not hold any table; it is
+created): the answerer sees exactly the frames the trainer will, e.g. to label the data with the
+SFT policy's pass rate before GRPO.
+
 Writes OUT/pass_rate-*.parquet (every scored question, with split sft/rl/drop, the k
 completions, rewards and the answerer's provenance), replaces this stage's rows in
 OUT/rejects-*.parquet (too_easy, too_hard, out_of_band, and failures by reason), merges a
@@ -39,6 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=("transformers", "vllm"),
                    help="Answerer backend (shortcut for --set backend=NAME).")
     p.add_argument("--qra-table", default="qras", help="Name of the questions table in --out (default: qras).")
+    p.add_argument("--shards", action="append", default=[], metavar="URL",
+                   help="Read questions and frames from packed shards (index .json, tar URL or brace pattern; "
+                        "repeatable) instead of --out's tables.")
     p.add_argument("--config", help="YAML config file (FilterConfig); see --show-config for every key.")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="Override one config key, e.g. --set k=8 --set policy=band (repeatable).")
@@ -46,17 +54,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_filter(out_dir: str, cfg: FilterConfig, beam_args: list[str] | None = None, qra_table: str = "qras",
-               handler=None, command: str | None = None) -> dict:
-    """Run the filter on ``out_dir``'s tables (holding its lock; see :mod:`longreel.pipelines.io.run_dir`); return the merged
-    stats document."""
-    from longreel.pipelines.io.run_dir import StageSession
+               handler=None, command: str | None = None, shards: list[str] | None = None) -> dict:
+    """Run the filter on ``out_dir``'s tables, or on packed ``shards`` (holding ``out_dir``'s lock; see
+    :mod:`longreel.pipelines.io.run_dir`); return the merged stats document."""
+    from longreel.pipelines.io.run_dir import StageSession, ensure_dir
 
     cfg.check()
+    if shards:
+        ensure_dir(out_dir)
     with StageSession(out_dir, "filter", config_hash(cfg), command) as session:
-        return _run_filter(session, out_dir, cfg, beam_args, qra_table, handler)
+        return _run_filter(session, out_dir, cfg, beam_args, qra_table, handler, shards)
 
 
-def _run_filter(session, out_dir: str, cfg: FilterConfig, beam_args, qra_table: str, handler) -> dict:
+def _run_filter(session, out_dir: str, cfg: FilterConfig, beam_args, qra_table: str, handler, shards=None) -> dict:
     import apache_beam as beam
     from apache_beam.io.filesystems import FileSystems
 
@@ -66,17 +76,30 @@ def _run_filter(session, out_dir: str, cfg: FilterConfig, beam_args, qra_table: 
     from longreel.pipelines.stages.passrate import STAGE, add_filter_stage, finish_filter_stats
     from longreel.pipelines.stats import read_json
 
-    videos = read_table(out_dir, "videos").to_pylist()
-    qras = read_table(out_dir, qra_table).to_pylist()
+    if shards:
+        from longreel.pipelines.stages.passrate import ReadShardQuestions
+        from longreel.task.shard_reader import resolve_shards
+
+        urls = [spec.url for spec in resolve_shards(shards)]
+    else:
+        videos = read_table(out_dir, "videos").to_pylist()
+        qras = read_table(out_dir, qra_table).to_pylist()
     session.begin_writes()
     with FileSystems.create(FileSystems.join(out_dir, "filter_config.yaml")) as fh:
         fh.write(dump_yaml(cfg).encode())
-    log.info("filter: %d questions over %d videos in %s (k=%d, backend %s)", len(qras), len(videos), out_dir, cfg.k,
-             cfg.backend)
     t0 = time.monotonic()
     p = make_pipeline(beam_args)
-    v = p | "Videos" >> beam.Create(videos)
-    q = p | "Questions" >> beam.Create(qras)
+    if shards:
+        log.info("filter: questions of %d packed shards -> %s (k=%d, backend %s; frames as packed)", len(urls),
+                 out_dir, cfg.k, cfg.backend)
+        read = (p | "ShardUrls" >> beam.Create(urls)
+                | "ReadShards" >> beam.ParDo(ReadShardQuestions()).with_outputs("videos", "qras"))
+        v, q = read.videos, read.qras
+    else:
+        log.info("filter: %d questions over %d videos in %s (k=%d, backend %s)", len(qras), len(videos), out_dir,
+                 cfg.k, cfg.backend)
+        v = p | "Videos" >> beam.Create(videos)
+        q = p | "Questions" >> beam.Create(qras)
     res = add_filter_stage(p, v, q, out_dir, cfg, handler=handler)
     k, prov, chash = cfg.k, res["provenance"], config_hash(cfg)
     write_rerun_outputs(p, out_dir, [STAGE], {STAGE: "question"}, res["rejects"], res["counts"], {},
@@ -94,7 +117,8 @@ def main(args, beam_args: list[str]) -> int:
     if cfg is None:
         return done
     try:
-        doc = run_filter(args.out, cfg, beam_args, qra_table=args.qra_table, command=command_line(args, "filter"))
+        doc = run_filter(args.out, cfg, beam_args, qra_table=args.qra_table, command=command_line(args, "filter"),
+                         shards=args.shards)
     except FileNotFoundError as e:
         print(f"longreel filter: {e}", file=sys.stderr)
         return 2

@@ -16,6 +16,19 @@ Kinds (``KINDS``):
 ``exit_side``  a white ball starts near the centre and leaves by the left or the right edge (2 options)
 ``count``      a square flashes in some of the frames: "How many times does the square flash?" (4 options, 1-4)
 
+The kinds above can be answered, or nearly, from one frame. The *time kinds* (``TIME_KINDS``) cannot: every frame,
+taken alone, has the same distribution whatever the answer (exactly, by construction; ``tests/test_synthetic_time.py``
+checks it with a single-frame solver), so only a model that relates frames to each other beats chance:
+
+``order``          two balls (two of the four colours) sit on a 4x4 grid of cells; each jumps once to a random free
+                   cell, at different times: "Which ball moves first?" (2 options). Not "which colour *appears*
+                   first": a frame showing one colour without the other would give that away.
+``count_colours``  one ball per frame, in a random cell, its colour drawn so that the frames together show k
+                   different colours: "How many different colours does the ball take?" (4 options, 1-4)
+``direction``      a ball steps one cell left or right per frame, wrapping around at the edge (so its column is
+                   uniform in every frame): "Which way does the ball move?" (2 options)
+``change``         one ball; at some frame its colour, its cell or its size changes: "What changed?" (3 options)
+
 Everything is a pure function of ``(seed, index)``: the same arguments give the same bytes.
 """
 from __future__ import annotations
@@ -26,12 +39,18 @@ import numpy as np
 
 from longreel.schemas.atomic import write_atomic
 
-__all__ = ["KINDS", "COLOURS", "make_item", "make_items", "render"]
+__all__ = ["KINDS", "TIME_KINDS", "COLOURS", "GRID", "SIZES", "CHANGES", "make_item", "make_items", "render",
+           "write_shards"]
 
 COLOURS = {"red": (220, 40, 40), "green": (40, 200, 60), "blue": (50, 80, 230), "yellow": (230, 220, 40)}
-KINDS = ("colour", "exit_side", "count")
+TIME_KINDS = ("order", "count_colours", "direction", "change")
+KINDS = ("colour", "exit_side", "count") + TIME_KINDS
 LETTERS = "ABCD"
 FPS = 2.0
+GRID = 4  # the time kinds place balls on GRID x GRID cells (28 px at 112 px: one merged Qwen2-VL token each)
+RADIUS = 0.38  # ball radius of the time kinds, as a fraction of the cell side
+SIZES = {"small": 0.24, "large": 0.46}  # the ``change`` kind's two ball sizes (fraction of the cell side)
+CHANGES = ("colour", "position", "size")
 
 
 def _canvas(rng: np.random.Generator, n_frames: int, size: int) -> np.ndarray:
@@ -76,6 +95,111 @@ def render(kind: str, rng: np.random.Generator, n_frames: int = 4, size: int = 5
         for t in lit:
             frames[t, size // 2 - half:size // 2 + half, size // 2 - half:size // 2 + half] = (240, 240, 240)
         return frames, {"count": count, "lit": lit}
+    if kind in TIME_KINDS:
+        return _render_time(kind, rng, frames)
+    raise ValueError(f"unknown kind {kind!r}; choose from {KINDS}")
+
+
+def _cell_disc(frame: np.ndarray, cell: int, rgb, frac: float = RADIUS) -> None:
+    side = frame.shape[0] / GRID
+    row, col = divmod(cell, GRID)
+    _disc(frame, (col + 0.5) * side, (row + 0.5) * side, frac * side, rgb)
+
+
+def _render_time(kind: str, rng: np.random.Generator, frames: np.ndarray) -> tuple[np.ndarray, dict]:
+    """The time kinds. Each is built so that the content of any one frame (colours, cells, sizes) is distributed
+    the same whatever the answer: the answer lives only in how frames relate."""
+    n = frames.shape[0]
+    names = list(COLOURS)
+    cells = GRID * GRID
+    if kind == "order":
+        if n < 3:
+            raise ValueError("order needs at least 3 frames")
+        pair = rng.choice(len(names), size=2, replace=False)
+        pos = [int(c) for c in rng.choice(cells, size=2, replace=False)]
+        times = [int(t) for t in rng.choice(np.arange(1, n), size=2, replace=False)]
+        for t in range(n):
+            for b in (0, 1):
+                if t == times[b]:  # a uniform free cell: the pair of cells stays uniform over distinct pairs
+                    free = [c for c in range(cells) if c not in pos]
+                    pos[b] = int(free[int(rng.integers(len(free)))])
+            for b in (0, 1):
+                _cell_disc(frames[t], pos[b], COLOURS[names[pair[b]]])
+        first = names[pair[0]] if times[0] < times[1] else names[pair[1]]
+        return frames, {"colours": [names[i] for i in pair], "move_times": times, "first": first}
+    if kind == "count_colours":
+        k = int(rng.integers(1, min(len(names), n) + 1))
+        chosen = [names[i] for i in rng.choice(len(names), size=k, replace=False)]
+        # a uniform onto map frames -> chosen colours (redraw until every colour is used): by the symmetry of the
+        # colour draw, each frame's colour is uniform over the four whatever k is
+        while True:
+            seq = rng.integers(k, size=n)
+            if len(set(seq.tolist())) == k:
+                break
+        for t in range(n):
+            _cell_disc(frames[t], int(rng.integers(cells)), COLOURS[chosen[int(seq[t])]])
+        return frames, {"count": k, "sequence": [chosen[int(i)] for i in seq]}
+    if kind == "direction":
+        side = "left" if rng.random() < 0.5 else "right"
+        step = -1 if side == "left" else 1
+        row, col = int(rng.integers(GRID)), int(rng.integers(GRID))
+        rgb = COLOURS[names[int(rng.integers(len(names)))]]
+        for t in range(n):  # wrapping keeps the column uniform in every frame
+            _cell_disc(frames[t], row * GRID + (col + step * t) % GRID, rgb)
+        return frames, {"side": side}
+    if kind == "change":
+        what = CHANGES[int(rng.integers(len(CHANGES)))]
+        colour, cell = int(rng.integers(len(names))), int(rng.integers(cells))
+        size = list(SIZES)[int(rng.integers(len(SIZES)))]
+        at = int(rng.integers(1, n))
+        for t in range(n):
+            if t == at:  # a different uniform value: every frame's (colour, cell, size) stays uniform
+                if what == "colour":
+                    colour = (colour + int(rng.integers(1, len(names)))) % len(names)
+                elif what == "position":
+                    cell = (cell + int(rng.integers(1, cells))) % cells
+                else:
+                    size = "large" if size == "small" else "small"
+            _cell_disc(frames[t], cell, COLOURS[names[colour]], SIZES[size])
+        return frames, {"change": what, "at": at}
+    raise ValueError(f"unknown time kind {kind!r}")
+
+
+def _question(kind: str, facts: dict, rng: np.random.Generator) -> tuple[str, list[str], str, str]:
+    """(question, options, answer letter, reasoning) of one rendered item. The time kinds' reasoning is kept short:
+    with the tiny test tokenizer every target fits in 16 new tokens (the learning benchmark's rollout budget)."""
+    if kind == "colour":
+        options = list(COLOURS)
+        return "What colour is the ball?", options, LETTERS[options.index(facts["colour"])], \
+            f"The ball is {facts['colour']}."
+    if kind == "exit_side":
+        options = ["left", "right"]
+        return "Which side does the ball leave the screen?", options, LETTERS[options.index(facts["side"])], \
+            f"The ball moves to the {facts['side']}."
+    if kind == "count":
+        options = ["1", "2", "3", "4"]
+        return "How many times does the square flash?", options, LETTERS[options.index(str(facts["count"]))], \
+            f"The square flashes {facts['count']} times."
+    if kind == "order":
+        options = list(facts["colours"])
+        if rng.random() < 0.5:  # the answer's letter is uniform
+            options.reverse()
+        a, b = facts["colours"]
+        other = b if facts["first"] == a else a
+        return "Which ball moves first?", options, LETTERS[options.index(facts["first"])], \
+            f"{facts['first'].capitalize()} moves before {other}."
+    if kind == "count_colours":
+        options = ["1", "2", "3", "4"]
+        return "How many different colours does the ball take?", options, \
+            LETTERS[options.index(str(facts["count"]))], f"{facts['count']} colour{'s' if facts['count'] > 1 else ''}."
+    if kind == "direction":
+        options = ["left", "right"]
+        return "Which way does the ball move?", options, LETTERS[options.index(facts["side"])], \
+            f"It steps {facts['side']}."
+    if kind == "change":
+        options = list(CHANGES)
+        return "What changed about the ball?", options, LETTERS[options.index(facts["change"])], \
+            {"colour": "New colour.", "position": "It jumps.", "size": "The size changes."}[facts["change"]]
     raise ValueError(f"unknown kind {kind!r}; choose from {KINDS}")
 
 
@@ -90,21 +214,8 @@ def make_item(index: int, seed: int = 0, kinds: Iterable[str] = ("colour",), n_f
     kind = kinds[index % len(kinds)]
     rng = np.random.default_rng([seed, index])
     frames, facts = render(kind, rng, n_frames=n_frames, size=size, radius=radius)
-    if kind == "colour":
-        options = list(COLOURS)
-        answer = LETTERS[options.index(facts["colour"])]
-        question = "What colour is the ball?"
-        think = f"The ball is {facts['colour']}."
-    elif kind == "exit_side":
-        options = ["left", "right"]
-        answer = LETTERS[options.index(facts["side"])]
-        question = "Which side does the ball leave the screen?"
-        think = f"The ball moves to the {facts['side']}."
-    else:
-        options = ["1", "2", "3", "4"]
-        answer = LETTERS[options.index(str(facts["count"]))]
-        question = "How many times does the square flash?"
-        think = f"The square flashes {facts['count']} times."
+    # the question's own draws (option order) come after the rendering's, from the same stream
+    question, options, answer, think = _question(kind, facts, rng)
     video_id = f"synth{seed}_{index:06d}"
     meta = {
         "fps": FPS,

@@ -70,8 +70,9 @@ LABELS = ("easy", "medium", "hard")
 SPLITS = ("sft", "rl", "drop")
 DROP_REASONS = ("too_easy", "too_hard", "out_of_band")
 
-__all__ = ["PassRateFilter", "add_filter_stage", "filter_counts", "finish_filter_stats", "keep_decision",
-           "label_for", "sample_passes", "split_for", "split_unit", "uniform_request", "uniform_timestamps"]
+__all__ = ["PassRateFilter", "ReadShardQuestions", "add_filter_stage", "filter_counts", "finish_filter_stats",
+           "keep_decision", "label_for", "sample_passes", "split_for", "split_unit", "uniform_request",
+           "uniform_timestamps"]
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -219,6 +220,8 @@ class PrepareQuestions(beam.DoFn):
 
     def _frames(self, video: dict):
         """(uint8 frames [T, H, W, 3] on the processor's grid, video metadata) for one video."""
+        if video.get("frames") is not None:  # read from packed shards (ReadShardQuestions): the trainer's frames
+            return video["frames"], dict(video["frame_meta"])
         if self.cache is not None:
             return self._cached_frames(video)
         # the decoder returns frames as displayed (a phone video upright), like the captioner's and the frame cache's
@@ -253,6 +256,35 @@ class PrepareQuestions(beam.DoFn):
                 "frame_indices": [int(i) for i in m["frames_indices"]],
                 "timestamps": [float(t) for t in m["timestamps"]]}
         return frames, meta
+
+
+class ReadShardQuestions(beam.DoFn):
+    """A packed shard's URL -> its videos (frames inline, exactly as packed) on output ``videos`` and its questions
+    on output ``qras``, for :class:`PassRateFilter` run on packed shards (``longreel filter --shards``), e.g. to
+    re-label the data with a later policy (the SFT model) as the answerer. Samples are checked against their
+    ``sums.json``; an unreadable shard or sample fails the run (its questions cannot be counted, so they cannot
+    be rejects)."""
+
+    def process(self, url: str):
+        from longreel.task.shard_reader import LoaderStats, ShardSpec, read_shard
+
+        def fail(err, whole_shard):
+            raise err
+
+        for sample in read_shard(ShardSpec(url), LoaderStats(), fail, verify="sample", mmap=False):
+            meta = sample["meta"]
+            vm = meta.get("video_metadata") or {}
+            vid = meta.get("video_id", sample["key"])
+            fps = float(vm["fps"])
+            indices = [int(i) for i in vm["frames_indices"]]
+            stamps = meta.get("timestamps") or vm.get("timestamps") or [i / fps for i in indices]
+            yield beam.pvalue.TaggedOutput("videos", {
+                "video_id": vid, "uri": f"{url}#{sample['key']}", "frames": sample["frames"],
+                "frame_meta": {"fps": fps, "n_frames": int(vm["total_num_frames"]),
+                               "duration_s": float(vm["duration"]), "frame_indices": indices,
+                               "timestamps": [float(t) for t in stamps]}})
+            for q in sample["qras"]:
+                yield beam.pvalue.TaggedOutput("qras", dict(q, video_id=q.get("video_id") or vid))
 
 
 @contextlib.contextmanager

@@ -1,0 +1,88 @@
+"""The synthetic task's time kinds need the video: one frame is at chance, all frames answer every item."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from longreel.task.rewards import score
+from longreel.trainer.synthetic_solvers import find_balls, oracle_answer, single_frame_answer
+from longreel.trainer.synthetic_task import COLOURS, KINDS, TIME_KINDS, make_item, make_items
+
+N_PER_KIND = 300
+
+
+@pytest.fixture(scope="module")
+def items():
+    return make_items(N_PER_KIND * len(KINDS), seed=11, kinds=KINDS, size=56)
+
+
+def _by_kind(items, kind):
+    return [i for i in items if i["category"] == kind]
+
+
+@pytest.mark.parametrize("kind", TIME_KINDS)
+def test_single_frame_solver_is_at_chance_on_time_kinds(items, kind):
+    its = _by_kind(items, kind)
+    chance = 1.0 / len(its[0]["options"])
+    # the answer letters themselves are balanced (a constant guess is at chance too)
+    letters = [i["answer"] for i in its]
+    assert max(letters.count(x) for x in set(letters)) / len(its) <= chance + 4 * math.sqrt(chance * (1 - chance) / len(its))
+    for t in range(4):  # whichever frame it is shown
+        acc = np.mean([single_frame_answer(i["frames"].numpy(), i["question"], i["options"], t) == i["answer"]
+                       for i in its])
+        bound = 4 * math.sqrt(chance * (1 - chance) / len(its))
+        assert abs(acc - chance) <= bound, (kind, t, acc, chance)
+
+
+def test_single_frame_solver_solves_the_single_frame_kind(items):
+    its = _by_kind(items, "colour")
+    acc = np.mean([single_frame_answer(i["frames"].numpy(), i["question"], i["options"]) == i["answer"] for i in its])
+    assert acc == 1.0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_multi_frame_oracle_answers_every_item(items, kind):
+    for i in _by_kind(items, kind):
+        assert oracle_answer(i["frames"].numpy(), i["question"], i["options"]) == i["answer"], i["key"]
+        # the CoT target is a correct, well-formed answer under the shared rewards
+        assert score(i["target"], i["problem_type"], i["answer"], i["options"]).reward == 1.0
+
+
+@pytest.mark.parametrize("kind", TIME_KINDS)
+def test_time_kinds_are_deterministic_under_seed(kind):
+    a, b = make_item(5, seed=7, kinds=(kind,), size=112), make_item(5, seed=7, kinds=(kind,), size=112)
+    assert a["frames"].numpy().tobytes() == b["frames"].numpy().tobytes()
+    assert (a["question"], a["options"], a["answer"], a["target"]) == (b["question"], b["options"], b["answer"],
+                                                                       b["target"])
+    others = [make_item(5, seed=8, kinds=(kind,), size=112), make_item(6, seed=7, kinds=(kind,), size=112)]
+    assert all(o["frames"].numpy().tobytes() != a["frames"].numpy().tobytes() for o in others)
+
+
+def test_time_kind_frames_show_what_the_question_is_about():
+    # order: the same two balls in every frame; count_colours / direction / change: one ball per frame
+    for item in make_items(40, seed=3, kinds=TIME_KINDS, size=112):
+        for frame in item["frames"].numpy():
+            balls = {k: v for k, v in find_balls(frame).items() if k in COLOURS}
+            want = 2 if item["category"] == "order" else 1
+            assert len(balls) == want, (item["key"], sorted(balls))
+            if item["category"] == "order":
+                assert set(balls) == set(item["options"])
+
+
+def test_time_kinds_need_enough_frames():
+    with pytest.raises(ValueError, match="at least 3 frames"):
+        make_item(0, kinds=("order",), n_frames=2)
+
+
+def test_time_kind_targets_fit_the_learning_benchmarks_rollout_budget(tmp_path):
+    # benchmarks/learn.py samples 16 new tokens: a CoT target longer than that cannot be produced, so SFT would
+    # teach an answer GRPO's rollouts never reach (trial T1 of results/learn_time_trials.json)
+    from transformers import AutoTokenizer
+
+    from longreel.testing.tiny_model import build_tiny_qwen2vl
+
+    tok = AutoTokenizer.from_pretrained(build_tiny_qwen2vl(tmp_path / "m", seed=0, hidden_size=64))
+    longest = max(len(tok(i["target"]).input_ids) for i in make_items(200, seed=4, kinds=TIME_KINDS, size=56))
+    assert longest <= 15  # and one for the end-of-turn token
