@@ -4,6 +4,7 @@ from __future__ import annotations
 from longreel.pipelines.blind_config import BlindConfig
 from longreel.pipelines.caption_config import CaptionConfig
 from longreel.pipelines.filter_config import FilterConfig
+from longreel.pipelines.judge_config import CurateJudgeConfig
 from longreel.pipelines.pack.config import PackConfig
 from longreel.pipelines.qra_config import QRAConfig
 from longreel.schemas.config import ConfigError, ConfigModel, cfg
@@ -50,9 +51,9 @@ class OutputConfig(ConfigModel):
             raise ConfigError("output.parquet_shards must be >= 1 (or null: follows the table's size)")
 
 
-OPTIONAL_STAGES = ("caption", "qra", "blind", "filter", "pack", "card")
+OPTIONAL_STAGES = ("caption", "qra", "judge", "blind", "filter", "pack", "card")
 # A stage needs the ones it reads from.
-STAGE_NEEDS = {"caption": (), "qra": ("caption",), "blind": ("qra",), "filter": ("qra",), "pack": ("qra",),
+STAGE_NEEDS = {"caption": (), "qra": ("caption",), "judge": ("qra",), "blind": ("qra",), "filter": ("qra",), "pack": ("qra",),
                "card": ()}
 
 
@@ -65,12 +66,16 @@ class CurateConfig(ConfigModel):
     segment: SegmentConfig = cfg(default_factory=SegmentConfig, help="Cutting videos into clips.")
     output: OutputConfig = cfg(default_factory=OutputConfig, help="Output tables.")
     stages: list[str] = cfg(default_factory=_default_stages,
-                            help="Stages after ingest/dedup/segment, in order: caption, qra, blind (text-only "
+                            help="Stages after ingest/dedup/segment, in order: caption, qra, judge (an LLM checks each "
+                                 "question against its captions, off by default: SmolLM2 takes ~10 s a question "
+                                 "on a CPU), blind (text-only "
                                  "answerability filter, off by default: SmolLM2 takes ~6 s a question on a CPU), "
                                  "filter (needs an answerer model: filter.model), pack (frame cache + WebDataset shards), card "
                                  "(data card in <out>/card). [] stops after segment.")
     caption: CaptionConfig = cfg(default_factory=CaptionConfig, help="Clip captioning.")
     qra: QRAConfig = cfg(default_factory=QRAConfig, help="Question-reasoning-answer generation.")
+    judge: CurateJudgeConfig = cfg(default_factory=CurateJudgeConfig,
+                                   help="Judge (its model defaults to the question writer's).")
     blind: BlindConfig = cfg(default_factory=BlindConfig, help="Blind (text-only) answerability filter.")
     filter: FilterConfig = cfg(default_factory=FilterConfig, help="Pass-rate filter.")
     pack: PackConfig = cfg(default_factory=PackConfig, help="Frame cache and shards.")

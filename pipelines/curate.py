@@ -1,4 +1,5 @@
-"""The curation pipeline: ingest -> dedup -> segment -> caption -> qra -> filter -> pack, then the card.
+"""The curation pipeline: ingest -> dedup -> segment -> caption -> qra -> judge -> blind -> filter -> pack, then the
+card.
 
 Outputs under ``out_dir``: ``videos-*.parquet``, ``clips-*.parquet``, ``rejects-*.parquet``,
 ``stats.json`` (the funnel and the card's distributions), ``config.yaml`` (the resolved config), in
@@ -48,6 +49,9 @@ def stage_layout(cfg: CurateConfig) -> tuple[list[str], dict[str, str]]:
         from longreel.pipelines.stages.qra import QRA_STAGES, QRA_UNITS
         order += QRA_STAGES
         units.update(QRA_UNITS)
+    if "judge" in cfg.stages:
+        order.append("judge")
+        units["judge"] = "question"
     if "blind" in cfg.stages:
         order.append("blind")
         units["blind"] = "question"
@@ -96,7 +100,7 @@ def build_curate(p: beam.Pipeline, items: InputPlan | list[dict], out_dir: str, 
     ``items``: an :class:`~longreel.pipelines.io.inputs.InputPlan` (``longreel curate``: the inputs are listed on
     the workers) or a list of items ``{"uri", "license", "attribution"}``.
     ``handlers`` (tests, custom clients) may inject a caption ``ModelHandler`` (``"caption"``), a QRA backend
-    factory (``"qra"``), a blind-filter engine factory (``"blind"``) or an answerer handler (``"filter"``).
+    factory (``"qra"``), a judge or blind-filter engine factory (``"judge"``, ``"blind"``) or an answerer handler (``"filter"``).
     """
     handlers = handlers or {}
     shards = cfg.output.parquet_shards
@@ -133,6 +137,15 @@ def build_curate(p: beam.Pipeline, items: InputPlan | list[dict], out_dir: str, 
         rejects.append(qra["rejects"])
         counts.append(qra["counts"])
         tables["qras"] = qra["qras"]
+    if "judge" in cfg.stages:  # before the blind filter: one greedy verdict costs less than k blind samples
+        from longreel.pipelines.judge_config import follow_generator
+        from longreel.pipelines.stages.judge import add_judge_stage, finish_judge_stats
+        jd = add_judge_stage(tables["qras"], tables["captions"], out_dir, follow_generator(cfg.judge, cfg.qra),
+                             engine_factory=handlers.get("judge"))
+        rejects.append(jd["rejects"])
+        counts.append(jd["counts"])
+        tables["qras"] = jd["qras"]
+        finishers.append(lambda d, prov=jd["provenance"]: finish_judge_stats(d, prov))
     if "blind" in cfg.stages:  # before the pass-rate filter: the VLM never sees a text-answerable question
         from longreel.pipelines.stages.blind import add_blind_stage, finish_blind_stats
         bl = add_blind_stage(tables["qras"], out_dir, cfg.blind, engine_factory=handlers.get("blind"))
