@@ -19,6 +19,22 @@ class IngestConfig(ConfigModel):
             raise ConfigError("ingest.probe_timeout_s must be > 0")
 
 
+class DedupConfig(ConfigModel):
+    near_duplicates: bool = cfg(True, "Besides identical bytes, reject videos whose perceptual signature (dHashes of "
+                                      "small grayscale frames at fixed relative times, decoded during the probe) "
+                                      "matches another's: the same footage re-encoded or resized. The kept one of a "
+                                      "group has the most pixels, then the longest duration, bytes, smallest sha256.")
+    signature_frames: int = cfg(8, "Frames of a signature (one seek and decode each, at (i + 0.5) / n of the video).")
+    max_mean_bits: float = cfg(6.0, "Two signatures are near-identical when their mean Hamming distance over the "
+                                    "frames (64-bit dHashes) is at most this many bits.")
+
+    def check(self):
+        if self.signature_frames < 1:
+            raise ConfigError("dedup.signature_frames must be >= 1")
+        if not 0 <= self.max_mean_bits < 32:
+            raise ConfigError("dedup.max_mean_bits must be in [0, 32)")
+
+
 class SegmentConfig(ConfigModel):
     clip_s: float = cfg(10.0, "Clip length in seconds.")
     stride_s: float | None = cfg(None, "Seconds between clip starts; null means clip_s (no overlap).")
@@ -53,7 +69,8 @@ class OutputConfig(ConfigModel):
 
 OPTIONAL_STAGES = ("caption", "qra", "judge", "blind", "filter", "pack", "card")
 # A stage needs the ones it reads from.
-STAGE_NEEDS = {"caption": (), "qra": ("caption",), "judge": ("qra",), "blind": ("qra",), "filter": ("qra",), "pack": ("qra",),
+STAGE_NEEDS = {"caption": (), "qra": ("caption",), "judge": ("qra",), "blind": ("qra",), "filter": ("qra",),
+               "pack": ("qra",),
                "card": ()}
 
 
@@ -65,6 +82,7 @@ class CurateConfig(ConfigModel):
     ingest: IngestConfig = cfg(default_factory=IngestConfig, help="Ingest + probe.")
     segment: SegmentConfig = cfg(default_factory=SegmentConfig, help="Cutting videos into clips.")
     output: OutputConfig = cfg(default_factory=OutputConfig, help="Output tables.")
+    dedup: DedupConfig = cfg(default_factory=DedupConfig, help="Exact and near-duplicate videos.")
     stages: list[str] = cfg(default_factory=_default_stages,
                             help="Stages after ingest/dedup/segment, in order: caption, qra, judge (an LLM checks each "
                                  "question against its captions, off by default: SmolLM2 takes ~10 s a question "

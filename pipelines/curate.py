@@ -100,13 +100,16 @@ def build_curate(p: beam.Pipeline, items: InputPlan | list[dict], out_dir: str, 
     ``items``: an :class:`~longreel.pipelines.io.inputs.InputPlan` (``longreel curate``: the inputs are listed on
     the workers) or a list of items ``{"uri", "license", "attribution"}``.
     ``handlers`` (tests, custom clients) may inject a caption ``ModelHandler`` (``"caption"``), a QRA backend
-    factory (``"qra"``), a judge or blind-filter engine factory (``"judge"``, ``"blind"``) or an answerer handler (``"filter"``).
+    factory (``"qra"``), a judge or blind-filter engine factory (``"judge"``, ``"blind"``) or an answerer handler
+    (``"filter"``).
     """
     handlers = handlers or {}
     shards = cfg.output.parquet_shards
     inputs = read_inputs(p, items)
-    probed = inputs | "Ingest" >> ProbeVideos(cfg.ingest.probe_timeout_s)
-    deduped = probed[MAIN] | "Dedup" >> DedupVideos()
+    dd = cfg.dedup
+    probed = inputs | "Ingest" >> ProbeVideos(cfg.ingest.probe_timeout_s,
+                                              dd.signature_frames if dd.near_duplicates else 0)
+    deduped = probed[MAIN] | "Dedup" >> DedupVideos(dd.near_duplicates, dd.max_mean_bits)
     clips_dir = FileSystems.join(out_dir, "clips") if cfg.segment.mode == "materialize" else None
     segmented = deduped[MAIN] | "Segment" >> SegmentVideos(cfg.segment, clips_dir)
     videos, clips = deduped[MAIN], segmented[MAIN]
