@@ -69,7 +69,7 @@ def test_verify_recomputes_letters_and_blind_counts_from_the_shards(gated_run, t
 
     out, card_dir, card, _ = gated_run
     shards = os.path.join(out, "shards")
-    rep = verify(card_dir, shards, loader=False)
+    rep = verify(card_dir, shards)  # the trainer's loader reads the shards, judge verdicts and blind counts in them
     assert rep.ok, rep.table()
     assert {"quality/answer_letters", "quality/blind: no released question is text-answerable"} <= {
         r["claim"] for r in rep.rows}

@@ -41,14 +41,15 @@ def _curate(tmp_path, extra=(), handlers=None):
     return out, run_curate(demo_items(), out, cfg, handlers=handlers or {})
 
 
-def _shard_ids(out):
-    ids = set()
+def _shard_ids(out) -> dict:
+    """The released questions by id."""
+    ids = {}
     for name in sorted(os.listdir(os.path.join(out, "shards"))):
         if name.endswith(".tar"):
             with tarfile.open(os.path.join(out, "shards", name)) as tar:
                 for m in tar.getmembers():
                     if m.name.endswith(".qras.json"):
-                        ids |= {q["qra_id"] for q in json.loads(tar.extractfile(m).read())}
+                        ids.update({q["qra_id"]: q for q in json.loads(tar.extractfile(m).read())})
     return ids
 
 
@@ -89,8 +90,10 @@ def test_stage_in_curate_rejects_by_check_and_keeps_verdicts(tmp_path):
                               J.prompt_hash(follow_generator(CurateJudgeConfig(), QRAConfig())))
     sec = stats["judge"]
     assert sec["balanced"] and sec["judge"]["judge"] == "scripted-judge" and sec["judge"]["prompt_hash"]
-    # only judged-and-kept questions reach the shards
-    assert _shard_ids(out) == {q["qra_id"] for q in kept}
+    # only judged-and-kept questions reach the shards, with the verdict, the judge and its prompt hash
+    assert set(_shard_ids(out)) == {q["qra_id"] for q in kept}
+    for q in _shard_ids(out).values():
+        assert q["judge_verdict"]["judge"] == "scripted-judge" and q["judge_verdict"]["verdict"]["answer_follows"]
     # the captions a question was written from reached the judge
     assert all("Captions:\n[" in r.messages[1]["content"] for r in ScriptedJudge.seen)
 
