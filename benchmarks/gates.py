@@ -244,8 +244,8 @@ def summarize_corpus(base: str, dedup: str, blind: str, judge: str, wall: dict |
     st_dedup = {s["stage"]: s for s in read_json(os.path.join(dedup, "stats.json"))["stages"]}["dedup"]
     dup_rejects = [r for r in read_table(dedup, "rejects").to_pylist() if r["stage"] == "dedup"]
     dup_ids = {r["video_id"] for r in dup_rejects}
-    bl = read_json(os.path.join(blind, "stats.json"))["blind"]
-    jd = read_json(os.path.join(judge, "stats.json"))["judge"]
+    bl = (read_json(os.path.join(blind, "stats.json")) or {}).get("blind")  # None: the run did not finish
+    jd = (read_json(os.path.join(judge, "stats.json")) or {}).get("judge")
     from longreel.task.prompting import OPTION_LETTERS
 
     mc = [q for q in qras if q["problem_type"] == "multiple_choice"]
@@ -262,10 +262,11 @@ def summarize_corpus(base: str, dedup: str, blind: str, judge: str, wall: dict |
            "blind": {"k": bl["k"], "scored": bl["scored"], "text_answerable": bl["text_answerable"],
                      "text_answerable_share": bl["text_answerable_share"], "kept": bl["kept"],
                      "failed_by_reason": bl["failed_by_reason"], "pass_count_histogram": bl["pass_count_histogram"],
-                     "answerer": bl["answerer"]["answerer"], "answerer_revision": bl["answerer"]["answerer_revision"]},
+                     "answerer": bl["answerer"]["answerer"], "answerer_revision": bl["answerer"]["answerer_revision"]}
+           if bl else None,
            "judge": {"questions_in": jd["questions_in"], "kept": jd["kept"],
                      "rejected_by_reason": jd["rejected_by_reason"], "failed_by_check": jd["failed_by_check"],
-                     "judge": jd["judge"]["judge"], "prompt_hash": jd["judge"]["prompt_hash"]},
+                     "judge": jd["judge"]["judge"], "prompt_hash": jd["judge"]["prompt_hash"]} if jd else None,
            "answer_letters": answer_letters({"released_mc_answer": {"counts": letters}}) if mc else None}
     if wall:
         out["wall_s"] = wall
