@@ -104,3 +104,14 @@ def test_verify_recomputes_letters_and_blind_counts_from_the_shards(gated_run, t
         rep = tampered(edit)
         assert not rep.ok
         assert any(f["claim"].startswith(claim) for f in rep.failures()), (claim, rep.table())
+
+
+def test_gates_added_later_join_the_quality_funnel_by_their_stage_names():
+    from longreel.pipelines.card.build import quality_funnel
+
+    stats = {"stages": [{"stage": s, "unit": "u", "in": 5, "out": 4, "rejected": {"r": 1}}
+                        for s in ("ingest", "dedup", "segment", "clip_dedup", "caption", "caption_align", "qra",
+                                  "qra_dedup", "judge", "blind", "pass_rate")]}
+    assert [(g["gate"], g["stage"]) for g in quality_funnel(stats)] == [
+        ("duplicates", "dedup"), ("duplicates", "clip_dedup"), ("alignment", "caption_align"),
+        ("duplicates", "qra_dedup"), ("judge", "judge"), ("blind", "blind")]
