@@ -17,6 +17,20 @@ bound of what the timestamps leak).
 
     python benchmarks/gates.py --before DIR --after DIR [--k 8] [--threads 1] [--only-probe]
 
+    python benchmarks/gates.py --shared [--k 8] [--k-shared 4] [--threads 1] [--work DIR] \
+        [--shared-blind-set KEY=VALUE ...] [--shared-judge-set KEY=VALUE ...] [--summarize-only]
+
+``--shared`` (``benchmarks/results/gates_shared.json``): the gates on the demo corpus and on all shared videos
+(``$LONGREEL_SHARED_VIDEOS``, else ``../shared/videos``), SmolLM2 on the CPU as blind answerer and judge. Per corpus:
+``longreel curate`` with the demo's weight-free captioner and template writer (``stages=[caption, qra]``), then
+``longreel blind`` and ``longreel judge`` each on their own copy of that run (both see every question: the counts
+per gate are on the same questions), and a ``stages=[]`` run for the dedup gate (exact and near-duplicate videos;
+the questions of the videos it rejects are counted). Reported: counts per gate and reason, the blind pass-count
+histogram, the released answer letters with their chi-square, each command's wall seconds per question (the
+blind filter and the judge run side by side, so these are a shared machine's figures: the controlled cost per
+1,000 questions is ``gates.json``), and the text-answerable share before/after the template fix as measured in
+``blind_template_before_after.json``.
+
 ``--only-probe`` re-measures only the timestamp reader's entries of the leak file (no model, seconds) and keeps
 the rest of it; ``--only-judge`` measures only the judge's cost (its verdict per question vs one greedy answer,
 interleaved) into the cost file.
@@ -185,23 +199,158 @@ def probe_only(args) -> int:
     return 0
 
 
+def _longreel(args: list[str]) -> float:
+    """Run ``python -m longreel ARGS`` (an argument list, no shell) at low priority; return its wall seconds."""
+    t0 = time.perf_counter()
+    subprocess.run(["nice", "-n", "10", sys.executable, "-m", "longreel", "-q", *args], check=True, cwd=ROOT)
+    return round(time.perf_counter() - t0, 1)
+
+
+def corpus_commands(corpus: str, videos: str, work: str, k: int, threads: int, blind_sets: list[str] = (),
+                    judge_sets: list[str] = ()) -> dict[str, list[str]]:
+    """The ``longreel`` argument lists of one corpus' gate runs (``demo``: the embedded corpus); ``*_sets``: more
+    ``--set`` overrides of the blind filter and the judge."""
+    src = ["--demo"] if corpus == "demo" else [videos]
+    base = os.path.join(work, corpus)
+    demo_cfg = os.path.join(ROOT, "pipelines", "configs", "demo.yaml")
+    return {"questions": ["curate", *src, "--out", base, "--config", demo_cfg, "--set", "stages=[caption, qra]",
+                          "--workers", "1"],
+            "dedup": ["curate", *src, "--out", base + "_dedup", "--set", "stages=[]", "--workers", "1"],
+            "blind": ["blind", "--out", base + "_blind", "--set", f"threads={threads}", "--set", f"k={k}",
+                      *[a for kv in blind_sets for a in ("--set", kv)]],
+            "judge": ["judge", "--out", base + "_judge", "--set", f"threads={threads}",
+                      *[a for kv in judge_sets for a in ("--set", kv)]]}
+
+
+def run_corpus(cmds: dict[str, list[str]]) -> dict[str, float]:
+    """The gate runs of one corpus, in order; the blind filter and the judge each on a copy of the questions' run."""
+    wall = {"questions": _longreel(cmds["questions"]), "dedup": _longreel(cmds["dedup"])}
+    base = cmds["questions"][cmds["questions"].index("--out") + 1]
+    for gate in ("blind", "judge"):
+        out = cmds[gate][cmds[gate].index("--out") + 1]
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.copytree(base, out)
+        wall[gate] = _longreel(cmds[gate])
+    return wall
+
+
+def summarize_corpus(base: str, dedup: str, blind: str, judge: str, wall: dict | None = None) -> dict:
+    """Counts per gate of one corpus from its run directories (see :func:`corpus_commands`)."""
+    from longreel.pipelines.card.build import answer_letters
+    from longreel.pipelines.io.parquet_sink import read_table
+    from longreel.pipelines.stats import read_json
+
+    qras = _questions(base)
+    st_dedup = {s["stage"]: s for s in read_json(os.path.join(dedup, "stats.json"))["stages"]}["dedup"]
+    dup_rejects = [r for r in read_table(dedup, "rejects").to_pylist() if r["stage"] == "dedup"]
+    dup_ids = {r["video_id"] for r in dup_rejects}
+    bl = (read_json(os.path.join(blind, "stats.json")) or {}).get("blind")  # None: the run did not finish
+    jd = (read_json(os.path.join(judge, "stats.json")) or {}).get("judge")
+    from longreel.task.prompting import OPTION_LETTERS
+
+    mc = [q for q in qras if q["problem_type"] == "multiple_choice"]
+    letters = {L: 0 for L in OPTION_LETTERS[:max([len(q["options"]) for q in mc] or [0])]}
+    for q in mc:
+        letters[q["answer"]] += 1
+    n = len(qras)
+    out = {"questions": n, "multiple_choice": sum(letters.values()),
+           "dedup": {"videos_in": st_dedup["in"], "kept": st_dedup["out"], "rejected": st_dedup["rejected"],
+                     "near_duplicates": sorted([os.path.basename(r["key"]),
+                                                os.path.basename(json.loads(r["details"])["kept"])]
+                                               for r in dup_rejects if r["reason"] == "near_duplicate"),
+                     "questions_of_rejected_videos": sum(q["video_id"] in dup_ids for q in qras)},
+           "blind": {"k": bl["k"], "scored": bl["scored"], "text_answerable": bl["text_answerable"],
+                     "text_answerable_share": bl["text_answerable_share"], "kept": bl["kept"],
+                     "failed_by_reason": bl["failed_by_reason"], "pass_count_histogram": bl["pass_count_histogram"],
+                     "answerer": bl["answerer"]["answerer"], "answerer_revision": bl["answerer"]["answerer_revision"]}
+           if bl else None,
+           "judge": {"questions_in": jd["questions_in"], "kept": jd["kept"],
+                     "rejected_by_reason": jd["rejected_by_reason"], "failed_by_check": jd["failed_by_check"],
+                     "judge": jd["judge"]["judge"], "prompt_hash": jd["judge"]["prompt_hash"]} if jd else None,
+           "answer_letters": answer_letters({"released_mc_answer": {"counts": letters}}) if mc else None}
+    if wall:
+        out["wall_s"] = wall
+        out["wall_s_per_1000_questions"] = {g: round(1000 * wall[g] / n, 1) for g in ("blind", "judge") if g in wall}
+    return out
+
+
+def before_after(path: str) -> dict:
+    """The text-answerable share before/after the template fix, as ``blind_template_before_after.json`` has it."""
+    with open(path) as fh:
+        doc = json.load(fh)
+    return {"source": os.path.relpath(path, ROOT), "commit": doc["commit"], "k": doc["k"],
+            **{f"{label}_{name}": {"questions": doc[label]["questions"],
+                                   "text_answerable": a["text_answerable"],
+                                   "text_answerable_share": a["text_answerable_share"]}
+               for label in ("before", "after") for name, a in doc[label]["answerers"].items()}}
+
+
+def shared_mode(args) -> int:
+    """``--shared``: run (or, with ``--summarize-only``, read) each corpus' gate runs under ``--work``."""
+    videos = os.environ.get("LONGREEL_SHARED_VIDEOS") or os.path.join(os.path.dirname(ROOT), "shared", "videos")
+    result = {"benchmark": "gates_shared", "machine": platform.machine(), "cpus": os.cpu_count(),
+              "python": platform.python_version(), "commit": _git("rev-parse", "--short", "HEAD"),
+              "threads": args.threads, "corpora": {}}
+    for corpus, k in (("demo", args.k), ("shared_videos", args.k_shared or args.k)):
+        shared = corpus != "demo"
+        cmds = corpus_commands("shared" if shared else "demo", videos, args.work, k, args.threads,
+                               args.shared_blind_set if shared else (), args.shared_judge_set if shared else ())
+        wall = None if args.summarize_only else run_corpus(cmds)
+        dirs = [c[c.index("--out") + 1] for c in (cmds["questions"], cmds["dedup"], cmds["blind"], cmds["judge"])]
+        result["corpora"][corpus] = {"commands": {g: "longreel " + " ".join(c) for g, c in cmds.items()},
+                                     **summarize_corpus(*dirs, wall=wall)}
+    result["template_fix"] = before_after(args.out_leak)
+    with open(args.out_cost) as fh:
+        cost_doc = json.load(fh)
+    result["cost_per_1000_questions_s"] = {
+        "source": os.path.relpath(args.out_cost, ROOT),
+        "machine": f"{cost_doc['cpus']} CPUs, {cost_doc['threads']} thread",
+        "blind": cost_doc["blind"]["blind"]["seconds_per_1000_questions"],
+        "blind_over_one_greedy_answer": cost_doc["blind"]["blind_over_baseline"],
+        "judge": cost_doc["judge"]["judge"]["seconds_per_1000_questions"],
+        "judge_over_one_greedy_answer": cost_doc["judge"]["judge_over_baseline"],
+        "balance": cost_doc["balance"]["seconds_per_1000_questions"]}
+    if args.note:
+        result["note"] = args.note
+    with open(args.out_shared, "w") as fh:
+        json.dump(result, fh, indent=2)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
 def _git(*args) -> str:
     return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--before", required=True, help="`longreel curate --demo` output of the commit before the fix")
+    ap.add_argument("--before", help="`longreel curate --demo` output of the commit before the fix")
     ap.add_argument("--before-commit", default="467f2c7", help="the commit that made --before (recorded)")
-    ap.add_argument("--after", required=True, help="`longreel curate --demo` output of this commit")
+    ap.add_argument("--after", help="`longreel curate --demo` output of this commit")
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out-cost", default=os.path.join(HERE, "results", "gates.json"))
     ap.add_argument("--out-leak", default=os.path.join(HERE, "results", "blind_template_before_after.json"))
     ap.add_argument("--only-probe", action="store_true", help="re-measure only the timestamp reader's entries")
     ap.add_argument("--only-judge", action="store_true", help="measure only the judge's cost into --out-cost")
+    ap.add_argument("--shared", action="store_true", help="the gates on the demo corpus and all shared videos")
+    ap.add_argument("--k-shared", type=int, help="--shared: k of the blind filter on the shared videos (default --k)")
+    ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "gates-shared"),
+                    help="--shared: directory of the runs")
+    ap.add_argument("--summarize-only", action="store_true",
+                    help="--shared: read the runs already in --work (made by the commands it records)")
+    ap.add_argument("--shared-blind-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="--shared: a blind config override for the shared videos only (repeatable)")
+    ap.add_argument("--shared-judge-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="--shared: a judge config override for the shared videos only (repeatable)")
+    ap.add_argument("--note", help="--shared: a note recorded in the result (how the runs were made)")
+    ap.add_argument("--out-shared", default=os.path.join(HERE, "results", "gates_shared.json"))
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.shared:
+        return shared_mode(args)
+    if not (args.before and args.after):
+        ap.error("--before and --after are required (except with --shared)")
     if args.only_probe:
         return probe_only(args)
     if args.only_judge:

@@ -5,6 +5,7 @@ from longreel.pipelines.blind_config import BlindConfig
 from longreel.pipelines.caption_config import CaptionConfig
 from longreel.pipelines.embed_config import EmbedConfig
 from longreel.pipelines.filter_config import FilterConfig
+from longreel.pipelines.judge_config import CurateJudgeConfig
 from longreel.pipelines.pack.config import PackConfig
 from longreel.pipelines.qra_config import QRAConfig
 from longreel.schemas.config import ConfigError, ConfigModel, cfg
@@ -17,6 +18,22 @@ class IngestConfig(ConfigModel):
     def check(self):
         if self.probe_timeout_s <= 0:
             raise ConfigError("ingest.probe_timeout_s must be > 0")
+
+
+class DedupConfig(ConfigModel):
+    near_duplicates: bool = cfg(True, "Besides identical bytes, reject videos whose perceptual signature (dHashes of "
+                                      "small grayscale frames at fixed relative times, decoded during the probe) "
+                                      "matches another's: the same footage re-encoded or resized. The kept one of a "
+                                      "group has the most pixels, then the longest duration, bytes, smallest sha256.")
+    signature_frames: int = cfg(8, "Frames of a signature (one seek and decode each, at (i + 0.5) / n of the video).")
+    max_mean_bits: float = cfg(6.0, "Two signatures are near-identical when their mean Hamming distance over the "
+                                    "frames (64-bit dHashes) is at most this many bits.")
+
+    def check(self):
+        if self.signature_frames < 1:
+            raise ConfigError("dedup.signature_frames must be >= 1")
+        if not 0 <= self.max_mean_bits < 32:
+            raise ConfigError("dedup.max_mean_bits must be in [0, 32)")
 
 
 class SegmentConfig(ConfigModel):
@@ -51,10 +68,12 @@ class OutputConfig(ConfigModel):
             raise ConfigError("output.parquet_shards must be >= 1 (or null: follows the table's size)")
 
 
-OPTIONAL_STAGES = ("caption", "align", "clip_dedup", "qra", "question_dedup", "blind", "filter", "pack", "card")
+OPTIONAL_STAGES = ("caption", "align", "clip_dedup", "qra", "question_dedup", "judge", "blind", "filter", "pack",
+                   "card")
 # A stage needs the ones it reads from.
 STAGE_NEEDS = {"caption": (), "align": ("caption",), "clip_dedup": ("caption",), "qra": ("caption",),
-               "question_dedup": ("qra",), "blind": ("qra",), "filter": ("qra",), "pack": ("qra",), "card": ()}
+               "question_dedup": ("qra",), "judge": ("qra",), "blind": ("qra",), "filter": ("qra",), "pack": ("qra",),
+               "card": ()}
 
 
 def _default_stages() -> list[str]:
@@ -65,11 +84,13 @@ class CurateConfig(ConfigModel):
     ingest: IngestConfig = cfg(default_factory=IngestConfig, help="Ingest + probe.")
     segment: SegmentConfig = cfg(default_factory=SegmentConfig, help="Cutting videos into clips.")
     output: OutputConfig = cfg(default_factory=OutputConfig, help="Output tables.")
+    dedup: DedupConfig = cfg(default_factory=DedupConfig, help="Exact and near-duplicate videos.")
     stages: list[str] = cfg(default_factory=_default_stages,
                             help="Stages after ingest/dedup/segment, in order: caption, align and clip_dedup "
                                  "(CLIP caption-frame score and near-duplicate clips, off by default: they need "
                                  "embed.clip.checkpoint), qra, question_dedup (near-identical questions per video, "
-                                 "off by default), blind (text-only "
+                                 "off by default), judge (an LLM checks each question against its captions, off by "
+                                 "default: SmolLM2 takes ~10 s a question on a CPU), blind (text-only "
                                  "answerability filter, off by default: SmolLM2 takes ~6 s a question on a CPU), "
                                  "filter (needs an answerer model: filter.model), pack (frame cache + WebDataset shards), card "
                                  "(data card in <out>/card). [] stops after segment.")
@@ -77,6 +98,8 @@ class CurateConfig(ConfigModel):
     qra: QRAConfig = cfg(default_factory=QRAConfig, help="Question-reasoning-answer generation.")
     embed: EmbedConfig = cfg(default_factory=EmbedConfig, help="The embedding gates: align, clip_dedup, "
                                                                 "question_dedup.")
+    judge: CurateJudgeConfig = cfg(default_factory=CurateJudgeConfig,
+                                   help="Judge (its model defaults to the question writer's).")
     blind: BlindConfig = cfg(default_factory=BlindConfig, help="Blind (text-only) answerability filter.")
     filter: FilterConfig = cfg(default_factory=FilterConfig, help="Pass-rate filter.")
     pack: PackConfig = cfg(default_factory=PackConfig, help="Frame cache and shards.")

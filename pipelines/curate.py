@@ -1,4 +1,5 @@
-"""The curation pipeline: ingest -> dedup -> segment -> caption -> qra -> filter -> pack, then the card.
+"""The curation pipeline: ingest -> dedup -> segment -> caption -> qra -> judge -> blind -> filter -> pack, then the
+card.
 
 Outputs under ``out_dir``: ``videos-*.parquet``, ``clips-*.parquet``, ``rejects-*.parquet``,
 ``stats.json`` (the funnel and the card's distributions), ``config.yaml`` (the resolved config), in
@@ -55,6 +56,9 @@ def stage_layout(cfg: CurateConfig) -> tuple[list[str], dict[str, str]]:
     if "question_dedup" in cfg.stages:
         order.append("question_dedup")
         units["question_dedup"] = "question"
+    if "judge" in cfg.stages:
+        order.append("judge")
+        units["judge"] = "question"
     if "blind" in cfg.stages:
         order.append("blind")
         units["blind"] = "question"
@@ -103,13 +107,16 @@ def build_curate(p: beam.Pipeline, items: InputPlan | list[dict], out_dir: str, 
     ``items``: an :class:`~longreel.pipelines.io.inputs.InputPlan` (``longreel curate``: the inputs are listed on
     the workers) or a list of items ``{"uri", "license", "attribution"}``.
     ``handlers`` (tests, custom clients) may inject a caption ``ModelHandler`` (``"caption"``), a QRA backend
-    factory (``"qra"``), a blind-filter engine factory (``"blind"``) or an answerer handler (``"filter"``).
+    factory (``"qra"``), a judge or blind-filter engine factory (``"judge"``, ``"blind"``) or an answerer handler
+    (``"filter"``).
     """
     handlers = handlers or {}
     shards = cfg.output.parquet_shards
     inputs = read_inputs(p, items)
-    probed = inputs | "Ingest" >> ProbeVideos(cfg.ingest.probe_timeout_s)
-    deduped = probed[MAIN] | "Dedup" >> DedupVideos()
+    dd = cfg.dedup
+    probed = inputs | "Ingest" >> ProbeVideos(cfg.ingest.probe_timeout_s,
+                                              dd.signature_frames if dd.near_duplicates else 0)
+    deduped = probed[MAIN] | "Dedup" >> DedupVideos(dd.near_duplicates, dd.max_mean_bits)
     clips_dir = FileSystems.join(out_dir, "clips") if cfg.segment.mode == "materialize" else None
     segmented = deduped[MAIN] | "Segment" >> SegmentVideos(cfg.segment, clips_dir)
     videos, clips = deduped[MAIN], segmented[MAIN]
@@ -157,6 +164,15 @@ def build_curate(p: beam.Pipeline, items: InputPlan | list[dict], out_dir: str, 
         counts.append(qd["counts"])
         tables["qras"] = qd["qras"]
         finishers.append(lambda d, prov=qd["provenance"]: finish_question_dedup_stats(d, cfg.embed, prov))
+    if "judge" in cfg.stages:  # before the blind filter: one greedy verdict costs less than k blind samples
+        from longreel.pipelines.judge_config import follow_generator
+        from longreel.pipelines.stages.judge import add_judge_stage, finish_judge_stats
+        jd = add_judge_stage(tables["qras"], tables["captions"], out_dir, follow_generator(cfg.judge, cfg.qra),
+                             engine_factory=handlers.get("judge"))
+        rejects.append(jd["rejects"])
+        counts.append(jd["counts"])
+        tables["qras"] = jd["qras"]
+        finishers.append(lambda d, prov=jd["provenance"]: finish_judge_stats(d, prov))
     if "blind" in cfg.stages:  # before the pass-rate filter: the VLM never sees a text-answerable question
         from longreel.pipelines.stages.blind import add_blind_stage, finish_blind_stats
         bl = add_blind_stage(tables["qras"], out_dir, cfg.blind, engine_factory=handlers.get("blind"))

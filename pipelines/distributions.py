@@ -88,6 +88,9 @@ SECTIONS: dict[str, dict] = {
                            "description": "Released multiple-choice questions by answer letter."},
     "released_pass_count": {"table": "pack_samples", "unit": "questions", "order": "int",
                             "description": "Released questions by pass count (when a pass-rate filter ran)."},
+    "released_blind_pass_count": {"table": "pack_samples", "unit": "questions", "order": "int",
+                                  "description": "Released questions by blind pass count (when the blind filter "
+                                                 "ran)."},
     "released_frames_per_video": {"table": "pack_samples", "unit": "videos", "order": "int_sparse",
                                   "description": "Released videos by number of cached frames."},
     "released_license": {"table": "pack_samples", "unit": "videos", "order": "name",
@@ -197,6 +200,8 @@ def released_pairs(sample: dict) -> list:
         pr = q.get("pass_rate")
         if pr and pr.get("pass_count") is not None:
             out.append(_p("released_pass_count", int(pr["pass_count"])))
+        if q.get("blind_pass_count") is not None:
+            out.append(_p("released_blind_pass_count", int(q["blind_pass_count"])))
     return out
 
 

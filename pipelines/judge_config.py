@@ -39,3 +39,35 @@ class JudgeConfig(ConfigModel):
             raise ConfigError("judge.timestamp_tolerance_s must be >= 0")
         if self.backend == "openai" and not self.base_url:
             raise ConfigError("judge.backend openai needs judge.base_url")
+
+
+class CurateJudgeConfig(JudgeConfig):
+    """The judge as a stage of ``longreel curate``: by default it judges with the question writer's own model."""
+
+    backend: str | None = cfg(None, "Judge engine: transformers, vllm or openai; null: the question writer's "
+                                    "(qra.backend), or transformers when the writer is the template (no LLM).",
+                              choices=BACKENDS)
+    model: str | None = cfg(None, "The judging LLM; null: the question writer's (qra.model, with its revision, "
+                                  "base_url, API key variable and guided mode), or 'smollm2' when the writer is "
+                                  "the template.")
+
+
+def follow_generator(judge: JudgeConfig, qra) -> JudgeConfig:
+    """The judge's config with null engine keys filled from the question writer's config ``qra`` (a
+    :class:`~longreel.pipelines.qra_config.QRAConfig`): a plain :class:`JudgeConfig` whose hash names the model
+    that judged. The template writer has no model; the judge then uses the :class:`JudgeConfig` defaults."""
+    values = judge.model_dump()
+    llm_writer = qra.backend != "template"
+    if values["backend"] is None:
+        values["backend"] = qra.backend if llm_writer else JudgeConfig.model_fields["backend"].default
+        if llm_writer:  # the writer's engine comes with its settings
+            values.update(base_url=values["base_url"] or qra.base_url, api_key_env=qra.api_key_env,
+                          guided_mode=qra.guided_mode, trust_remote_code=qra.trust_remote_code, dtype=qra.dtype,
+                          max_model_len=max(values["max_model_len"], qra.max_model_len))
+    if values["model"] is None:
+        values["model"] = qra.model if llm_writer else JudgeConfig.model_fields["model"].default
+        if llm_writer:
+            values["model_revision"] = values["model_revision"] or qra.model_revision or None
+    out = JudgeConfig(**values)
+    out.check()
+    return out

@@ -262,7 +262,8 @@ def test_black_filter_rejects_the_black_credits_of_big_buck_bunny(shared_videos,
 @pytest.mark.slow
 def test_facts_backend_captions_every_shared_video(shared_videos, tmp_path):
     names = sorted(p.name for p in shared_videos.iterdir() if p.suffix != ".md")
-    out = curate_dir(shared_videos, names, tmp_path)
+    # every container captioned: near-duplicates off (the four movie-hello files are one footage)
+    out = curate_dir(shared_videos, names, tmp_path, ["dedup.near_duplicates=false"])
     n_clips = len(tables_clips(out))
     run_caption(str(out), caption_cfg())
     caps, facts, rejects, stats = tables(out)

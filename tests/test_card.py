@@ -298,7 +298,8 @@ def test_funnel_totals_reconcile_and_rejects_are_summarised_with_keys(card_dir, 
 def test_card_build_is_byte_deterministic_including_plots(run, card_dir, tmp_path):
     again = str(tmp_path / "again")
     build_card(run[0], again)
-    for name in ("README.md", "card.json", "funnel.png", "category_balance.png", "pass_count.png", "duration.png"):
+    for name in ("README.md", "card.json", "funnel.png", "category_balance.png", "pass_count.png", "duration.png",
+                 "answer_letters.png", "blind_pass_count.png"):
         with open(os.path.join(card_dir, name), "rb") as a, open(os.path.join(again, name), "rb") as b:
             assert a.read() == b.read(), name
 

@@ -31,7 +31,8 @@ pytestmark = pytest.mark.slow
 
 ARGS = ["-q", "curate", "--demo", "--out", "out"]
 TABLES = ("videos", "clips", "clip_facts", "captions", "qras", "rejects")
-PLOTS = ("funnel.png", "category_balance.png", "pass_count.png", "duration.png")
+PLOTS = ("funnel.png", "category_balance.png", "pass_count.png", "duration.png", "answer_letters.png",
+         "blind_pass_count.png")
 MARKER = "_SUCCESS.json"  # the run's completion marker (schemas.run_marker): every file with its size and sha256
 
 

@@ -43,7 +43,8 @@ REJECT_EXAMPLES = 3
 # (decoded frames, probe numbers), numpy and Pillow (resizing, PNG encoding), torch/torchvision/transformers (the
 # processor's resize rules in the frame cache), matplotlib (plots), datasets (front-matter features).
 CARD_LIBRARIES = ("av", "numpy", "pillow", "torch", "torchvision", "transformers", "matplotlib", "datasets")
-PLOTS = ("funnel.png", "category_balance.png", "pass_count.png", "duration.png")
+PLOTS = ("funnel.png", "category_balance.png", "pass_count.png", "duration.png", "answer_letters.png",
+         "blind_pass_count.png")
 
 # SPDX-ish ids recorded by the inputs -> Hugging Face licence ids.
 HF_LICENSES = {"cc-by-3.0": "cc-by-3.0", "cc-by-4.0": "cc-by-4.0", "cc-by-sa-3.0": "cc-by-sa-3.0",
@@ -403,19 +404,47 @@ def _compute_claims(c: Claims, stats: dict) -> None:
     c.add("compute", rows, source="stats.json")
 
 
-def _quality_claims(c: Claims, stats: dict, dist: dict) -> None:
-    """The question quality gates: the released answer letters tested against uniform (a writer's letter bias is
-    a shortcut for RL), the blind filter's pass-count histogram with its answerer (null when not run), and the
-    judge's failures per check with its model, revision and prompt hash (when it ran)."""
+#: funnel stages that are quality gates, by gate (the card's quality funnel); stages named ``*dedup`` count as
+#: duplicates and ``*align*`` as alignment, so gates added later join without a change here
+GATES = {"dedup": "duplicates", "judge": "judge", "blind": "blind"}
+
+
+def gate_of(stage: str) -> str | None:
+    if stage in GATES:
+        return GATES[stage]
+    if stage.endswith("dedup"):
+        return "duplicates"
+    if "align" in stage:
+        return "alignment"
+    return None
+
+
+def quality_funnel(stats: dict) -> list[dict]:
+    """The gates that ran, in run order: in, out and rejects by reason per gate stage."""
+    return [{"gate": gate_of(st["stage"]), "stage": st["stage"], "unit": st.get("unit", "item"), "in": st["in"],
+             "out": st["out"], "rejected": dict(st.get("rejected", {}))}
+            for st in stats.get("stages", []) if gate_of(st["stage"])]
+
+
+def answer_letters(dist: dict) -> dict | None:
+    """The released answer letters with Pearson's chi-square against uniform (None: no multiple choice)."""
     from longreel.pipelines.gates.options import chi_square_uniform
 
     letters = (dist.get("released_mc_answer") or {}).get("counts")
-    c.add("quality/answer_letters", {"counts": dict(letters), **chi_square_uniform(list(letters.values()))}
-          if letters else None, source="stats.json (released_mc_answer)")
+    return {"counts": dict(letters), **chi_square_uniform(list(letters.values()))} if letters else None
+
+
+def _quality_claims(c: Claims, stats: dict, dist: dict) -> None:
+    """The question quality gates: the funnel of the gates that ran (counts by reason), the released answer
+    letters tested against uniform (a writer's letter bias is a shortcut for RL), the blind filter's pass-count
+    histogram with its answerer (null when not run), and the judge's failures per check with its model, revision
+    and prompt hash (when it ran)."""
+    c.add("quality/funnel", quality_funnel(stats), check="funnel", source="stats.json")
+    c.add("quality/answer_letters", answer_letters(dist), source="stats.json (released_mc_answer)")
     blind = stats.get("blind")
     c.add("quality/blind", {k: v for k, v in blind.items() if k != "config_hash"} if blind else None,
           source="stats.json")
-    if stats.get("judge"):  # only where `longreel judge` ran: cards of runs without it keep their bytes
+    if stats.get("judge"):  # only where the judge ran: cards of runs without it keep their bytes
         c.add("quality/judge", stats["judge"], source="stats.json")
     if stats.get("embed"):  # only where an embedding gate ran: cards of runs without one keep their bytes
         c.add("quality/embed", stats["embed"], source="stats.json")

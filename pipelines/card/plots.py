@@ -2,8 +2,9 @@
 
 Each plot is drawn from ``card.json`` alone: the funnel (in / out / rejected per stage), category balance
 (released questions when there are shards, else generated ones), the pass-count histogram and the video
-duration histogram. A plot with no data says so in its title instead of being left out, so the card always
-links four images.
+duration histogram, the released answer letters (with their chi-square against uniform) and the blind filter's
+pass-count histogram. A plot with no data says so in its title instead of being left out, so the card always
+links every image.
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def _bars(ax, labels, values, color, title, xlabel, ylabel, rotate=False):
 
 
 def write_plots(card: dict, out_dir: str) -> list[str]:
-    """The card's four plots (``PLOTS``) as PNG files in ``out_dir``; returns their paths."""
+    """The card's plots (``PLOTS``) as PNG files in ``out_dir``; returns their paths."""
     import matplotlib
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
@@ -65,7 +66,9 @@ def write_plots(card: dict, out_dir: str) -> list[str]:
                                                           FIGSIZE[1])),
                                  ("category_balance.png", _category_balance, FIGSIZE),
                                  ("pass_count.png", _pass_counts, FIGSIZE),
-                                 ("duration.png", _durations, FIGSIZE)):
+                                 ("duration.png", _durations, FIGSIZE),
+                                 ("answer_letters.png", _answer_letters, FIGSIZE),
+                                 ("blind_pass_count.png", _blind_pass_counts, FIGSIZE)):
             fig, ax = plt.subplots(figsize=size)
             draw(ax, cl, dist)
             fig.tight_layout()
@@ -155,3 +158,45 @@ def _durations(ax, cl: dict, dist: dict) -> None:
     else:
         ax.set_axis_off()
         ax.set_title("Video durations: no videos")
+
+
+def _answer_letters(ax, cl: dict, dist: dict) -> None:
+    """Released multiple-choice questions per answer letter; the chi-square test against uniform in the title."""
+    al = cl.get("quality/answer_letters")
+    if not al:
+        ax.set_axis_off()
+        ax.set_title("Answer letters: no multiple-choice question released")
+        return
+    _bars(ax, list(al["counts"]), [int(v) for v in al["counts"].values()], COLORS["bar"],
+          f"Released answer letters (chi-square {al['chi2']:.2f}, df {al['df']}, p = {al['p_value']:.3f})",
+          "answer letter", "questions")
+
+
+def _blind_pass_counts(ax, cl: dict, dist: dict) -> None:
+    """The blind filter's pass counts: every scored question, and the released ones (from the shards)."""
+    bl = cl.get("quality/blind")
+    if not bl:
+        ax.set_axis_off()
+        ax.set_title("Blind pass-count histogram: no blind filter in this run")
+        return
+    hist = [int(n) for n in bl["pass_count_histogram"]]
+    released = dist.get("released_blind_pass_count", {})
+    xs = list(range(len(hist)))
+    rel = [int(released.get(str(x), 0)) for x in xs]
+    series = [("scored", hist, COLORS["in"])] + ([("released", rel, COLORS["out"])] if sum(rel) else [])
+    w = 0.8 / len(series)
+    for i, (what, vals, color) in enumerate(series):
+        bx = [x + (i - (len(series) - 1) / 2) * w for x in xs]
+        ax.bar(bx, vals, width=w, color=color, label=what)
+        for x, v in zip(bx, vals):
+            ax.annotate(compact(v), (x, v), ha="center", va="bottom", fontsize=8, xytext=(0, 2),
+                        textcoords="offset points")
+    ax.set_ylim(0, max(hist + rel + [1]) * 1.18)
+    ax.set_xticks(xs)
+    ax.yaxis.get_major_locator().set_params(integer=True)
+    rate = (bl.get("answerer") or {}).get("max_pass_rate")
+    cut = f"; text_answerable at >= {rate:g} x k" if rate is not None else ""
+    ax.set_title(f"Blind pass-count histogram (k = {bl['k']}{cut})")
+    ax.set_xlabel("samples answered correctly without the video, out of k")
+    ax.set_ylabel("questions")
+    ax.legend(frameon=False, loc="upper right")

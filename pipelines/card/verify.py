@@ -115,6 +115,12 @@ def check_funnel(card: dict, rep: Report) -> None:
         rejected = sum(st["rejected"].values())
         rep.add(f"funnel/{s}: rejected_total = sum by reason", st["rejected_total"], rejected)
         rep.add(f"funnel/{s}: in = out + rejected", st["in"], st["out"] + rejected)
+    for row in cl.get("quality/funnel") or []:
+        st = cl.get(f"funnel/{row['stage']}") or {}
+        rep.add(f"quality/funnel {row['gate']} ({row['stage']}) = funnel/{row['stage']}",
+                [row["in"], row["out"], row["rejected"]], [st.get("in"), st.get("out"), st.get("rejected")])
+        rep.add(f"quality/funnel {row['stage']}: in = out + rejected", row["in"],
+                row["out"] + sum(row["rejected"].values()))
     t = cl.get("funnel/totals")
     if t and "videos_in" in t:
         rep.add("funnel/totals: videos_in = ok + rejected", t["videos_in"], t["videos_ok"] + t["videos_rejected"])
@@ -267,9 +273,32 @@ def _check_released_distributions(card: dict, cl: dict, infos: list, found: _Sam
         else:
             a, b = _dict_diff(have, got)
             rep.add(f"dist/{s}", a, b, False)
+    _check_quality(cl, recomputed_sections, rep)
     if "released_license" in recomputed_sections:
         rep.add("dataset/license_names = licences of the released videos", cl.get("dataset/license_names"),
                 sorted(_nz(recomputed_sections["released_license"]["counts"])))
+
+
+def _check_quality(cl: dict, sections: dict, rep: Report) -> None:
+    """The quality claims the shards allow: the answer letters and their chi-square recomputed from the released
+    questions; where the blind filter ran, the released questions' blind pass counts (carried in the shards)
+    each within the card's blind histogram and under its rejection threshold."""
+    from longreel.pipelines.card.build import answer_letters
+
+    if "quality/answer_letters" in cl:
+        rep.add("quality/answer_letters", cl["quality/answer_letters"], answer_letters(sections))
+    released = {int(k): n for k, n in _nz(sections.get("released_blind_pass_count", {}).get("counts", {})).items()}
+    blind = cl.get("quality/blind")
+    if not blind:
+        rep.add("quality/blind: no blind pass count in the shards without a blind filter", {}, released, not released)
+        return
+    hist, k = blind["pass_count_histogram"], blind["k"]
+    over = {c: n for c, n in released.items() if c >= len(hist) or n > hist[c]}
+    rep.add("quality/blind: released blind pass counts within the card's histogram", {}, over, not over)
+    rate = (blind.get("answerer") or {}).get("max_pass_rate")
+    if rate is not None:
+        answerable = sorted(c for c in released if c / k >= rate)
+        rep.add("quality/blind: no released question is text-answerable", [], answerable, not answerable)
 
 
 def check_loader(card: dict, data: dict, rep: Report) -> None:

@@ -20,6 +20,16 @@ def _decode(tmpdir: str, **kw) -> dict:
     return decode_to_npy(tmpdir=tmpdir, **kw)
 
 
+def _signature(path: str, duration_s: float, n: int, rotation: int | None = 0) -> dict:
+    """The perceptual signature of a video (:mod:`longreel.pipelines.gates.videodup`): n small frames decoded."""
+    from longreel.pipelines.gates import videodup
+    from longreel.pipelines.media.decode import decode_frames
+
+    frames = decode_frames(path, videodup.signature_times(duration_s, n), width=videodup.DECODE_W,
+                           height=videodup.DECODE_H, rotation=rotation)
+    return {"signature": videodup.signature(frames.frames)}
+
+
 def _sleep(seconds: float) -> dict:  # lets tests prove a hang costs one request, not the run
     import time
     time.sleep(seconds)
@@ -31,7 +41,7 @@ def _crash() -> dict:  # likewise for a hard crash of the decoder
     os.abort()
 
 
-OPS = {"probe": _probe, "decode": _decode, "sleep": _sleep, "crash": _crash}
+OPS = {"probe": _probe, "decode": _decode, "signature": _signature, "sleep": _sleep, "crash": _crash}
 NEEDS_TMPDIR = {"decode"}
 
 

@@ -63,8 +63,9 @@ def hash_and_localize(uri: str, tmpdir: str) -> tuple[str, str, int, bool]:
 
 
 class ProbeVideo(beam.DoFn):
-    def __init__(self, probe_timeout_s: float = 120.0):
+    def __init__(self, probe_timeout_s: float = 120.0, signature_frames: int = 0):
         self.probe_timeout_s = probe_timeout_s
+        self.signature_frames = signature_frames
 
     def setup(self):
         self.worker = IsolatedWorker(default_timeout=self.probe_timeout_s)
@@ -110,13 +111,25 @@ class ProbeVideo(beam.DoFn):
             except WorkerError as e:
                 yield rejected(STAGE, uri, e.reason, e.message, video_id=sha[:16])
                 return
+            # a few small frames while the file is local (the near-duplicate test of the dedup stage)
+            sig = self._signature(local, info) if self.signature_frames else None
         finally:
             if is_temp:
                 os.unlink(local)
         row = {"video_id": sha[:16], "sha256": sha, "uri": uri, "bytes": size,
                "license": item.get("license"), "attribution": item.get("attribution"), **info}
         self.progress.tick(f"{os.path.basename(uri)} ({time.monotonic() - t0:.2f} s)")
-        yield checked(STAGE, "video", row, uri)
+        out = checked(STAGE, "video", row, uri)
+        # the signature rides along to the dedup stage, which drops it (not a column of the videos table)
+        yield {**out, "signature": sig} if sig is not None and isinstance(out, dict) else out
+
+
+    def _signature(self, local: str, info: dict) -> list[str] | None:
+        try:
+            return self.worker.call("signature", path=local, duration_s=info["duration_s"],
+                                    n=self.signature_frames, rotation=info["rotation"])["signature"]
+        except WorkerError:  # a video whose frames do not all decode is not compared, not rejected here
+            return None
 
 
 def _pick_canonical(element):
@@ -131,23 +144,67 @@ def _pick_canonical(element):
 class ProbeVideos(beam.PTransform):
     """Stage ``ingest``: items ``{"uri", "license", "attribution"}`` -> ``{"main": videos, "rejects"}``."""
 
-    def __init__(self, probe_timeout_s: float = 120.0):
+    def __init__(self, probe_timeout_s: float = 120.0, signature_frames: int = 0):
         super().__init__()
         self.probe_timeout_s = probe_timeout_s
+        self.signature_frames = signature_frames
 
     def expand(self, items):
         out = (items
                | "Reshuffle" >> beam.Reshuffle()  # spread the expensive probes over workers
-               | "HashAndProbe" >> beam.ParDo(ProbeVideo(self.probe_timeout_s)).with_outputs(REJECTS, main=MAIN))
+               | "HashAndProbe" >> beam.ParDo(ProbeVideo(self.probe_timeout_s, self.signature_frames)).with_outputs(
+                   REJECTS, main=MAIN))
         return {MAIN: out[MAIN], REJECTS: out[REJECTS]}
 
 
+def _slim(row: dict) -> dict:
+    return {k: row.get(k) for k in ("sha256", "uri", "width", "height", "duration_s", "bytes", "signature")}
+
+
+def _near_duplicate_table(slim_rows: list[dict], max_mean_bits: float) -> dict:
+    from longreel.pipelines.gates.videodup import near_duplicates
+
+    found = near_duplicates(slim_rows, max_mean_bits)
+    return {sha: (kept["uri"], kept["sha256"], d) for sha, (kept, d) in found.items()}
+
+
+def _drop_near_duplicates(row: dict, table: dict):
+    row = {k: v for k, v in row.items() if k != "signature"}  # carried from the probe, not a table column
+    hit = table.get(row["sha256"])
+    if hit is None:
+        yield row
+        return
+    kept_uri, kept_sha, d = hit
+    yield rejected(DEDUP_STAGE, row["uri"], "near_duplicate",
+                   f"the same footage as {kept_uri} (mean dHash distance {d:.2f} bits)", video_id=row["video_id"],
+                   details=json.dumps({"kept": kept_uri, "kept_sha256": kept_sha, "mean_bits": round(d, 3)},
+                                      sort_keys=True))
+
+
 class DedupVideos(beam.PTransform):
-    """Stage ``dedup``: videos -> ``{"main": one video per content hash, "rejects": duplicates}``."""
+    """Stage ``dedup``: videos -> ``{"main": one video per content hash, "rejects": duplicates}``; with
+    ``near_duplicates`` also one video per group of near-identical signatures
+    (:mod:`longreel.pipelines.gates.videodup`): the others are ``near_duplicate`` rejects naming the kept one."""
+
+    def __init__(self, near_duplicates: bool = False, max_mean_bits: float = 6.0):
+        super().__init__()
+        self.near, self.max_mean_bits = near_duplicates, max_mean_bits
 
     def expand(self, videos):
         out = (videos
                | "KeyBySha" >> beam.Map(lambda r: (r["sha256"], r))
                | "GroupBySha" >> beam.GroupByKey()
                | "PickCanonical" >> beam.FlatMap(_pick_canonical).with_outputs(REJECTS, main=MAIN))
-        return {MAIN: out[MAIN], REJECTS: out[REJECTS]}
+        main, rejects = out[MAIN], out[REJECTS]
+        if not self.near:
+            return {MAIN: main | "NoSignature" >> beam.Map(lambda r: {k: v for k, v in r.items() if k != "signature"}),
+                    REJECTS: rejects}
+        # one small record per video meets the others in one place (signatures are n x 16 hex digits)
+        table = (main
+                 | "Slim" >> beam.Map(_slim)
+                 | "AllSignatures" >> beam.combiners.ToList()
+                 | "Group" >> beam.Map(_near_duplicate_table, self.max_mean_bits))
+        near = main | "DropNear" >> beam.FlatMap(_drop_near_duplicates, beam.pvalue.AsSingleton(table)).with_outputs(
+            REJECTS, main=MAIN)
+        both = (rejects, near[REJECTS]) | "DedupRejects" >> beam.Flatten()
+        return {MAIN: near[MAIN], REJECTS: both}

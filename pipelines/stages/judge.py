@@ -127,3 +127,16 @@ def finish_judge_stats(doc: dict, provenance: dict | None = None) -> dict:
                     "balanced": st["in"] == st["out"] + sum(st.get("rejected", {}).values()),
                     **({"judge": dict(provenance)} if provenance else {})}
     return doc
+
+
+def add_judge_stage(qras_pcoll, captions_pcoll, out_dir: str, cfg: JudgeConfig, engine_factory=None,
+                    label: str = "Judge") -> dict:
+    """Add the judge after ``qras_pcoll`` (``longreel curate``); write the kept rows with their verdicts as the
+    ``qras_judged`` table under ``out_dir``. Returns ``{"qras", "rejects", "counts", "provenance"}``; the caller
+    applies ``finish_judge_stats(doc, provenance)`` to its stats."""
+    from longreel.pipelines.io.parquet_sink import WriteSortedParquet
+
+    transform = JudgeQRAs(cfg, engine_factory)
+    out = {"qras": qras_pcoll, "captions": captions_pcoll} | label >> transform
+    out[MAIN] | f"{label}WriteTable" >> WriteSortedParquet(out_dir, "qras_judged", "qra", cfg.parquet_shards)
+    return {"qras": out[MAIN], "rejects": out[REJECTS], "counts": out[COUNTS], "provenance": transform.provenance()}

@@ -187,6 +187,8 @@ class _CacheAndBuild(beam.DoFn):
         by_split: dict[str, list[dict]] = {}
         for it in items:
             q = {k: it["qra"].get(k) for k in QRA_ITEM_FIELDS}
+            if it["qra"].get("judge_verdict"):  # only where the judge ran: other runs' shards keep their bytes
+                q["judge_verdict"] = json.loads(it["qra"]["judge_verdict"])
             q["split"] = it["split"]
             q["pass_rate"] = it["pass_rate"]
             by_split.setdefault(it["split"], []).append(q)
