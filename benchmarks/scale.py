@@ -63,12 +63,18 @@ def remux_copies(src_dir: str, dest: str, copies: int) -> list[str]:
     return made
 
 
-def curate(inputs: str, run_dir: str, workers: int, config: list[str]) -> float:
-    """One ``longreel curate`` into ``run_dir/out``; ``--out`` is relative, so that two runs record one command."""
+def curate(inputs: str, run_dir: str, workers: int, config: list[str]) -> tuple[float, float]:
+    """One ``longreel curate`` into ``run_dir/out``; ``--out`` is relative, so that two runs record one command.
+    Returns (wall seconds, CPU seconds of the run's processes: user + system, the workers' included)."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "longreel", "-q", "curate", inputs, "--out", "out", "--workers", str(workers),
                     *config], check=True, cwd=run_dir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.perf_counter() - t0
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def _cpu_unit(_=None) -> float:
@@ -114,18 +120,25 @@ def comparable(out: str) -> dict[str, str]:
 
 def speedup(name: str, inputs: str, n_videos: int, work: str, repeats: int, config: list[str]) -> dict:
     times: dict[int, list[float]] = {1: [], 2: []}
+    cpu: dict[int, list[float]] = {1: [], 2: []}
+    load = [round(os.getloadavg()[0], 2)]
     outs = {}
     for r in range(repeats):
         for workers in (1, 2):
             run_dir = os.path.join(work, f"{name}-w{workers}-r{r}")
             os.makedirs(run_dir)
-            times[workers].append(curate(inputs, run_dir, workers, config))
+            wall, used = curate(inputs, run_dir, workers, config)
+            times[workers].append(wall)
+            cpu[workers].append(used)
+            load.append(round(os.getloadavg()[0], 2))
             outs[workers] = os.path.join(run_dir, "out")
             print(f"{name}: {n_videos} videos, {workers} worker(s): {times[workers][-1]:.1f} s", flush=True)
     one, two = min(times[1]), min(times[2])
     stats = json.load(open(os.path.join(outs[1], "stats.json")))
     return {"corpus": name, "videos": n_videos, "totals": stats["totals"], "parallel_capacity_after": parallel_capacity(),
             "wall_s": {"1": [round(t, 2) for t in times[1]], "2": [round(t, 2) for t in times[2]]},
+            "cpu_s": {"1": [round(t, 2) for t in cpu[1]], "2": [round(t, 2) for t in cpu[2]]},
+            "load_average_1min": load,
             "speedup_2_workers": round(one / two, 3),
             "outputs_identical": comparable(outs[1]) == comparable(outs[2])}
 
@@ -184,8 +197,9 @@ def main() -> int:
         "command": "python benchmarks/scale.py " + " ".join(sys.argv[1:]),
         "machine": {"cpus_affinity": len(os.sched_getaffinity(0)), "python": platform.python_version(),
                     "platform": platform.platform(),
-                    "note": "shared machine: other engineers ran test suites at the same time, so wall times and "
-                            "the speed-up are indicative"},
+                    "note": "shared machine: other engineers ran test suites and benchmarks at the same time (see "
+                            "load_average_1min: 2 cores), so wall times and the speed-up are indicative; "
+                            "parallel_capacity says what two processes got"},
         "config": a.config,
         "parallel_capacity_before": capacity_before,
         "copies": {"videos": len(copies), "distinct_sha256": distinct},

@@ -15,6 +15,7 @@ The rules, stated once (the stage's docstring repeats them):
 """
 from __future__ import annotations
 
+from longreel.pipelines.resources import ResourceHints
 from longreel.schemas.config import ConfigError, ConfigModel, cfg
 
 BACKENDS = ("transformers", "vllm", "openai")
@@ -59,11 +60,12 @@ class BlindConfig(ConfigModel):
     max_pass_rate: float = cfg(0.75, "A question whose blind pass count / k is >= this is rejected "
                                      "text_answerable.")
     reward_params: dict = cfg(default_factory=dict, help="Keyword parameters for the trainer's rewards.score.")
-    parquet_shards: int = cfg(1, "Parquet files for the blind table.")
+    parquet_shards: int | None = cfg(None, "Parquet files for the blind table (and longreel blind's kept questions); null: output.parquet_shards in longreel curate, else one file per 256 MB of rows.")
+    resources: ResourceHints = cfg(default_factory=ResourceHints, help="Beam resource hints on the answering step.")
 
     def check(self):
-        if self.k < 1 or self.max_new_tokens < 1 or self.batch_size < 1 or self.parquet_shards < 1:
-            raise ConfigError("blind.k, max_new_tokens, batch_size and parquet_shards must be >= 1")
+        if self.k < 1 or self.max_new_tokens < 1 or self.batch_size < 1 or (self.parquet_shards or 1) < 1:
+            raise ConfigError("blind.k, max_new_tokens, batch_size and parquet_shards (or null) must be >= 1")
         if not self.temperature > 0:
             raise ConfigError("blind.temperature must be > 0 (k identical greedy samples measure nothing)")
         if not 0 < self.top_p <= 1:

@@ -152,10 +152,10 @@ class CaptionConfig(ConfigModel):
     vllm: VLLMConfig = cfg(default_factory=VLLMConfig, help="vllm backend.")
     degenerate: DegenerateConfig = cfg(default_factory=DegenerateConfig, help="Degenerate-caption rejects.")
     resources: ResourceHints = cfg(default_factory=ResourceHints, help="Beam resource hints on the caption model step.")
-    parquet_shards: int = cfg(1, "Parquet files per output table (longreel caption).")
+    parquet_shards: int | None = cfg(None, "Parquet files per output table (captions, clip_facts); null: output.parquet_shards in longreel curate, else one file per 256 MB of rows.")
 
     def check(self):
         if self.backend in ("transformers", "vllm", "openai") and not self.model.path:
             raise ConfigError(f"caption.model.path is required for the {self.backend} backend")
-        if self.parquet_shards < 1:
-            raise ConfigError("caption.parquet_shards must be >= 1")
+        if self.parquet_shards is not None and self.parquet_shards < 1:
+            raise ConfigError("caption.parquet_shards must be >= 1 (or null: follows the table's size)")

@@ -93,6 +93,10 @@ def spread(pcoll, label: str):
     return pcoll | f"Spread{label}" >> beam.Reshuffle()
 
 
+def _with_shards(section, shards: int):
+    return section if section.parquet_shards is not None else section.model_copy(update={"parquet_shards": shards})
+
+
 def read_inputs(p: beam.Pipeline, inputs: InputPlan | list[dict]):
     """Items from an :class:`InputPlan` (found on the workers) or from a list the caller already has."""
     if isinstance(inputs, InputPlan):
@@ -112,6 +116,10 @@ def build_curate(p: beam.Pipeline, items: InputPlan | list[dict], out_dir: str, 
     """
     handlers = handlers or {}
     shards = cfg.output.parquet_shards
+    chash = config_hash(cfg)  # of the config as given
+    if shards is not None:  # the stages' own tables follow output.parquet_shards unless their section sets one
+        cfg = cfg.model_copy(update={s: _with_shards(getattr(cfg, s), shards)
+                                     for s in ("caption", "qra", "blind", "filter")})
     inputs = read_inputs(p, items)
     dd = cfg.dedup
     probed = inputs | "Ingest" >> ProbeVideos(cfg.ingest.probe_timeout_s,
@@ -214,7 +222,7 @@ def build_curate(p: beam.Pipeline, items: InputPlan | list[dict], out_dir: str, 
     order, units = stage_layout(cfg)
     # "inputs" keeps its place in the document; its value is ingest's count, which is known only once the
     # workers have listed the inputs (every listed input, repeats included, enters ingest)
-    meta = {"config_hash": config_hash(cfg), "code_version": code_version(), "inputs": None}
+    meta = {"config_hash": chash, "code_version": code_version(), "inputs": None}
     if command:
         meta["command"] = command
 
@@ -304,6 +312,19 @@ def reproduction_command(command: str | None) -> str | None:
     return shlex.join(kept)
 
 
+def worker_modules(cfg: CurateConfig) -> tuple[str, ...]:
+    """What the workers of a run with ``cfg``'s stages import: local workers import it once, ahead, while the
+    launcher builds the graph (:mod:`longreel.pipelines.forked_workers`)."""
+    mods = ["longreel.pipelines.io.inputs", "longreel.pipelines.io.parquet_sink", "longreel.pipelines.stats",
+            "longreel.pipelines.stages.ingest", "longreel.pipelines.stages.segment", "longreel.pipelines.media.worker"]
+    mods += [f"longreel.pipelines.stages.{s}" for s in ("caption", "qra", "blind", "pack") if s in cfg.stages]
+    if "filter" in cfg.stages:
+        mods.append("longreel.pipelines.stages.passrate")
+    if "pack" in cfg.stages:  # the frame cache's video processor (built in the caption's decode pass too)
+        mods += ["longreel.pipelines.pack.frame_cache", "transformers.models.qwen2_vl.video_processing_qwen2_vl"]
+    return tuple(mods)
+
+
 def _describe_inputs(items: InputPlan | list[dict]) -> str:
     if isinstance(items, InputPlan):
         return f"{len(items.specs)} input specs (listed by the workers)"
@@ -321,7 +342,7 @@ def _run_locked(items: InputPlan | list[dict], out_dir: str, cfg: CurateConfig, 
         fh.write(dump_yaml(cfg).encode())
     log.info("curate: %s -> %s (config %s)", _describe_inputs(items), out_dir, config_hash(cfg)[:12])
     t0 = time.monotonic()
-    p = make_pipeline(beam_args, workers=workers)
+    p = make_pipeline(beam_args, workers=workers, preload=worker_modules(cfg))
     build_curate(p, items, out_dir, cfg, command=command, handlers=handlers)
     try:
         p.run().wait_until_finish()

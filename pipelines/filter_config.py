@@ -77,7 +77,7 @@ class FilterConfig(ConfigModel):
                                         "104K).")
     split_seed: int = cfg(0, "split_rule hash: salt of the hash.")
     sft_min_pass_rate: float = cfg(0.5, "split_rule pass_rate: lowest pass rate that goes to sft.")
-    parquet_shards: int = cfg(1, "Parquet files for the pass_rate table.")
+    parquet_shards: int | None = cfg(None, "Parquet files for the pass_rate table; null: output.parquet_shards in longreel curate, else one file per 256 MB of rows.")
     resources: ResourceHints = cfg(default_factory=ResourceHints, help="Beam resource hints on the answering step.")
 
     def check(self):
@@ -89,8 +89,8 @@ class FilterConfig(ConfigModel):
             raise ConfigError("top_k must be >= 0 (0 disables it)")
         if not 0 < self.top_p <= 1:
             raise ConfigError("top_p must be in (0, 1]")
-        if self.max_new_tokens < 1 or self.n_frames < 1 or self.batch_size < 1 or self.parquet_shards < 1:
-            raise ConfigError("max_new_tokens, n_frames, batch_size and parquet_shards must be >= 1")
+        if self.max_new_tokens < 1 or self.n_frames < 1 or self.batch_size < 1 or (self.parquet_shards or 1) < 1:
+            raise ConfigError("max_new_tokens, n_frames, batch_size and parquet_shards (or null) must be >= 1")
         if not 0 < self.min_pixels <= self.max_pixels:
             raise ConfigError("need 0 < min_pixels <= max_pixels")
         if self.frame_source == "cache" and not self.cache_dir:

@@ -3,6 +3,7 @@ was written from. Checks and reject reasons: :mod:`longreel.pipelines.gates.judg
 from __future__ import annotations
 
 from longreel.pipelines.blind_config import BACKENDS
+from longreel.pipelines.resources import ResourceHints
 from longreel.schemas.config import ConfigError, ConfigModel, cfg
 
 
@@ -30,11 +31,14 @@ class JudgeConfig(ConfigModel):
                                             "seconds of a caption's span (caption stamps are whole seconds).")
     multi_clip_categories: list[str] = cfg(default_factory=lambda: ["temporal", "plot_narrative"],
                                            help="Categories whose questions must need more than one clip.")
-    parquet_shards: int = cfg(1, "Parquet files for the judged questions table.")
+    parquet_shards: int | None = cfg(None, "Parquet files for the judged questions table; null: one file per 256 MB of rows.")
+    resources: ResourceHints = cfg(default_factory=ResourceHints, help="Beam resource hints on the judging step.")
 
     def check(self):
-        if self.batch_size < 1 or self.max_new_tokens < 1 or self.explanation_chars < 1 or self.parquet_shards < 1:
-            raise ConfigError("judge.batch_size, max_new_tokens, explanation_chars and parquet_shards must be >= 1")
+        if (self.batch_size < 1 or self.max_new_tokens < 1 or self.explanation_chars < 1
+                or (self.parquet_shards or 1) < 1):
+            raise ConfigError("judge.batch_size, max_new_tokens, explanation_chars and parquet_shards (or null) must "
+                              "be >= 1")
         if self.timestamp_tolerance_s < 0:
             raise ConfigError("judge.timestamp_tolerance_s must be >= 0")
         if self.backend == "openai" and not self.base_url:

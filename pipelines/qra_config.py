@@ -93,7 +93,7 @@ class QRAConfig(ConfigModel):
                                       "letters are uniform whatever the writer's bias; options that depend on their "
                                       "position ('all of the above', 'both A and B') are rejected "
                                       "position_dependent_option (funnel stage qra_balance).")
-    parquet_shards: int = cfg(1, "Parquet files of the qras table.")
+    parquet_shards: int | None = cfg(None, "Parquet files of the qras table; null: output.parquet_shards in longreel curate, else one file per 256 MB of rows.")
     resources: ResourceHints = cfg(default_factory=ResourceHints, help="Beam resource hints on the generation step.")
 
     def check(self):
@@ -111,8 +111,8 @@ class QRAConfig(ConfigModel):
             raise ConfigError("qra.per_category must be >= 1")
         if not 0.0 <= self.mc_fraction <= 1.0:
             raise ConfigError("qra.mc_fraction must be in [0, 1]")
-        if self.parquet_shards < 1 or self.batch_size < 1:
-            raise ConfigError("qra.parquet_shards and qra.batch_size must be >= 1")
+        if (self.parquet_shards is not None and self.parquet_shards < 1) or self.batch_size < 1:
+            raise ConfigError("qra.parquet_shards (or null) and qra.batch_size must be >= 1")
 
     @property
     def refine_enabled(self) -> bool:

@@ -1,7 +1,9 @@
-"""Beam resource hints on the model steps (captioning, QRA generation, pass-rate answering): where they run.
+"""Beam resource hints on the model steps (captioning, QRA generation, blind filter, pass-rate answering, judge):
+where they run.
 
 Each model stage's config has a ``resources`` section (``caption.resources``, ``qra.resources``,
-``filter.resources``). Its hints go on that stage's model step only (the ``RunInference`` or generation ``ParDo``),
+``blind.resources``, ``filter.resources``, and ``judge.resources`` of ``longreel judge``). Its hints go on that
+stage's model step only (the ``RunInference`` or generation/answering ``ParDo``),
 never on the decoding, joins or writes around it: Dataflow's right fitting then runs the model step on workers with
 the accelerator and the rest of the pipeline on plain CPU workers, with a fusion break between them.
 

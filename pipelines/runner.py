@@ -2,9 +2,12 @@
 
 Beam's DirectRunner first tries to download the Prism runner binary, which fails offline and
 costs time; when the user names no runner, Beam's FnApiRunner is used instead: in this process for
-one worker, or with ``workers`` SDK worker processes (its ``multi_processing`` mode, which runs each
-stage's bundles on all of them at once). Any ``--runner`` the user gives (DataflowRunner, FlinkRunner,
-SparkRunner, DirectRunner...) is used unchanged, with all its options.
+one worker, or with ``workers`` SDK worker processes, each stage's bundles split over all of them at once.
+Those processes are forked from the launcher once the pipeline is built (:mod:`longreel.pipelines.forked_workers`:
+they start with every module imported, where Beam's own ``multi_processing`` mode starts fresh interpreters that
+each import Beam, torch and transformers again); a ``--direct_running_mode`` given by the user selects Beam's own
+local modes instead. Any ``--runner`` the user gives (DataflowRunner, FlinkRunner, SparkRunner, DirectRunner...)
+is used unchanged, with all its options.
 """
 from __future__ import annotations
 
@@ -25,8 +28,11 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def make_pipeline(beam_args: list[str] | None = None, workers: int = 1) -> beam.Pipeline:
-    """A pipeline on the user's ``--runner``, or on the local FnApiRunner with ``workers`` processes."""
+def make_pipeline(beam_args: list[str] | None = None, workers: int = 1, preload: tuple[str, ...] = ()) -> beam.Pipeline:
+    """A pipeline on the user's ``--runner``, or on the local FnApiRunner with ``workers`` processes.
+
+    ``preload``: modules the workers will import (the stages'), imported once by the local workers' zygote while
+    the caller builds the graph (see :mod:`longreel.pipelines.forked_workers`)."""
     if workers < 1:
         raise ValueError("workers must be >= 1")
     options = PipelineOptions(list(beam_args or []))
@@ -39,9 +45,15 @@ def make_pipeline(beam_args: list[str] | None = None, workers: int = 1) -> beam.
     if workers == 1:
         return beam.Pipeline(runner=FnApiRunner(), options=options)
     direct = options.view_as(DirectOptions)
-    direct.direct_running_mode = "multi_processing"
     direct.direct_num_workers = workers
-    return beam.Pipeline(runner=FnApiRunner(provision_info=_worker_provision(options)), options=options)
+    from longreel.pipelines.forked_workers import ForkedWorkersRunner, fork_available
+    if "direct_running_mode" in options.get_all_options(drop_default=True) or not fork_available():
+        if direct.direct_running_mode == "in_memory":
+            direct.direct_running_mode = "multi_processing"
+        return beam.Pipeline(runner=FnApiRunner(provision_info=_worker_provision(options)), options=options)
+    runner = ForkedWorkersRunner(preload)
+    runner.start_zygote()
+    return beam.Pipeline(runner=runner, options=options)
 
 
 def _worker_provision(options: PipelineOptions):

@@ -95,7 +95,8 @@ LATER_KEYS = (("caption", "frames", "sampling"), ("caption", "frames", "backend"
               ("qra", "resources"), ("filter", "resources"), ("blind",), ("qra", "balance_options"), ("embed",),
               ("judge",), ("dedup",))
 #: defaults changed after it: set back to the dataclass-era value before hashing
-LATER_DEFAULTS = {("output", "parquet_shards"): 1}
+LATER_DEFAULTS = {("output", "parquet_shards"): 1, ("caption", "parquet_shards"): 1, ("qra", "parquet_shards"): 1,
+                  ("filter", "parquet_shards"): 1}
 #: TrainConfig keys added after the hash below was pinned
 TRAIN_LATER_KEYS = (("dist", "fsdp_param_dtype"), ("dist", "fsdp_reduce_dtype"),
                     ("dist", "fsdp_reshard_after_forward"))

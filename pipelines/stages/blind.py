@@ -140,9 +140,11 @@ class BlindFilter(beam.PTransform):
 
     def expand(self, qras):
         batches = qras | "Batch" >> beam.BatchElements(min_batch_size=1, max_batch_size=self.cfg.batch_size)
-        out = batches | "AnswerBlind" >> beam.ParDo(
+        from longreel.pipelines.resources import on_model_step
+
+        out = batches | "AnswerBlind" >> on_model_step(beam.ParDo(
             _BlindBatchFn(self.cfg, self._prov, self.engine_factory)).with_outputs(SCORED, REJECTS, COUNTS,
-                                                                                   main=MAIN)
+                                                                                   main=MAIN), self.cfg.resources)
         return {MAIN: out[MAIN], SCORED: out[SCORED], REJECTS: out[REJECTS], COUNTS: out[COUNTS]}
 
 

@@ -147,6 +147,7 @@ def sampling_json(cfg: CaptionConfig, max_pixels: int) -> str:
 class DecodeTask:
     video: dict
     clips: list[dict]
+    cache: bool = False  # this task's decode pass also builds the video's frame cache entry (when there is a cache)
 
 
 def shares_filter_pass(cfg: CaptionConfig, filter_cfg) -> bool:
@@ -166,9 +167,14 @@ def filter_frames_dir(out_dir: str, pack_cfg=None) -> str:
         FileSystems.join(out_dir, "frame_cache")
 
 
-def plan_decode(element, n_frames: int, mode: str, max_frames_per_call: int | None):
+def plan_decode(element, n_frames: int, mode: str, max_frames_per_call: int, frame_cache: bool = False):
     """``(video_id, {"videos": [...], "clips": [...]})`` -> DecodeTasks (or ``video_missing`` rejects).
-    ``max_frames_per_call=None``: one task per video (one decode pass that also builds the frame cache)."""
+
+    ``per_video``: consecutive clips in chunks of at most ``max_frames_per_call`` frames, so that a long video's
+    decode spreads over the workers (a 10-minute film in one task kept one worker busy for most of a 2-worker run
+    while the other sat idle: benchmarks/results/scale.json). ``frame_cache``: a video of one chunk builds its
+    frame cache entry in that chunk's pass (one decode); a longer video gets one more task for it, whose sparse
+    timestamps cost a few seeks, instead of riding on one chunk and making that chunk the slowest."""
     vid, groups = element
     clips = sorted(groups["clips"], key=lambda c: (c["index"], c["clip_id"]))
     videos = list(groups["videos"])
@@ -179,10 +185,15 @@ def plan_decode(element, n_frames: int, mode: str, max_frames_per_call: int | No
             yield rejected(STAGE_FACTS, c["clip_id"], "video_missing",
                            f"no video record {vid} for clip {c['clip_id']}", video_id=vid)
         return
-    per = 1 if mode == "per_clip" else (len(clips) if max_frames_per_call is None
-                                         else max(1, max_frames_per_call // n_frames))
-    for i in range(0, len(clips), per):
-        yield DecodeTask(videos[0], clips[i:i + per])
+    per = 1 if mode == "per_clip" else max(1, max_frames_per_call // n_frames)
+    chunks = [clips[i:i + per] for i in range(0, len(clips), per)]
+    if frame_cache and len(chunks) == 1:
+        yield DecodeTask(videos[0], chunks[0], cache=True)
+        return
+    if frame_cache:
+        yield DecodeTask(videos[0], [], cache=True)
+    for chunk in chunks:
+        yield DecodeTask(videos[0], chunk)
 
 
 def decode_size(video: dict, budget: tuple[int, int, int]) -> tuple[int, int]:
@@ -327,6 +338,22 @@ class DecodeClipFrames(beam.DoFn):
         except CacheError as e:  # not this stage's output: the pack stage retries and rejects
             log.warning("%s: frame cache entry of %s not written: %s", STAGE_FACTS, video["video_id"], e)
 
+    def _store_extras(self, path: str, video: dict, cache_req, filter_req) -> None:
+        """A long video's frame cache entry and the filter's uniform frames, in one pass of their own task."""
+        from longreel.pipelines.media.worker import WorkerError
+
+        reqs = [r for r in (cache_req, filter_req) if r]
+        if not reqs:
+            return
+        try:
+            got = self._decode(path, reqs, video.get("rotation"))
+        except WorkerError:
+            return  # not this stage's output: the pack stage and the filter decode again and reject with a reason
+        if cache_req:
+            self._store(video, got[0])
+        if filter_req:
+            self.store.store(video, filter_req, got[-1])
+
     def process(self, task: DecodeTask):
         import numpy as np
 
@@ -345,8 +372,11 @@ class DecodeClipFrames(beam.DoFn):
             size = self._size(video)
             stamps = [sample_timestamps(c["start_s"], c["end_s"], n) for c in clips]
             decoded: list = [None] * len(clips)
-            cache_req = self._cache_request(video)
-            filter_req = self._filter_request(video)
+            cache_req = self._cache_request(video) if task.cache else None
+            filter_req = self._filter_request(video) if task.cache else None
+            if not clips:  # the per-video extras' own task (a long video's clips are decoded in other tasks)
+                self._store_extras(path, video, cache_req, filter_req)
+                return
             if len(clips) > 1 or cache_req or filter_req:
                 try:
                     reqs = [FrameRequest([t for s in stamps for t in s], *size)] + ([cache_req] if cache_req else [])
@@ -525,8 +555,8 @@ class CaptionClips(beam.PTransform):
                     "clips": clips | "KeyClips" >> beam.Map(lambda c: (c["video_id"], c))}
                    | "ClipsPerVideo" >> beam.CoGroupByKey())
         tasks = grouped | "PlanDecode" >> beam.FlatMap(
-            plan_decode, cfg.frames.n, cfg.frames.decode,
-            None if (self.frame_cache or self.filter_frames) else cfg.frames.max_frames_per_call).with_outputs(
+            plan_decode, cfg.frames.n, cfg.frames.decode, cfg.frames.max_frames_per_call,
+            self.frame_cache is not None or self.filter_frames is not None).with_outputs(
             REJECTS, main=MAIN)
         decoded = (tasks[MAIN]
                    | "SpreadTasks" >> beam.Reshuffle()

@@ -108,8 +108,11 @@ class JudgeQRAs(beam.PTransform):
         keyed = {"qras": qras | "KeyQRAs" >> beam.Map(lambda r: (r["video_id"], r)),
                  "captions": captions | "KeyCaptions" >> beam.Map(lambda r: (r["video_id"], r))}
         grouped = keyed | "ByVideo" >> beam.CoGroupByKey()
-        out = grouped | "Judge" >> beam.ParDo(_JudgeVideoFn(self.cfg, self._prov, self.engine_factory)).with_outputs(
-            REJECTS, COUNTS, main=MAIN)
+        from longreel.pipelines.resources import on_model_step
+
+        out = grouped | "Judge" >> on_model_step(beam.ParDo(
+            _JudgeVideoFn(self.cfg, self._prov, self.engine_factory)).with_outputs(REJECTS, COUNTS, main=MAIN),
+            self.cfg.resources)
         funnel = stage_counts("Judge", STAGE, qras, out[MAIN], out[REJECTS])
         counts = (funnel, out[COUNTS]) | "JudgeCounts" >> beam.Flatten()
         return {MAIN: out[MAIN], REJECTS: out[REJECTS], COUNTS: counts}

@@ -1,0 +1,260 @@
+"""Local SDK workers forked from a zygote: ``longreel curate --workers N`` without N interpreters importing alike.
+
+Beam's local multi-process mode (``--direct_running_mode=multi_processing``) starts every SDK worker as a new
+``python -m apache_beam.runners.worker.sdk_worker_main``. Each one then imports Beam, and, when it unpickles the
+first DoFns of the caption stage, ``apache_beam.ml.inference.base`` (which pulls in torch and scipy) and the
+frame cache's transformers video processor: about 6-7 s of CPU per worker on this 2-core machine
+(``python -X importtime``: caption stage 3.6 s, video processor +3 s, Beam 1.2 s), which the in-process
+1-worker run pays once. With two workers that start-up came on top of the launcher's own, before any video was
+decoded (benchmarks/results/scale.json).
+
+Here the workers speak the same portable Fn API, through Beam's ``EXTERNAL`` environment (the worker-pool
+protocol that Flink, Spark and Dataflow Runner v2 use), but the pool forks them from a *zygote*: one fresh
+interpreter, started when the pipeline object is made, that imports the modules the run will need while the
+launcher is still building the graph (the stage modules the caller names, then every ``longreel`` module and
+model library the launcher imported by the time the run starts), and then forks one child per ``StartWorker``
+that runs :class:`~apache_beam.runners.worker.sdk_worker.SdkHarness` against the runner's control endpoint.
+The zygote is a new process, not a fork of the launcher: a process that has used gRPC (an earlier run in the
+same process, as in a test session) cannot be forked safely, and the zygote itself never opens a channel.
+The launcher sends it requests on its stdin; the pool's gRPC service runs in the launcher.
+
+Only where ``os.fork`` exists (Linux, macOS); elsewhere, or when the user names a ``--direct_running_mode``,
+Beam's own local modes are used (see :func:`longreel.pipelines.runner.make_pipeline`).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
+
+from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+from apache_beam.transforms.environments import ExternalEnvironment, python_sdk_capabilities
+
+log = logging.getLogger("longreel")
+
+#: top-level packages whose modules, imported by the launcher when the run starts, the zygote imports too
+PRELOAD_ROOTS = ("longreel", "apache_beam", "transformers", "torch", "av", "pyarrow", "numpy", "PIL", "scipy")
+
+
+def fork_available() -> bool:
+    return hasattr(os, "fork") and sys.platform != "win32"
+
+
+class ForkedWorkersRunner(FnApiRunner):
+    """The FnApiRunner with its SDK workers in a :class:`ForkedWorkerPool`, started when the run starts (after the
+    pipeline is built, so with its modules imported) and stopped when it ends. The number of workers is the
+    pipeline's ``direct_num_workers``; each stage's bundles are split over them as in Beam's multi-process mode."""
+
+    def __init__(self, preload: tuple[str, ...] = ()):
+        super().__init__()
+        self.preload = tuple(preload)
+        self.pool: ForkedWorkerPool | None = None
+
+    def start_zygote(self) -> None:
+        """Start the zygote now (its imports overlap what the caller does before the run); idempotent."""
+        if self.pool is None:
+            self.pool = ForkedWorkerPool(self.preload)
+            self.pool.start()
+
+    def run_pipeline(self, pipeline, options):
+        quiet = _DropModeWarning()
+        fn_log = logging.getLogger(FnApiRunner.__module__)
+        fn_log.addFilter(quiet)
+        self.start_zygote()
+        pool, self.pool = self.pool, None
+        try:
+            with pool:
+                pool.preload(launcher_modules())
+                self._default_environment = ExternalEnvironment(pool.endpoint, capabilities=python_sdk_capabilities())
+                return super().run_pipeline(pipeline, options)
+        finally:
+            fn_log.removeFilter(quiet)
+
+
+def launcher_modules() -> list[str]:
+    """The modules of :data:`PRELOAD_ROOTS` this process has imported (what the pipeline's code needed so far)."""
+    return sorted(n for n, m in list(sys.modules.items()) if m is not None and n.split(".")[0] in PRELOAD_ROOTS
+                  and not n.split(".")[-1].startswith("_"))
+
+
+class _DropModeWarning(logging.Filter):
+    """The FnApiRunner warns that several workers want Beam's multi-process or multi-thread mode: it cannot tell
+    that the ``EXTERNAL`` environment it is given runs them in processes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("If direct_num_workers is not equal to 1")
+
+
+class ForkedWorkerPool:
+    """A ``BeamFnExternalWorkerPool`` service at :attr:`endpoint` whose workers are forked from a zygote process.
+
+    Use as a context manager around the run; on exit the zygote is told to stop (EOF on its stdin), waits for its
+    workers (which end when the runner closes their control channel) and exits."""
+
+    def __init__(self, preload: tuple[str, ...] = (), stop_timeout_s: float = 60.0):
+        self._preload = tuple(preload)
+        self.stop_timeout_s = stop_timeout_s
+        self.endpoint: str | None = None
+        self._zygote: subprocess.Popen | None = None
+        self._server = None
+
+    def __enter__(self) -> "ForkedWorkerPool":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def start(self) -> str:
+        if self._zygote is None:
+            # the same interpreter, environment and import path as this process (its sys.path, so a checkout
+            # run from source finds its own modules)
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+            self._zygote = subprocess.Popen([sys.executable, "-m", "longreel.pipelines.forked_workers"],
+                                            stdin=subprocess.PIPE, env=env)
+            # the workers log as the launcher does (they write to the same stderr)
+            self._send({"log_level": logging.getLogger("longreel").getEffectiveLevel()})
+            if self._preload:
+                self.preload(self._preload)
+        if self._server is None:
+            self.endpoint = self._serve()
+        return self.endpoint
+
+    def preload(self, modules) -> None:
+        """Have the zygote import ``modules`` before it forks any worker."""
+        self._send({"import": list(modules)})
+
+    def _serve(self) -> str:
+        from concurrent import futures
+
+        import grpc
+        from apache_beam.portability.api import beam_fn_api_pb2, beam_fn_api_pb2_grpc
+
+        pool = self
+
+        class Servicer(beam_fn_api_pb2_grpc.BeamFnExternalWorkerPoolServicer):
+            def StartWorker(self, request, context):
+                try:
+                    pool._send({"worker_id": request.worker_id, "control": request.control_endpoint.url})
+                except OSError as e:
+                    return beam_fn_api_pb2.StartWorkerResponse(error=f"worker pool: {e}")
+                return beam_fn_api_pb2.StartWorkerResponse()
+
+            def StopWorker(self, request, context):
+                # a worker stops by itself when the runner closes its control channel
+                return beam_fn_api_pb2.StopWorkerResponse()
+
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        beam_fn_api_pb2_grpc.add_BeamFnExternalWorkerPoolServicer_to_server(Servicer(), self._server)
+        port = self._server.add_insecure_port("localhost:0")
+        self._server.start()
+        return f"localhost:{port}"
+
+    def _send(self, req: dict) -> None:
+        self._zygote.stdin.write((json.dumps(req) + "\n").encode())
+        self._zygote.stdin.flush()
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.stop(None)
+            self._server = None
+        if self._zygote is None:
+            return
+        zygote, self._zygote = self._zygote, None
+        try:
+            zygote.stdin.close()  # EOF: the zygote starts no more workers and waits for those it started
+        except OSError:
+            pass
+        try:
+            zygote.wait(self.stop_timeout_s)
+        except subprocess.TimeoutExpired:
+            log.warning("local workers did not stop within %.0f s of the run's end; stopping them",
+                        self.stop_timeout_s)
+            zygote.terminate()  # the zygote kills its workers
+            zygote.wait()
+
+
+def _zygote() -> None:
+    """Read requests from stdin: ``{"import": [...]}`` imports modules, ``{"worker_id", "control"}`` forks a worker;
+    at EOF wait for the workers, then exit."""
+    import importlib
+
+    children: list[int] = []
+
+    def stop(*_):
+        for c in children:
+            try:
+                os.kill(c, signal.SIGKILL)
+            except OSError:
+                pass
+        os._exit(1)
+
+    signal.signal(signal.SIGTERM, stop)
+    # Beam's own warnings at import (optional GCP libraries) say nothing about this run
+    logging.getLogger().addFilter(lambda r: "apitools not found" not in r.getMessage())
+    code = 0
+    try:
+        import apache_beam.runners.worker.sdk_worker  # noqa: F401 - what every worker needs
+        for line in sys.stdin.buffer:
+            req = json.loads(line)
+            if "log_level" in req:
+                logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                                    datefmt="%H:%M:%S")
+                logging.getLogger("longreel").setLevel(req["log_level"])
+                continue
+            if "import" in req:
+                for name in req["import"]:
+                    try:
+                        importlib.import_module(name)
+                    except Exception:  # noqa: BLE001 - a module that does not import alone is left to the worker
+                        pass
+                continue
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                _run_worker(req)
+            children.append(pid)
+        for c in children:
+            os.waitpid(c, 0)
+    except BaseException:  # noqa: BLE001 - report, then exit
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _run_worker(req: dict) -> None:
+    """The SDK harness of one worker, as Beam's embedded gRPC worker runs it; exits the process when the runner
+    closes the control channel."""
+    code = 0
+    try:
+        sys.stdin.close()
+        from apache_beam.runners.portability.fn_api_runner.worker_handlers import (
+            DATA_BUFFER_TIME_LIMIT_MS, FNAPI_RUNNER_CAPABILITIES, STATE_CACHE_SIZE_MB)
+        from apache_beam.runners.worker import sdk_worker
+
+        # the runner is in the parent process: connect over loopback whatever host name it put in the address
+        control = "localhost:" + req["control"].rsplit(":", 1)[1]
+        sdk_worker.SdkHarness(control, worker_id=req["worker_id"], state_cache_size=STATE_CACHE_SIZE_MB << 20,
+                              data_buffer_time_limit_ms=DATA_BUFFER_TIME_LIMIT_MS,
+                              runner_capabilities=FNAPI_RUNNER_CAPABILITIES).run()
+    except BaseException:  # noqa: BLE001 - the worker's process ends here whatever happened
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+if __name__ == "__main__":
+    _zygote()
