@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from tests.test_blind import ScriptedEngine
-from tests.test_judge import ScriptedJudge, _verdict
+from test_blind import ScriptedEngine
+from test_judge import ScriptedJudge, _verdict
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from longreel.pipelines.gates import judge as J
 from longreel.pipelines.judge_config import CurateJudgeConfig, JudgeConfig, follow_generator
 from longreel.pipelines.qra_config import QRAConfig
 from longreel.schemas.config import ConfigError
-from tests.test_judge import ScriptedJudge, _verdict
+from test_judge import ScriptedJudge, _verdict
 
 
 def test_the_judge_follows_the_question_writer_by_default():

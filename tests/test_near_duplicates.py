@@ -6,7 +6,7 @@ import json
 import numpy as np
 
 from longreel.pipelines.gates import videodup as V
-from tests.conftest import run_ffmpeg
+from conftest import run_ffmpeg
 
 
 def _frame(seed: int) -> np.ndarray:
