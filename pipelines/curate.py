@@ -24,7 +24,7 @@ from longreel.pipelines.config import CurateConfig
 from longreel.pipelines.io.inputs import InputError, InputPlan, ReadInputs, input_error_of
 from longreel.pipelines.io.parquet_sink import WriteSortedParquet
 from longreel.pipelines.provenance import code_version
-from longreel.pipelines.runner import make_pipeline
+from longreel.pipelines.runner import make_pipeline, names_runner
 from longreel.pipelines.stages.base import MAIN, REJECTS
 from longreel.pipelines.stages.ingest import DedupVideos, ProbeVideos
 from longreel.pipelines.stages.segment import SegmentVideos
@@ -105,7 +105,7 @@ def read_inputs(p: beam.Pipeline, inputs: InputPlan | list[dict]):
 
 
 def build_curate(p: beam.Pipeline, items: InputPlan | list[dict], out_dir: str, cfg: CurateConfig,
-                 command: str | None = None, handlers: dict | None = None) -> dict:
+                 command: str | None = None, handlers: dict | None = None, split_long_videos: bool = True) -> dict:
     """Add the curation stages ``cfg`` asks for to ``p``; return the main PCollections by table name.
 
     ``items``: an :class:`~longreel.pipelines.io.inputs.InputPlan` (``longreel curate``: the inputs are listed on
@@ -154,7 +154,8 @@ def build_curate(p: beam.Pipeline, items: InputPlan | list[dict], out_dir: str, 
         # a run that packs builds the frame cache in the caption's decode pass: one decode per video
         cap = add_caption_stage(p, videos, spread(clips, "Clips"), out_dir, cfg.caption,
                                 handler=handlers.get("caption"), pack_cfg=cfg.pack if "pack" in cfg.stages else None,
-                                filter_cfg=cfg.filter if "filter" in cfg.stages else None, gates=gates)
+                                filter_cfg=cfg.filter if "filter" in cfg.stages else None, gates=gates,
+                                split_long_videos=split_long_videos)
         rejects.append(cap["rejects"])
         counts.append(cap["counts"])
         tables.update(captions=cap["captions"], clip_facts=cap["facts"])
@@ -343,7 +344,9 @@ def _run_locked(items: InputPlan | list[dict], out_dir: str, cfg: CurateConfig, 
     log.info("curate: %s -> %s (config %s)", _describe_inputs(items), out_dir, config_hash(cfg)[:12])
     t0 = time.monotonic()
     p = make_pipeline(beam_args, workers=workers, preload=worker_modules(cfg))
-    build_curate(p, items, out_dir, cfg, command=command, handlers=handlers)
+    # one local worker: nothing to spread a long video over, so its decode stays one pass
+    build_curate(p, items, out_dir, cfg, command=command, handlers=handlers,
+                 split_long_videos=workers > 1 or names_runner(beam_args))
     try:
         p.run().wait_until_finish()
     except Exception as e:

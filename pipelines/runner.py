@@ -28,6 +28,11 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def names_runner(beam_args: list[str] | None) -> bool:
+    """Whether the Beam arguments pick a runner (then its options, not ``--workers``, decide the parallelism)."""
+    return PipelineOptions(list(beam_args or [])).view_as(StandardOptions).runner is not None
+
+
 def make_pipeline(beam_args: list[str] | None = None, workers: int = 1, preload: tuple[str, ...] = ()) -> beam.Pipeline:
     """A pipeline on the user's ``--runner``, or on the local FnApiRunner with ``workers`` processes.
 

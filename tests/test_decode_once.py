@@ -89,7 +89,10 @@ def test_a_long_video_is_decoded_in_chunks_and_its_cache_in_a_task_of_its_own(ch
                                                               sorted(clips, key=lambda c: c["index"])]
     one = list(plan_decode((video["video_id"], {"videos": [video], "clips": clips}), 8, "per_video", 256, True))
     assert len(one) == 1 and one[0].cache and len(one[0].clips) == 5
-    assert all(isinstance(t, DecodeTask) for t in tasks + one)
+    # one worker (curate --workers 1): no chunks, whatever max_frames_per_call says
+    whole = list(plan_decode((video["video_id"], {"videos": [video], "clips": clips}), 8, "per_video", None, True))
+    assert [(len(t.clips), t.cache) for t in whole] == [(5, True)]
+    assert all(isinstance(t, DecodeTask) for t in tasks + one + whole)
 
     caches = {}
     facts = {}
@@ -382,3 +385,14 @@ def test_dropping_unseen_frames_gives_the_frames_of_a_full_decode(shared_videos,
         np.testing.assert_array_equal(a.frames, b.frames)
         np.testing.assert_array_equal(a.frames, c.frames)
         assert a.timestamps == b.timestamps == c.timestamps
+
+
+def test_one_worker_keeps_a_long_video_in_one_task_that_also_feeds_the_cache():
+    """The chunks exist to spread a long video over workers: a one-worker run plans one task per video when that
+    task also builds the frame cache (one decode pass), and keeps the chunks when it feeds nothing else."""
+    from longreel.pipelines.stages.caption import CaptionClips
+
+    cfg = caption_cfg(**{"frames.max_frames_per_call": 16})
+    assert CaptionClips(cfg, frame_cache=("pack", "/c"), split_long_videos=False)._frames_per_task() is None
+    assert CaptionClips(cfg, frame_cache=("pack", "/c"))._frames_per_task() == 16
+    assert CaptionClips(cfg, split_long_videos=False)._frames_per_task() == 16

@@ -167,7 +167,7 @@ def filter_frames_dir(out_dir: str, pack_cfg=None) -> str:
         FileSystems.join(out_dir, "frame_cache")
 
 
-def plan_decode(element, n_frames: int, mode: str, max_frames_per_call: int, frame_cache: bool = False):
+def plan_decode(element, n_frames: int, mode: str, max_frames_per_call: int | None, frame_cache: bool = False):
     """``(video_id, {"videos": [...], "clips": [...]})`` -> DecodeTasks (or ``video_missing`` rejects).
 
     ``per_video``: consecutive clips in chunks of at most ``max_frames_per_call`` frames, so that a long video's
@@ -185,7 +185,12 @@ def plan_decode(element, n_frames: int, mode: str, max_frames_per_call: int, fra
             yield rejected(STAGE_FACTS, c["clip_id"], "video_missing",
                            f"no video record {vid} for clip {c['clip_id']}", video_id=vid)
         return
-    per = 1 if mode == "per_clip" else max(1, max_frames_per_call // n_frames)
+    if mode == "per_clip":
+        per = 1
+    elif max_frames_per_call is None:  # the whole video in one task (one pass; the decoder streams to disk)
+        per = len(clips)
+    else:
+        per = max(1, max_frames_per_call // n_frames)
     chunks = [clips[i:i + per] for i in range(0, len(clips), per)]
     if frame_cache and len(chunks) == 1:
         yield DecodeTask(videos[0], chunks[0], cache=True)
@@ -529,12 +534,13 @@ class CaptionClips(beam.PTransform):
     """
 
     def __init__(self, cfg: CaptionConfig, handler=None, frame_cache=None, keep_frames: bool = False,
-                 filter_frames=None):
+                 filter_frames=None, split_long_videos: bool = True):
         super().__init__()
         self.cfg = cfg
         self.frame_cache = frame_cache
         self.keep_frames = keep_frames or cfg.backend != "facts"
         self.filter_frames = filter_frames
+        self.split_long_videos = split_long_videos
         self.budget = frame_budget(cfg)
         self.info = model_info(cfg)
         self.prompt = prompt_name(cfg)
@@ -546,6 +552,14 @@ class CaptionClips(beam.PTransform):
             share_across_processes=cfg.model.share_across_processes or cfg.backend == "vllm",
             namespace="longreel_caption")
 
+    def _frames_per_task(self) -> int | None:
+        """Chunks spread a long video over workers; with one worker they only cost passes: when the same pass also
+        feeds the frame cache or the filter, the video stays one task (one decode) unless the run has workers to
+        spread it over."""
+        if not self.split_long_videos and (self.frame_cache is not None or self.filter_frames is not None):
+            return None
+        return self.cfg.frames.max_frames_per_call
+
     def expand(self, pcolls):
         from longreel.pipelines.stats import stage_counts, timing_pairs
 
@@ -555,7 +569,7 @@ class CaptionClips(beam.PTransform):
                     "clips": clips | "KeyClips" >> beam.Map(lambda c: (c["video_id"], c))}
                    | "ClipsPerVideo" >> beam.CoGroupByKey())
         tasks = grouped | "PlanDecode" >> beam.FlatMap(
-            plan_decode, cfg.frames.n, cfg.frames.decode, cfg.frames.max_frames_per_call,
+            plan_decode, cfg.frames.n, cfg.frames.decode, self._frames_per_task(),
             self.frame_cache is not None or self.filter_frames is not None).with_outputs(
             REJECTS, main=MAIN)
         decoded = (tasks[MAIN]
@@ -589,7 +603,7 @@ class CaptionClips(beam.PTransform):
 
 
 def add_caption_stage(p, videos_pcoll, clips_pcoll, out_dir: str, cfg: CaptionConfig, handler=None,
-                      pack_cfg=None, filter_cfg=None, gates=None) -> dict:
+                      pack_cfg=None, filter_cfg=None, gates=None, split_long_videos: bool = True) -> dict:
     """Add captioning to pipeline ``p``; write ``captions-*`` and ``clip_facts-*`` Parquet tables under ``out_dir``.
 
     ``pack_cfg`` (a PackConfig, when the run packs too): the caption's decode pass also builds the frame cache
@@ -604,6 +618,8 @@ def add_caption_stage(p, videos_pcoll, clips_pcoll, out_dir: str, cfg: CaptionCo
 
     ``gates`` (optional): ``gates(captions, frames) -> {"captions", "rejects", "counts"}``, applied before the
     ``captions`` table is written (the embedding gates: their per-caption fields land in that table).
+    ``split_long_videos=False`` (a run on one worker): a video whose pass also feeds the frame cache or the filter
+    is decoded in one task rather than in ``max_frames_per_call`` chunks plus a task of their own.
     """
     from longreel.pipelines.io.parquet_sink import WriteSortedParquet
 
@@ -616,7 +632,8 @@ def add_caption_stage(p, videos_pcoll, clips_pcoll, out_dir: str, cfg: CaptionCo
     if shares_filter_pass(cfg, filter_cfg):
         filter_frames = (filter_cfg, filter_frames_dir(out_dir, pack_cfg))
     out = {"videos": videos_pcoll, "clips": clips_pcoll} | "CaptionClips" >> CaptionClips(
-        cfg, handler, frame_cache, keep_frames=gates is not None, filter_frames=filter_frames)
+        cfg, handler, frame_cache, keep_frames=gates is not None, filter_frames=filter_frames,
+        split_long_videos=split_long_videos)
     if gates is not None:
         g = gates(out[MAIN], out["frames"])
         out = {**out, MAIN: g["captions"],
