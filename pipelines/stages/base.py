@@ -21,6 +21,14 @@ REJECTS = "rejects"
 log = logging.getLogger("longreel")
 
 
+class WorkerModel:
+    """A model or engine loaded once per worker process: ``apache_beam.utils.shared.Shared`` keeps only a weak
+    reference to what it hands out, and plain tuples, dicts and most engines cannot be weakly referenced."""
+
+    def __init__(self, value):
+        self.value = value
+
+
 def rejected(stage: str, key: str, reason: str, message: str, **kw) -> TaggedOutput:
     return TaggedOutput(REJECTS, reject(stage, key, reason, message, **kw))
 

@@ -21,7 +21,7 @@ from apache_beam.pvalue import TaggedOutput
 from longreel.pipelines.blind_config import BlindConfig
 from longreel.pipelines.compute import call_pairs
 from longreel.pipelines.gates import blind as G
-from longreel.pipelines.stages.base import MAIN, REJECTS, Progress, checked, rejected
+from longreel.pipelines.stages.base import MAIN, REJECTS, Progress, WorkerModel, checked, rejected
 from longreel.pipelines.stages.passrate import sample_passes
 from longreel.task.rewards import validate_reference
 
@@ -29,12 +29,6 @@ STAGE = G.STAGE
 SCORED, COUNTS = "scored", "counts"
 FAIL_REASONS = ("invalid_reference", "bad_question", "answerer_failed", "schema_violation")
 
-
-class _Loaded:
-    """The engine of a worker process (weak-referenceable, for shared.Shared)."""
-
-    def __init__(self, engine):
-        self.engine = engine
 
 
 class _BlindBatchFn(beam.DoFn):
@@ -49,10 +43,10 @@ class _BlindBatchFn(beam.DoFn):
     def _load(self):
         engine = self.engine_factory() if self.engine_factory else G.build_engine(self.cfg)
         engine.setup()
-        return _Loaded(engine)
+        return WorkerModel(engine)
 
     def setup(self):
-        self.engine = self._shared.acquire(self._load).engine
+        self.engine = self._shared.acquire(self._load).value
         self.progress = Progress(STAGE, "questions")
 
     def _prepare(self, q: dict):

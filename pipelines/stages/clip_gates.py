@@ -25,16 +25,12 @@ from apache_beam.pvalue import TaggedOutput
 from longreel.pipelines.embed_config import EmbedConfig
 from longreel.pipelines.gates import alignment as A
 from longreel.pipelines.gates.near_dup import greedy_near_duplicates, mean_embedding
-from longreel.pipelines.stages.base import MAIN, REJECTS, checked, rejected
+from longreel.pipelines.stages.base import MAIN, REJECTS, WorkerModel, checked, rejected
 
 ALIGN, DEDUP = A.STAGE, "clip_dedup"
 NEAR_DUPLICATE_CLIP = "near_duplicate_clip"
 COUNTS = "counts"
 
-
-class _Loaded:
-    def __init__(self, model):
-        self.model = model
 
 
 def clip_embedder(cfg: EmbedConfig):
@@ -54,10 +50,10 @@ class _WithClip(beam.DoFn):
     def _load(self):
         m = clip_embedder(self.cfg)
         m.setup()
-        return _Loaded(m)
+        return WorkerModel(m)
 
     def setup(self):
-        self.clip = self._shared.acquire(self._load).model
+        self.clip = self._shared.acquire(self._load).value
 
 
 class EmbedFrames(_WithClip):

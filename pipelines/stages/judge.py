@@ -17,15 +17,11 @@ from longreel.pipelines.compute import call_pairs
 from longreel.pipelines.gates import judge as J
 from longreel.pipelines.gates.engine import build_engine
 from longreel.pipelines.judge_config import JudgeConfig
-from longreel.pipelines.stages.base import MAIN, REJECTS, Progress, checked, rejected
+from longreel.pipelines.stages.base import MAIN, REJECTS, Progress, WorkerModel, checked, rejected
 
 STAGE = J.STAGE
 COUNTS = "counts"
 
-
-class _Loaded:
-    def __init__(self, engine):
-        self.engine = engine
 
 
 class _JudgeVideoFn(beam.DoFn):
@@ -38,10 +34,10 @@ class _JudgeVideoFn(beam.DoFn):
     def _load(self):
         engine = self.engine_factory() if self.engine_factory else build_engine(self.cfg)
         engine.setup()
-        return _Loaded(engine)
+        return WorkerModel(engine)
 
     def setup(self):
-        self.engine = self._shared.acquire(self._load).engine
+        self.engine = self._shared.acquire(self._load).value
         self.progress = Progress(STAGE, "questions")
 
     def process(self, element):

@@ -25,7 +25,7 @@ from longreel.pipelines.qra.generate import CONTEXT_STAGE, REFINE_STAGE, STAGE, 
 from longreel.pipelines.qra_config import QRAConfig
 from longreel.pipelines.resources import on_model_step
 from longreel.pipelines.stages.balance import BalanceOptions
-from longreel.pipelines.stages.base import MAIN, REJECTS, Progress, checked
+from longreel.pipelines.stages.base import MAIN, REJECTS, Progress, WorkerModel, checked
 
 log = logging.getLogger("longreel")
 
@@ -81,12 +81,6 @@ def build_counter(cfg: QRAConfig, backend):
         return TokenCounter("bytes")
 
 
-class _Loaded:
-    """The backend and token counter of a worker process (weak-referenceable, for shared.Shared)."""
-
-    def __init__(self, backend, counter):
-        self.backend, self.counter = backend, counter
-
 
 class _QRAVideoFn(beam.DoFn):
     def __init__(self, cfg: QRAConfig, backend_factory=None):
@@ -101,11 +95,11 @@ class _QRAVideoFn(beam.DoFn):
         backend = self.backend_factory() if self.backend_factory else build_backend(self.cfg)
         if backend is not None:
             backend.setup()
-        return _Loaded(backend, build_counter(self.cfg, backend))
+        return WorkerModel((backend, build_counter(self.cfg, backend)))
 
     def setup(self):
-        loaded = self._shared.acquire(self._load)
-        self.writer = VideoQRAWriter(self.cfg, loaded.backend, loaded.counter)
+        backend, counter = self._shared.acquire(self._load).value
+        self.writer = VideoQRAWriter(self.cfg, backend, counter)
         self.progress = Progress(STAGE, "videos")
 
     def process(self, element):

@@ -14,15 +14,11 @@ import apache_beam as beam
 
 from longreel.pipelines.embed_config import EmbedConfig
 from longreel.pipelines.gates.near_dup import greedy_near_duplicates
-from longreel.pipelines.stages.base import MAIN, REJECTS, rejected
+from longreel.pipelines.stages.base import MAIN, REJECTS, WorkerModel, rejected
 
 STAGE = "question_dedup"
 NEAR_DUPLICATE_QUESTION = "near_duplicate_question"
 
-
-class _Loaded:
-    def __init__(self, model):
-        self.model = model
 
 
 def sentence_embedder(cfg: EmbedConfig):
@@ -50,10 +46,10 @@ class DedupVideoQuestions(beam.DoFn):
     def _load(self):
         m = sentence_embedder(self.cfg)
         m.setup()
-        return _Loaded(m)
+        return WorkerModel(m)
 
     def setup(self):
-        self.model = self._shared.acquire(self._load).model
+        self.model = self._shared.acquire(self._load).value
 
     def process(self, element):
         _, rows = element
