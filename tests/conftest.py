@@ -1,5 +1,9 @@
+import contextlib
+import json
 import shutil
 import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -57,3 +61,31 @@ def display_rotated_copy(ffmpeg: str, src: Path, dest: Path, seconds: float = 3.
     except subprocess.CalledProcessError:
         pytest.skip(f"{ffmpeg} has no -display_rotation (ffmpeg < 6)")
     return dest
+
+
+@contextlib.contextmanager
+def chat_completions_server(reply):
+    """A local OpenAI-compatible endpoint: every POST body is recorded and answered with ``reply(body)`` (the
+    response document, status 200). Yields ``(base_url, bodies)``; the server stops on exit."""
+    bodies = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's name
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            bodies.append(body)
+            payload = json.dumps(reply(body)).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *a):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/v1", bodies
+    finally:
+        httpd.shutdown()

@@ -10,6 +10,7 @@ from longreel.pipelines.blind_config import BlindConfig
 from longreel.pipelines.gates import blind as G
 from longreel.pipelines.stages.passrate import sample_passes
 from longreel.schemas.config import ConfigError
+from conftest import chat_completions_server
 
 MC = {"qra_id": "q1", "video_id": "v1", "problem_type": "multiple_choice", "question": "Which colour dominates?",
       "options": ["red", "green", "blue", "grey"], "answer": "C"}
@@ -234,34 +235,16 @@ def test_smollm2_answers_under_the_schema_and_the_decision_follows_the_counts(tm
 def chat_server():
     """An OpenAI-compatible chat endpoint that answers each request's n samples with the option the request's
     own prompt shows for "blue" (so a question is text-answerable), and records the bodies."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    def reply(body):
+        opts = _option_lines(body["messages"])
+        letter = next((k for k, v in opts.items() if v == "blue"), "A")
+        content = json.dumps({"reasoning": "blue is a colour", "answer": letter if opts else "blue"})
+        return {"choices": [{"index": i, "message": {"content": content}, "finish_reason": "stop"}
+                            for i in range(body.get("n", 1))],
+                "usage": {"prompt_tokens": 30, "completion_tokens": 9 * body.get("n", 1)}}
 
-    bodies = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            bodies.append(body)
-            opts = _option_lines(body["messages"])
-            letter = next((k for k, v in opts.items() if v == "blue"), "A")
-            content = json.dumps({"reasoning": "blue is a colour", "answer": letter if opts else "blue"})
-            payload = json.dumps({"choices": [{"index": i, "message": {"content": content}, "finish_reason": "stop"}
-                                              for i in range(body.get("n", 1))],
-                                  "usage": {"prompt_tokens": 30, "completion_tokens": 9 * body.get("n", 1)}}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-
-        def log_message(self, *a):
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}/v1", bodies
-    httpd.shutdown()
+    with chat_completions_server(reply) as server:
+        yield server
 
 
 def test_openai_compatible_server_as_blind_answerer(chat_server, tmp_path, monkeypatch):

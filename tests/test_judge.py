@@ -9,6 +9,7 @@ from longreel.engines.base import Completion, Engine
 from longreel.pipelines.gates import judge as J
 from longreel.pipelines.judge_config import JudgeConfig
 from longreel.pipelines.qra.targets import make_target
+from conftest import chat_completions_server
 
 CAPTIONS = [{"clip_id": f"c{i}", "video_id": "v", "start_s": 10.0 * i, "end_s": 10.0 * (i + 1),
              "text": f"Scene {i}: a {colour} picture.", "backend": "facts", "model": "m", "prompt_hash": "h",
@@ -136,40 +137,18 @@ def test_smollm2_verdicts_parse_under_the_schema(tmp_path):
 
 
 def test_openai_compatible_server_as_judge(tmp_path, monkeypatch):
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
     from longreel.pipelines.cli_judge import run_judge
 
-    bodies = []
+    def reply(body):
+        return {"choices": [{"message": {"content": json.dumps(_verdict(multi=False))}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 50, "completion_tokens": 12}}
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            bodies.append(body)
-            payload = json.dumps({"choices": [{"message": {"content": json.dumps(_verdict(multi=False))},
-                                               "finish_reason": "stop"}],
-                                  "usage": {"prompt_tokens": 50, "completion_tokens": 12}}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-
-        def log_message(self, *a):
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        monkeypatch.setenv("OPENAI_API_KEY", "test")
+    monkeypatch.setenv("OPENAI_API_KEY", "test")
+    with chat_completions_server(reply) as (url, bodies):
         out = str(tmp_path / "out")
         _write(out, [_q("a"), _q("b", category="temporal")])
-        cfg = JudgeConfig(backend="openai", base_url=f"http://127.0.0.1:{httpd.server_address[1]}/v1",
-                          model="served")
+        cfg = JudgeConfig(backend="openai", base_url=url, model="served")
         doc = run_judge(out, cfg)
-    finally:
-        httpd.shutdown()
     assert len(bodies) == 2 and all(b["temperature"] == 0.0 for b in bodies)
     assert all(b["response_format"]["json_schema"]["schema"] == J.verdict_schema(cfg) for b in bodies)
     st = next(s for s in doc["stages"] if s["stage"] == "judge")

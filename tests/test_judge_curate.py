@@ -11,6 +11,7 @@ from longreel.pipelines.gates import judge as J
 from longreel.pipelines.judge_config import CurateJudgeConfig, JudgeConfig, follow_generator
 from longreel.pipelines.qra_config import QRAConfig
 from longreel.schemas.config import ConfigError
+from conftest import chat_completions_server
 from test_judge import ScriptedJudge, _verdict
 
 
@@ -114,35 +115,13 @@ def test_smollm2_judges_the_demo_corpus_in_curate(tmp_path):
 
 
 def test_openai_compatible_server_as_judge_in_curate(tmp_path, monkeypatch):
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    def reply(body):
+        return {"choices": [{"message": {"content": json.dumps(_verdict(follows=False))}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 50, "completion_tokens": 12}}
 
-    bodies = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            bodies.append(body)
-            payload = json.dumps({"choices": [{"message": {"content": json.dumps(_verdict(follows=False))},
-                                               "finish_reason": "stop"}],
-                                  "usage": {"prompt_tokens": 50, "completion_tokens": 12}}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-
-        def log_message(self, *a):
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        monkeypatch.setenv("OPENAI_API_KEY", "test")
-        url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    monkeypatch.setenv("OPENAI_API_KEY", "test")
+    with chat_completions_server(reply) as (url, bodies):
         out, stats = _curate(tmp_path, ["judge.backend=openai", f"judge.base_url={url}", "judge.model=served"])
-    finally:
-        httpd.shutdown()
     st = next(s for s in stats["stages"] if s["stage"] == "judge")
     assert len(bodies) == st["in"] > 0 and all(b["model"] == "served" for b in bodies)
     assert st["out"] == 0 and st["rejected"] == {J.UNSUPPORTED: st["in"]}
