@@ -24,7 +24,10 @@ graph, accumulates the features' gradient over the micro-batches and pushes it t
 (``cache.backward_vision()``, before gradients are reduced and stepped); ``recompute`` re-encodes once with grad in
 the update. With ``ppo_epochs > 1`` the tower changes between epochs, so ``deferred`` encodes afresh at the start
 of every later epoch. The reference (``beta > 0``) uses the policy's features when the tower is frozen (the same
-weights), else its own frozen cache (one reference tower pass per unique video per step).
+weights), else its own cache (``mrsp.frozen_cache.FrozenFeatureCache``: one reference tower pass per unique video per
+step, or per run while the video's features stay in the cross-step store, ``mrsp.frozen_cache_mb``; with a frozen
+policy tower the same store backs the policy's step cache). With ``beta == 0`` the
+reference is not loaded and no reference pass runs.
 
 Sequence parallelism (``mrsp.sp_size = S > 1``, torchrun): groups of ``S`` consecutive ranks take the same prompts
 (data-parallel size ``world / S``); each rank encodes its share of the frames (``make_sharded_encoder``; features
@@ -153,7 +156,7 @@ class GRPOTrainer:
                                       attn_implementation=cfg.model.attn_implementation,
                                       trust_remote_code=cfg.model.trust_remote_code)
             self.ref.eval().requires_grad_(False)
-        self.cache = self.ref_cache = None
+        self.cache = self.ref_cache = self.policy_store = None
         self.vision_mode = cfg.mrsp.resolved_vision(cfg.model.freeze_vision)
         if self.mrsp:
             self._init_mrsp()
@@ -167,6 +170,7 @@ class GRPOTrainer:
 
     def _init_mrsp(self) -> None:
         from longreel.trainer.mrsp.embed_cache import StepEmbedCache
+        from longreel.trainer.mrsp.frozen_cache import FrozenFeatureCache
         from longreel.trainer.mrsp.vision_shard import make_sharded_encoder
 
         s = self.sess
@@ -177,10 +181,19 @@ class GRPOTrainer:
                              "the MR-SP cache does not carry yet; set mrsp.enabled=false")
         group = s.info.sp_group
         sharded = (lambda m: make_sharded_encoder(m, group=group)) if s.info.sp_size > 1 else (lambda m: None)
-        self.cache = StepEmbedCache(s.model, vision=self.vision_mode, encoder=sharded(s.model))
+        budget = int(self.cfg.mrsp.frozen_cache_mb * 2 ** 20)
+        offload = self.cfg.mrsp.frozen_cache_offload
+        encoder = sharded(s.model)
+        if self.vision_mode == "frozen" and budget > 0:
+            # a frozen policy tower gives a video the same features every step: keep them across steps too
+            self.policy_store = FrozenFeatureCache(s.model, max_bytes=budget, offload=offload, encoder=encoder)
+            encoder = self.policy_store.encode
+        self.cache = StepEmbedCache(s.model, vision=self.vision_mode, encoder=encoder)
         if self.ref is not None and self.vision_mode != "frozen":
-            # a trained policy tower drifts from the reference's: the reference encodes the video itself, once
-            self.ref_cache = StepEmbedCache(self.ref, vision="frozen", encoder=sharded(self.ref))
+            # a trained policy tower drifts from the reference's: the reference encodes the video itself, once per
+            # step, or once per run while its features stay in the cross-step store (mrsp.frozen_cache_mb)
+            self.ref_cache = FrozenFeatureCache(self.ref, max_bytes=budget, offload=offload,
+                                                encoder=sharded(self.ref))
 
     def _logprobs(self, model, b: GroupBatch, rows: slice, features: Tensor) -> Tensor:
         """MR-SP log-probs of rows ``rows`` of group ``b`` from cached features and positions (identical on every
