@@ -29,6 +29,12 @@ Two text paths, measured separately (``text_path`` in the JSON):
   * ``reuse`` (stage 1): StepEmbedCache(vision="deferred"): the policy encodes once, the reference (a separate
     model) once: 2 passes, gradients still reach the tower;
   * ``reuse_frozen``: stage 1 with a frozen vision tower shared by policy and reference: 1 pass;
+  * (``--step-only``) ``no_reuse_per_pass_frozen``: the shared-prefill baseline with the tower frozen (the
+    like-for-like baseline of ``reuse_frozen``); ``*_store_cold`` / ``*_store_steady``: a frozen tower's features
+    (the reference's; the policy's when frozen) through the cross-step store ``frozen_cache.FrozenFeatureCache`` on a
+    video's first sight / when it recurs; ``*_store_prefix_*``: also the reference's video-prefix K/V through
+    ``ref_prefix.PrefixKVStore``. Steady-state stores live across the role's steps and are filled by the warm-up;
+    cold ones are new every step;
   * ``reuse_2ranks`` (2 gloo ranks): vision frames sharded across the ranks, rollouts split over the ranks
     (each rank prefills the prompt once for its rows), old/ref/update rows split over the ranks (each rank
     shares the prompt over its rows; sequence parallelism off);
@@ -295,18 +301,20 @@ def step_no_reuse(model, ref, x, resp, mask, adv, *, per_sequence: bool, text: s
 
 
 def step_reuse(model, ref, x, resp, mask, adv, *, vision: str, group=None, sp_min_tokens: int | None = None,
-               text: str = "per_sequence", grad_accum: int = 1, store=None) -> dict:
+               text: str = "per_sequence", grad_accum: int = 1, store=None, prefix_store=None) -> dict:
     """Stage 1 (one process) or with a ``group`` of 2 (sharded vision, rollouts split, log-prob rows split or
     sequence-parallel above ``sp_min_tokens``). Shared-prefix text path: the old log-probs come from the rollout's
     kept prompt state (the trainer takes them from the decode), and in one process the update runs the prompt
     once with grad for all its micro-batches (``reuse.PromptGraph``). ``store``: a cross-step
     ``frozen_cache.FrozenFeatureCache`` (as the trainer's ``mrsp.frozen_cache_mb``) for the reference's features
     (tower trained) or the frozen policy tower's (``vision="frozen"``); its digest and lookup are timed in the
-    phase that asks for the features."""
+    phase that asks for the features. ``prefix_store``: a ``ref_prefix.PrefixKVStore`` (one process) for the
+    reference's video-prefix K/V (``mrsp.ref_prefix_cache_mb``)."""
     import torch
 
     from longreel.trainer.mrsp.dist_ops import allreduce_grads_, gather_seq, world
     from longreel.trainer.mrsp.embed_cache import StepEmbedCache
+    from longreel.trainer.mrsp.frozen_cache import pixel_digest
     from longreel.trainer.mrsp.reuse import PromptGraph, build_inputs_embeds
     from longreel.trainer.mrsp.sp_prefill import _split, prefill_logprobs
     from longreel.trainer.mrsp.vision_shard import make_sharded_encoder
@@ -354,7 +362,12 @@ def step_reuse(model, ref, x, resp, mask, adv, *, vision: str, group=None, sp_mi
         del state
         t2 = _clock()
         ref_feats = ref_cache.features("video", pv, grid)
-        prefill_logprobs(ref, prompt, resp, mask, features=ref_feats, positions=pos, **kw)
+        if prefix_store is not None:
+            cid = (ref_cache.content_id("video", pv, grid) if hasattr(ref_cache, "content_id")
+                   else pixel_digest(pv, grid))
+            prefix_store.logprobs(cid, prompt, resp, mask, features=ref_feats, positions=pos)
+        else:
+            prefill_logprobs(ref, prompt, resp, mask, features=ref_feats, positions=pos, **kw)
         t3 = _clock()
     batches = _micro_batches(g, grad_accum) if size == 1 else [slice(0, g)]
     graph = (PromptGraph(model, prompt, cache.update_features("video"), pos)
@@ -389,10 +402,15 @@ def role_step(args) -> None:
     video_patches = int(x["video_grid_thw"].prod())
     text = args.text
     from longreel.trainer.mrsp.frozen_cache import FrozenFeatureCache
+    from longreel.trainer.mrsp.ref_prefix import PrefixKVStore
 
-    budget = 1 << 30  # far above one video's features: the store never evicts here
-    steady_ref = FrozenFeatureCache(ref, max_bytes=budget)       # lives across the steps: filled by the warm-up
-    steady_frozen = FrozenFeatureCache(model, max_bytes=budget)  # round, every measured step is a hit
+    budget = 1 << 30  # far above one video's features or prefix K/V: the stores never evict here
+    steady_ref = FrozenFeatureCache(ref, max_bytes=budget)       # these live across the steps: filled by the
+    steady_frozen = FrozenFeatureCache(model, max_bytes=budget)  # warm-up round, every measured step is a hit
+    steady_ref2 = FrozenFeatureCache(ref, max_bytes=budget)
+    steady_frozen2 = FrozenFeatureCache(model, max_bytes=budget)
+    steady_prefix = PrefixKVStore(ref, max_bytes=budget)
+    steady_prefix_frozen = PrefixKVStore(ref, max_bytes=budget)
     every = {
         "no_reuse_per_sequence": lambda r, m, a: step_no_reuse(model, ref, x, r, m, a, per_sequence=True,
                                                                text=text),
@@ -407,6 +425,16 @@ def role_step(args) -> None:
         # steady state: the video recurs, its reference features are in the store (digest + lookup)
         "reuse_store_steady": lambda r, m, a: step_reuse(model, ref, x, r, m, a, vision="deferred", text=text,
                                                          grad_accum=args.grad_accum, store=steady_ref),
+        # + the reference's video-prefix K/V store: cold (a new one: prefix computed and stored) and steady
+        "reuse_store_prefix_cold": lambda r, m, a: step_reuse(
+            model, ref, x, r, m, a, vision="deferred", text=text, grad_accum=args.grad_accum,
+            store=FrozenFeatureCache(ref, max_bytes=budget), prefix_store=PrefixKVStore(ref, max_bytes=budget)),
+        "reuse_store_prefix_steady": lambda r, m, a: step_reuse(
+            model, ref, x, r, m, a, vision="deferred", text=text, grad_accum=args.grad_accum, store=steady_ref2,
+            prefix_store=steady_prefix),
+        "reuse_frozen_store_prefix_steady": lambda r, m, a: step_reuse(
+            model, ref, x, r, m, a, vision="frozen", text=text, grad_accum=args.grad_accum, store=steady_frozen2,
+            prefix_store=steady_prefix_frozen),
         "reuse_frozen_store_cold": lambda r, m, a: step_reuse(model, ref, x, r, m, a, vision="frozen", text=text,
                                                               grad_accum=args.grad_accum,
                                                               store=FrozenFeatureCache(model, max_bytes=budget)),
@@ -542,7 +570,8 @@ def role_mem(args) -> None:
 # ------------------------------------------------------------------------------------- --step-only report
 STEP_ONLY_VARIANTS = ",".join([
     "no_reuse_per_request", "no_reuse_per_pass", "reuse", "reuse_store_cold", "reuse_store_steady",
-    "no_reuse_per_pass_frozen", "reuse_frozen", "reuse_frozen_store_cold", "reuse_frozen_store_steady"])
+    "reuse_store_prefix_cold", "reuse_store_prefix_steady", "no_reuse_per_pass_frozen", "reuse_frozen",
+    "reuse_frozen_store_cold", "reuse_frozen_store_steady", "reuse_frozen_store_prefix_steady"])
 
 LONG_RL_NOTE = (
     "Long-RL (Chen et al., 'Scaling RL to Long Videos', arXiv 2507.07966; github.com/NVlabs/Long-RL) reports MR-SP "
@@ -564,21 +593,22 @@ def step_only_result(steps: dict, args, step_inputs: dict, command: str) -> dict
         return round(steps[a][key] / steps[b][key], 3)
 
     base, base_f = "no_reuse_per_pass", "no_reuse_per_pass_frozen"
-    cold, steady = steps["reuse_store_cold"], steps["reuse_store_steady"]
-    six = {k: (cold[k] + 5 * steady[k]) / 6 for k in ("total", "cpu_total")}  # 6 questions on one video
-    trained = {"reuse_vs_no_reuse_per_pass": r(base, "reuse"),
-               "reuse_store_cold_vs_no_reuse_per_pass": r(base, "reuse_store_cold"),
-               "reuse_store_steady_vs_no_reuse_per_pass": r(base, "reuse_store_steady"),
-               "six_questions_per_video_vs_no_reuse_per_pass": round(steps[base]["total"] / six["total"], 3)}
-    trained_cpu = {"reuse_vs_no_reuse_per_pass": r(base, "reuse", "cpu_total"),
-                   "reuse_store_cold_vs_no_reuse_per_pass": r(base, "reuse_store_cold", "cpu_total"),
-                   "reuse_store_steady_vs_no_reuse_per_pass": r(base, "reuse_store_steady", "cpu_total"),
-                   "six_questions_per_video_vs_no_reuse_per_pass": round(steps[base]["cpu_total"]
-                                                                         / six["cpu_total"], 3)}
-    frozen = {"reuse_frozen_vs_no_reuse_per_pass_frozen": r(base_f, "reuse_frozen"),
-              "reuse_frozen_store_cold_vs_no_reuse_per_pass_frozen": r(base_f, "reuse_frozen_store_cold"),
-              "reuse_frozen_store_steady_vs_no_reuse_per_pass_frozen": r(base_f, "reuse_frozen_store_steady")}
-    frozen_cpu = {k: round(steps[base_f]["cpu_total"] / steps[k.split("_vs_")[0]]["cpu_total"], 3) for k in frozen}
+
+    def six(cold: str, steady: str, key: str) -> float:  # 6 questions on one video: 1 cold step, 5 steady
+        return round(steps[base][key] / ((steps[cold][key] + 5 * steps[steady][key]) / 6), 3)
+
+    def table(key: str) -> tuple[dict, dict]:
+        trained = {f"{v}_vs_{base}": r(base, v, key) for v in (
+            "reuse", "reuse_store_cold", "reuse_store_steady", "reuse_store_prefix_cold", "reuse_store_prefix_steady")}
+        trained["six_questions_per_video_store_vs_" + base] = six("reuse_store_cold", "reuse_store_steady", key)
+        trained["six_questions_per_video_store_prefix_vs_" + base] = six("reuse_store_prefix_cold",
+                                                                          "reuse_store_prefix_steady", key)
+        frozen = {f"{v}_vs_{base_f}": r(base_f, v, key) for v in (
+            "reuse_frozen", "reuse_frozen_store_cold", "reuse_frozen_store_steady", "reuse_frozen_store_prefix_steady")}
+        return trained, frozen
+
+    trained, frozen = table("total")
+    trained_cpu, frozen_cpu = table("cpu_total")
     return {
         "benchmark": "mrsp (--step-only: the shared-prefix GRPO-step variants)",
         "command": command,
@@ -598,6 +628,13 @@ def step_only_result(steps: dict, args, step_inputs: dict, command: str) -> dict
                                 "first sight (pixel digest + encode + store): 2 passes",
             "reuse_store_steady": "as reuse, in a step where the video recurs: the reference's features come from "
                                   "the cross-step store (pixel digest + lookup): 1 pass",
+            "reuse_store_prefix_cold": "as reuse_store_cold, and the reference's prompt run as video prefix (K/V "
+                                       "stored) + the rest, on a video's first sight: 2 passes",
+            "reuse_store_prefix_steady": "as reuse_store_steady, and the reference's video-prefix K/V from the "
+                                         "cross-step store (ref_prefix.PrefixKVStore): the reference runs only the "
+                                         "question, the generation prompt and the responses: 1 pass",
+            "reuse_frozen_store_prefix_steady": "as reuse_frozen_store_steady, and the reference's video-prefix K/V "
+                                                "from the store: 0 passes",
             "no_reuse_per_pass_frozen": "tower frozen; the shared-prefill baseline: 4 tower passes, no tower "
                                         "backward",
             "reuse_frozen": "tower frozen; stage 1: one pass serves policy and reference",
@@ -619,13 +656,9 @@ def step_only_result(steps: dict, args, step_inputs: dict, command: str) -> dict
                                    "store still holds the video at its later questions (store size vs. the "
                                    "sampler's reuse distance; with a shuffled sampler over thousands of videos a "
                                    "bounded store rarely does)",
-        "targets": {
-            "stage1_ge_1_5_tower_trained_cold": trained["reuse_store_cold_vs_no_reuse_per_pass"] >= 1.5,
-            "stage1_ge_1_5_tower_trained_steady": trained["reuse_store_steady_vs_no_reuse_per_pass"] >= 1.5,
-            "stage1_ge_1_5_tower_frozen": frozen["reuse_frozen_vs_no_reuse_per_pass_frozen"] >= 1.5,
-            "stage1_ge_1_5_tower_trained_cold_cpu": trained_cpu["reuse_store_cold_vs_no_reuse_per_pass"] >= 1.5,
-            "stage1_ge_1_5_tower_trained_steady_cpu": trained_cpu["reuse_store_steady_vs_no_reuse_per_pass"] >= 1.5,
-            "stage1_ge_1_5_tower_frozen_cpu": frozen_cpu["reuse_frozen_vs_no_reuse_per_pass_frozen"] >= 1.5},
+        "targets": {f"{k}_ge_1_5{suffix}": v >= 1.5 for suffix, tables in (("", (trained, frozen)),
+                                                                         ("_cpu", (trained_cpu, frozen_cpu)))
+                    for t in tables for k, v in t.items()},
         "long_rl_note": LONG_RL_NOTE,
     }
 

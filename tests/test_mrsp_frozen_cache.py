@@ -120,7 +120,7 @@ def test_the_store_is_bounded_least_recently_used_first(setup):
 
 
 # ------------------------------------------------------------------------------------ in the GRPO trainer
-def _two_steps(model: str, items, out: Path, cache_mb: float, vision: str):
+def _two_steps(model: str, items, out: Path, cache_mb: float, vision: str, prefix_mb: float = 0):
     import longreel.trainer.grpo as grpo
     from longreel.schemas.config import load_yaml
     from longreel.trainer.config import TrainConfig
@@ -130,6 +130,7 @@ def _two_steps(model: str, items, out: Path, cache_mb: float, vision: str):
         "run.tensorboard=false", "run.threads=1", "run.seed=11", "data.batch_size=3", "data.shuffle=false",
         "rollout.n=4", "rollout.max_new_tokens=8", "optim.grad_accum=2", "grpo.mix_policy=true", "grpo.beta=0.05",
         "optim.lr=1e-3", "mrsp.enabled=true", f"mrsp.vision={vision}", f"mrsp.frozen_cache_mb={cache_mb}",
+        f"mrsp.ref_prefix_cache_mb={prefix_mb}",
         *(["model.freeze_vision=true"] if vision == "frozen" else [])])
     tr = grpo.GRPOTrainer(cfg, items=items)
     metrics, calls = [], []
@@ -138,6 +139,8 @@ def _two_steps(model: str, items, out: Path, cache_mb: float, vision: str):
             with VisionCallCounter(tr.sess.model) as pol, VisionCallCounter(tr.ref) as ref:
                 metrics.append(tr.step())
             calls.append((pol.calls, ref.calls))
+            if tr.ref_prefix is not None:  # (misses, hits) of the reference's prefix store so far
+                calls.append((tr.ref_prefix.misses, tr.ref_prefix.hits))
         weights = {k: v.detach().clone() for k, v in tr.sess.model.state_dict().items()}
     finally:
         tr.engine.close()
@@ -162,3 +165,23 @@ def test_grpo_with_the_cross_step_cache_equals_grpo_without_it(tmp_path, shared_
             assert a[k] == b[k], (k, a[k], b[k])
     assert m_on[1]["kl"] != 0  # the policy moved in step 1: the KL term, which the reference feeds, is live
     assert w_on.keys() == w_off.keys() and all(torch.equal(w_on[k], w_off[k]) for k in w_on)
+
+
+def test_grpo_with_the_reference_prefix_store_matches_grpo_without_it(tmp_path, shared_videos):
+    """The reference's video-prefix K/V from the store: the run's metrics and weights within fp32 rounding of the
+    plain MR-SP run (two forwards for the prompt instead of one), the prefix computed once per video."""
+    from grpo_mrsp_worker import video_items
+
+    tiny = build_tiny_qwen2vl(tmp_path / "tiny", seed=0)
+    items = video_items(shared_videos)
+    m_on, calls_on, w_on = _two_steps(tiny, items, tmp_path / "on", 64, "deferred", prefix_mb=64)
+    m_off, _, w_off = _two_steps(tiny, items, tmp_path / "off", 0, "deferred")
+    # step 1: vtest's two questions share one prefix (1 miss, 1 hit), tree misses; step 2: all three hit
+    assert calls_on == [(2, 2), (2, 1), (2, 0), (2, 4)], calls_on
+    for a, b in zip(m_on, m_off):
+        assert a["reward_mean"] == b["reward_mean"]
+        for k in ("loss", "kl", "grad_norm"):
+            assert abs(a[k] - b[k]) <= 1e-5 * max(1.0, abs(b[k])), (k, a[k], b[k])
+    assert m_on[1]["kl"] != 0
+    worst = max(float((w_on[k] - w_off[k]).abs().max()) for k in w_on)
+    assert worst <= 1e-5, worst

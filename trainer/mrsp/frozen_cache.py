@@ -72,7 +72,7 @@ class FrozenFeatureCache:
         self.max_bytes = int(max_bytes)
         self.offload = offload
         self.encoder: Encoder = encoder or (lambda pv, grid: encode_video_features(model, pv, grid))
-        self._step: dict[str, tuple[tuple, Tensor]] = {}     # name key -> (cheap fingerprint, features)
+        self._step: dict[str, tuple] = {}  # name key -> (cheap fingerprint, features, pixel digest or None)
         self._store: OrderedDict[str, Tensor] = OrderedDict()  # pixel digest -> features (LRU order)
         self.nbytes = 0
         self.encodes = self.hits = self.store_hits = 0
@@ -96,30 +96,37 @@ class FrozenFeatureCache:
         if seen is not None and seen[0] == fp:
             self.hits += 1
             return seen[1]
-        feats = self._lookup(pixel_values_videos, video_grid_thw)
-        self._step[key] = (fp, feats)
+        feats, digest = self._lookup(pixel_values_videos, video_grid_thw)
+        self._step[key] = (fp, feats, digest)
         return feats
+
+    def content_id(self, key: str, pixel_values_videos: Tensor, video_grid_thw: Tensor) -> str:
+        """The pixel digest of the video cached under ``key`` this step (hashed now if the store is off)."""
+        seen = self._step.get(key)
+        if seen is not None and seen[2] is not None and seen[0] == _fingerprint(pixel_values_videos, video_grid_thw):
+            return seen[2]
+        return pixel_digest(pixel_values_videos, video_grid_thw)
 
     def encode(self, pixel_values_videos: Tensor, video_grid_thw: Tensor) -> Tensor:
         """``encoder``-shaped lookup by pixel digest alone (for a ``StepEmbedCache`` in ``frozen`` mode, which
         already encodes each video once per step): the stored features, or the tower's (then stored)."""
-        return self._lookup(pixel_values_videos, video_grid_thw)
+        return self._lookup(pixel_values_videos, video_grid_thw)[0]
 
-    def _lookup(self, pixel_values_videos: Tensor, video_grid_thw: Tensor) -> Tensor:
+    def _lookup(self, pixel_values_videos: Tensor, video_grid_thw: Tensor) -> tuple[Tensor, str | None]:
         digest = pixel_digest(pixel_values_videos, video_grid_thw) if self.max_bytes > 0 else None
         stored = self._store.get(digest) if digest is not None else None
         if stored is not None:
             self._store.move_to_end(digest)
             self.store_hits += 1
             self.total_store_hits += 1
-            return stored.to(pixel_values_videos.device)
+            return stored.to(pixel_values_videos.device), digest
         with torch.no_grad():
             feats = self.encoder(pixel_values_videos, video_grid_thw).detach()
         self.encodes += 1
         self.total_encodes += 1
         if digest is not None:
             self._put(digest, feats)
-        return feats
+        return feats, digest
 
     def _put(self, digest: str, feats: Tensor) -> None:
         size = feats.numel() * feats.element_size()
