@@ -26,8 +26,9 @@ the update. With ``ppo_epochs > 1`` the tower changes between epochs, so ``defer
 of every later epoch. The reference (``beta > 0``) uses the policy's features when the tower is frozen (the same
 weights), else its own cache (``mrsp.frozen_cache.FrozenFeatureCache``: one reference tower pass per unique video per
 step, or per run while the video's features stay in the cross-step store, ``mrsp.frozen_cache_mb``; with a frozen
-policy tower the same store backs the policy's step cache). With ``beta == 0`` the
-reference is not loaded and no reference pass runs.
+policy tower the same store backs the policy's step cache); with ``mrsp.ref_prefix_cache_mb`` the reference's K/V of
+each prompt's video prefix are kept across steps too (``mrsp.ref_prefix.PrefixKVStore``, one process). With
+``beta == 0`` the reference is not loaded and no reference pass runs.
 
 Sequence parallelism (``mrsp.sp_size = S > 1``, torchrun): groups of ``S`` consecutive ranks take the same prompts
 (data-parallel size ``world / S``); each rank encodes its share of the frames (``make_sharded_encoder``; features
