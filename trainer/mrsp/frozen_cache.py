@@ -3,10 +3,11 @@ its tower is frozen.
 
 The reference model never trains, so its vision tower maps a video to the same features at every step (so does a
 frozen policy tower). A step cache (:class:`~longreel.trainer.mrsp.embed_cache.StepEmbedCache`) forgets them at
-``begin_step``: with the policy's tower trained that is one reference tower pass per unique video per step (about
-60% of the reference phase's time in benchmarks/results/mrsp_stage1.json). Data sets ask several
-questions about one video (LongVideo-Reason: ~6 per video), so a video can recur in a later step and its features
-be reused as they are: the values the tower would compute again, bitwise (tests/test_mrsp_frozen_cache.py).
+``begin_step``: with the policy's tower trained that is one reference tower pass per unique video per step (over
+half the reference phase: 0.75 s -> 0.33 s per step from the store, benchmarks/results/mrsp_stage1_v2.json).
+Data sets ask several questions about one video (LongVideo-Reason: ~6 per video), so a video can recur in a later
+step and its features be reused as they are: the values the tower would compute again, bitwise
+(tests/test_mrsp_frozen_cache.py).
 
 :class:`FrozenFeatureCache` keys entries by a digest of the pixels themselves (the video's content id), not by the
 item's name: two clips under one ``video_id`` never share an entry, and a video seen under two names does. The
