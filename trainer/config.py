@@ -152,6 +152,24 @@ class MRSPConfig(ConfigModel):
                                    "sequence-parallel across the SP group; shorter ones split the G rows over it. "
                                    "The default is the CPU crossover measured by benchmarks/mrsp.py.")
 
+    frozen_cache_mb: float = cfg(0.0, "Video features of frozen towers kept across steps (MB; 0: off): the "
+                                      "reference's (its tower never trains) and, with mrsp.vision=frozen, the "
+                                      "policy's. A video that recurs in a later step (several questions per video) "
+                                      "reuses its features bitwise instead of another tower pass. Entries are keyed "
+                                      "by a digest of the pixels (a pass over the pixel bytes per video per step), "
+                                      "least recently used evicted first (trainer.mrsp.frozen_cache). Pays only "
+                                      "when videos recur within the cache's reach.")
+    ref_prefix_cache_mb: float = cfg(0.0, "Reference-model K/V of each prompt's video prefix (the template text and "
+                                          "the video, before the question) kept across steps (MB; 0: off; one "
+                                          "process, not under mrsp.sp_size > 1). The reference then runs only the "
+                                          "question, the generation prompt and the responses for a video seen "
+                                          "before, under any question (trainer.mrsp.ref_prefix); log-probs equal "
+                                          "the one-pass prompt's within fp32 rounding. Per prefix token: layers x 2 "
+                                          "x KV heads x head dim values (a 7B Qwen2-VL: 56 KiB in bf16).")
+    frozen_cache_offload: bool = cfg(True, "Keep the mrsp.frozen_cache_mb and mrsp.ref_prefix_cache_mb stores in host "
+                                           "memory (entries are copied back to the device on a hit); false: on the "
+                                           "model's device.")
+
     def resolved_vision(self, freeze_vision: bool) -> str:
         """The vision mode the update runs: ``model.freeze_vision`` implies ``frozen``."""
         if self.vision == "auto":
@@ -207,6 +225,8 @@ class TrainConfig(ConfigModel):
         need(self.sft.max_items >= 0 and self.sft.epochs >= 1, "sft.max_items >= 0 and sft.epochs >= 1")
         need(self.mrsp.sp_size >= 1, "mrsp.sp_size must be >= 1")
         need(self.mrsp.sp_min_tokens >= 1, "mrsp.sp_min_tokens must be >= 1")
+        need(self.mrsp.frozen_cache_mb >= 0, "mrsp.frozen_cache_mb must be >= 0")
+        need(self.mrsp.ref_prefix_cache_mb >= 0, "mrsp.ref_prefix_cache_mb must be >= 0")
         need(self.mrsp.enabled or self.mrsp.sp_size == 1, "mrsp.sp_size > 1 needs mrsp.enabled=true")
         need(not (self.mrsp.vision == "frozen" and not self.model.freeze_vision),
              "mrsp.vision=frozen trains no vision tower: set model.freeze_vision=true too (or use deferred)")

@@ -24,7 +24,11 @@ graph, accumulates the features' gradient over the micro-batches and pushes it t
 (``cache.backward_vision()``, before gradients are reduced and stepped); ``recompute`` re-encodes once with grad in
 the update. With ``ppo_epochs > 1`` the tower changes between epochs, so ``deferred`` encodes afresh at the start
 of every later epoch. The reference (``beta > 0``) uses the policy's features when the tower is frozen (the same
-weights), else its own frozen cache (one reference tower pass per unique video per step).
+weights), else its own cache (``mrsp.frozen_cache.FrozenFeatureCache``: one reference tower pass per unique video per
+step, or per run while the video's features stay in the cross-step store, ``mrsp.frozen_cache_mb``; with a frozen
+policy tower the same store backs the policy's step cache); with ``mrsp.ref_prefix_cache_mb`` the reference's K/V of
+each prompt's video prefix are kept across steps too (``mrsp.ref_prefix.PrefixKVStore``, one process). With
+``beta == 0`` the reference is not loaded and no reference pass runs.
 
 Sequence parallelism (``mrsp.sp_size = S > 1``, torchrun): groups of ``S`` consecutive ranks take the same prompts
 (data-parallel size ``world / S``); each rank encodes its share of the frames (``make_sharded_encoder``; features
@@ -153,7 +157,7 @@ class GRPOTrainer:
                                       attn_implementation=cfg.model.attn_implementation,
                                       trust_remote_code=cfg.model.trust_remote_code)
             self.ref.eval().requires_grad_(False)
-        self.cache = self.ref_cache = None
+        self.cache = self.ref_cache = self.policy_store = self.ref_prefix = None
         self.vision_mode = cfg.mrsp.resolved_vision(cfg.model.freeze_vision)
         if self.mrsp:
             self._init_mrsp()
@@ -167,6 +171,7 @@ class GRPOTrainer:
 
     def _init_mrsp(self) -> None:
         from longreel.trainer.mrsp.embed_cache import StepEmbedCache
+        from longreel.trainer.mrsp.frozen_cache import FrozenFeatureCache
         from longreel.trainer.mrsp.vision_shard import make_sharded_encoder
 
         s = self.sess
@@ -177,10 +182,24 @@ class GRPOTrainer:
                              "the MR-SP cache does not carry yet; set mrsp.enabled=false")
         group = s.info.sp_group
         sharded = (lambda m: make_sharded_encoder(m, group=group)) if s.info.sp_size > 1 else (lambda m: None)
-        self.cache = StepEmbedCache(s.model, vision=self.vision_mode, encoder=sharded(s.model))
+        budget = int(self.cfg.mrsp.frozen_cache_mb * 2 ** 20)
+        offload = self.cfg.mrsp.frozen_cache_offload
+        encoder = sharded(s.model)
+        if self.vision_mode == "frozen" and budget > 0:
+            # a frozen policy tower gives a video the same features every step: keep them across steps too
+            self.policy_store = FrozenFeatureCache(s.model, max_bytes=budget, offload=offload, encoder=encoder)
+            encoder = self.policy_store.encode
+        self.cache = StepEmbedCache(s.model, vision=self.vision_mode, encoder=encoder)
         if self.ref is not None and self.vision_mode != "frozen":
-            # a trained policy tower drifts from the reference's: the reference encodes the video itself, once
-            self.ref_cache = StepEmbedCache(self.ref, vision="frozen", encoder=sharded(self.ref))
+            # a trained policy tower drifts from the reference's: the reference encodes the video itself, once per
+            # step, or once per run while its features stay in the cross-step store (mrsp.frozen_cache_mb)
+            self.ref_cache = FrozenFeatureCache(self.ref, max_bytes=budget, offload=offload,
+                                                encoder=sharded(self.ref))
+        prefix_budget = int(self.cfg.mrsp.ref_prefix_cache_mb * 2 ** 20)
+        if self.ref is not None and prefix_budget > 0 and s.info.sp_size == 1:
+            from longreel.trainer.mrsp.ref_prefix import PrefixKVStore
+
+            self.ref_prefix = PrefixKVStore(self.ref, max_bytes=prefix_budget, offload=offload)
 
     def _logprobs(self, model, b: GroupBatch, rows: slice, features: Tensor) -> Tensor:
         """MR-SP log-probs of rows ``rows`` of group ``b`` from cached features and positions (identical on every
@@ -190,6 +209,21 @@ class GRPOTrainer:
         return prefill_logprobs(model, b.prompt.input_ids, b.response_ids[rows], b.response_mask[rows],
                                 features=features, positions=b.positions, temperature=self.cfg.rollout.temperature,
                                 group=self.sess.info.sp_group, sp_min_tokens=self.cfg.mrsp.sp_min_tokens)
+
+    def _ref_logprobs(self, b: GroupBatch, rows: slice, features: Tensor) -> Tensor:
+        """MR-SP reference log-probs; with ``mrsp.ref_prefix_cache_mb`` the prompt's video prefix K/V come from the
+        cross-step store (``mrsp.ref_prefix.PrefixKVStore``), else the prompt is prefilled here."""
+        from longreel.trainer.mrsp.frozen_cache import pixel_digest
+        from longreel.trainer.mrsp.ref_prefix import video_prefix_length
+
+        p = b.prompt
+        if self.ref_prefix is None or not 0 < video_prefix_length(self.ref, p.input_ids) < p.input_ids.shape[1]:
+            return self._logprobs(self.ref, b, rows, features)
+        cid = (self.ref_cache.content_id(b.video_key, p.pixel_values_videos, p.video_grid_thw)
+               if self.ref_cache is not None else pixel_digest(p.pixel_values_videos, p.video_grid_thw))
+        return self.ref_prefix.logprobs(cid, p.input_ids, b.response_ids[rows], b.response_mask[rows],
+                                        features=features, positions=b.positions,
+                                        temperature=self.cfg.rollout.temperature)
 
     def _prompt_graph(self, b: GroupBatch):
         """MR-SP on one rank: the group's prompt run once with grad for all its micro-batches
@@ -359,7 +393,7 @@ class GRPOTrainer:
                     # frozen tower: the policy's features are the reference's (same weights, never trained)
                     ref_feats = b.embeds.features if self.ref_cache is None else self.ref_cache.features(
                         b.video_key, b.prompt.pixel_values_videos, b.prompt.video_grid_thw)
-                    b.ref_logp = self._logprobs(self.ref, b, every, ref_feats)
+                    b.ref_logp = self._ref_logprobs(b, every, ref_feats)
                 elif self.ref is not None:
                     ref_emb = encode_video(self.ref, b.prompt)
                     b.ref_logp = sequence_logprobs(self.ref, b.prompt, b.response_ids, b.response_mask,

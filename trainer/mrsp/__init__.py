@@ -12,6 +12,10 @@ Stage 1 (embedding reuse): each unique video of a GRPO step goes through the vis
 (:mod:`~longreel.trainer.positions`) are reused by every rollout, the old-policy and reference log-probs and the
 update (:mod:`~longreel.trainer.mrsp.reuse`).
 
+Across steps (opt-in, for data that asks several questions per video): a frozen tower's features (the reference's;
+the policy's when frozen) are kept by :class:`~longreel.trainer.mrsp.frozen_cache.FrozenFeatureCache` keyed by pixel
+digest, and the reference's K/V of a prompt's video prefix by :class:`~longreel.trainer.mrsp.ref_prefix.PrefixKVStore`.
+
 Stage 2 (sequence-parallel prefill): :func:`~longreel.trainer.mrsp.sp_prefill.sp_response_logprobs` splits the gathered
 input embeddings along the sequence across ranks, with exact causal attention over all-gathered K/V;
 :func:`~longreel.trainer.mrsp.sp_prefill.prefill_logprobs` switches it on above a length threshold, by default as
