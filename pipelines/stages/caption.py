@@ -36,11 +36,11 @@ import time
 from dataclasses import dataclass
 
 import apache_beam as beam
-from apache_beam.ml.inference.base import PredictionResult, RunInference
 from apache_beam.pvalue import TaggedOutput
 
 from longreel.pipelines.caption_config import CaptionConfig
 from longreel.pipelines.inference.base import GenerationParams, ModelInfo, Request, fit_pixels, weights_revision
+from longreel.pipelines.inference.beam_ml import PredictionResult, RunInference
 from longreel.pipelines.inference.degenerate import degenerate_reason
 from longreel.pipelines.compute import call_pairs
 from longreel.pipelines.inference.handler import ClientSpec, GenerationModelHandler

@@ -52,9 +52,9 @@ import tempfile
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.ml.inference.base import RunInference
 
 from longreel.pipelines.compute import call_pairs
+from longreel.pipelines.inference.beam_ml import RunInference
 from longreel.pipelines.filter_config import FilterConfig
 from longreel.pipelines.passrate.answerers import AnswererHandler, make_handler, question_seed
 from longreel.pipelines.resources import on_model_step
