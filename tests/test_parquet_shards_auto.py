@@ -134,3 +134,21 @@ def test_tables_written_together_are_the_files_written_alone(tmp_path, workers):
         assert got == files, name
     assert len(alone["sized"]) == 5 and len(alone["fixed"]) == 3 and len(alone["empty"]) == 1
     assert (together / "fixed" / "clips-00000-of-00001.parquet").read_bytes() == b"another table"
+
+
+def test_tables_with_fixed_counts_only(tmp_path):
+    """No table follows its size (every count given): no sizing pass, and an empty table still gets its file."""
+    rows = _rows(30)
+    p = make_pipeline([], workers=1)
+    p | beam.Create(rows) | WriteSortedParquet(str(tmp_path / "alone"), "rejects", "reject", 2)
+    p.run().wait_until_finish()
+    p = make_pipeline([], workers=1)
+    {"a": p | "A" >> beam.Create(rows), "b": p | "B" >> beam.Create([])} | WriteTables(
+        {"a": TableSpec(str(tmp_path / "a"), "rejects", "reject", 2),
+         "b": TableSpec(str(tmp_path / "b"), "rejects", "reject", 1)})
+    p.run().wait_until_finish()
+    alone = sorted(os.listdir(tmp_path / "alone"))
+    assert alone == sorted(os.listdir(tmp_path / "a")) and len(alone) == 2
+    assert all((tmp_path / "a" / f).read_bytes() == (tmp_path / "alone" / f).read_bytes() for f in alone)
+    assert os.listdir(tmp_path / "b") == ["rejects-00000-of-00001.parquet"]
+    assert read_table(str(tmp_path / "b"), "rejects").num_rows == 0
