@@ -80,8 +80,10 @@ def main() -> int:
                                        "-f", "segment", "-segment_time", "10", os.path.join(out, "%03d.mp4")]))
             ff_cpu.append(CPU[-1])
             shutil.rmtree(out)
+        # near-duplicate detection off: the copies are the same footage (it rejects all but one of them), and this
+        # measures ingest + segment, as before dedup.near_duplicates became the default (benchmarks/scale.py does too)
         longreel = [sys.executable, "-m", "longreel", "-q", "curate", "--set", "stages=[]", "--set", "segment.mode=materialize",
-                    "--set", "segment.cut=copy"]
+                    "--set", "segment.cut=copy", "--set", "dedup.near_duplicates=false"]
         t1, tn = [], []
         for r in range(a.repeats):  # interleaved so that machine noise hits both alike
             out = os.path.join(work, f"lr1_{r}")

@@ -22,7 +22,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from longreel.pipelines.config import CurateConfig
 from longreel.pipelines.io.inputs import InputError, InputPlan, ReadInputs, input_error_of
-from longreel.pipelines.io.parquet_sink import WriteSortedParquet
+from longreel.pipelines.io.parquet_sink import TableSink, write_table
 from longreel.pipelines.provenance import code_version
 from longreel.pipelines.runner import make_pipeline, names_runner
 from longreel.pipelines.stages.base import MAIN, REJECTS
@@ -120,6 +120,8 @@ def build_curate(p: beam.Pipeline, items: InputPlan | list[dict], out_dir: str, 
     if shards is not None:  # the stages' own tables follow output.parquet_shards unless their section sets one
         cfg = cfg.model_copy(update={s: _with_shards(getattr(cfg, s), shards)
                                      for s in ("caption", "qra", "blind", "filter")})
+    # every table of the run goes through one writer (see WriteTables: a transform's cost is per transform)
+    sink = TableSink()
     inputs = read_inputs(p, items)
     dd = cfg.dedup
     probed = inputs | "Ingest" >> ProbeVideos(cfg.ingest.probe_timeout_s,
@@ -155,14 +157,14 @@ def build_curate(p: beam.Pipeline, items: InputPlan | list[dict], out_dir: str, 
         cap = add_caption_stage(p, videos, spread(clips, "Clips"), out_dir, cfg.caption,
                                 handler=handlers.get("caption"), pack_cfg=cfg.pack if "pack" in cfg.stages else None,
                                 filter_cfg=cfg.filter if "filter" in cfg.stages else None, gates=gates,
-                                split_long_videos=split_long_videos)
+                                split_long_videos=split_long_videos, tables=sink)
         rejects.append(cap["rejects"])
         counts.append(cap["counts"])
         tables.update(captions=cap["captions"], clip_facts=cap["facts"])
     if "qra" in cfg.stages:
         from longreel.pipelines.stages.qra import add_qra_stage
         qra = add_qra_stage(p, spread(tables["captions"], "Captions"), tables["clip_facts"], videos, out_dir,
-                            cfg.qra, backend_factory=handlers.get("qra"))
+                            cfg.qra, backend_factory=handlers.get("qra"), tables=sink)
         rejects.append(qra["rejects"])
         counts.append(qra["counts"])
         tables["qras"] = qra["qras"]
@@ -177,14 +179,14 @@ def build_curate(p: beam.Pipeline, items: InputPlan | list[dict], out_dir: str, 
         from longreel.pipelines.judge_config import follow_generator
         from longreel.pipelines.stages.judge import add_judge_stage, finish_judge_stats
         jd = add_judge_stage(tables["qras"], tables["captions"], out_dir, follow_generator(cfg.judge, cfg.qra),
-                             engine_factory=handlers.get("judge"))
+                             engine_factory=handlers.get("judge"), tables=sink)
         rejects.append(jd["rejects"])
         counts.append(jd["counts"])
         tables["qras"] = jd["qras"]
         finishers.append(lambda d, prov=jd["provenance"]: finish_judge_stats(d, prov))
     if "blind" in cfg.stages:  # before the pass-rate filter: the VLM never sees a text-answerable question
         from longreel.pipelines.stages.blind import add_blind_stage, finish_blind_stats
-        bl = add_blind_stage(tables["qras"], out_dir, cfg.blind, engine_factory=handlers.get("blind"))
+        bl = add_blind_stage(tables["qras"], out_dir, cfg.blind, engine_factory=handlers.get("blind"), tables=sink)
         rejects.append(bl["rejects"])
         counts.append(bl["counts"])
         tables["qras"] = bl["qras"]
@@ -197,7 +199,7 @@ def build_curate(p: beam.Pipeline, items: InputPlan | list[dict], out_dir: str, 
         flt = add_filter_stage(p, videos, spread(tables["qras"], "QRAs"), out_dir, cfg.filter,
                                handler=handlers.get("filter"),
                                frames_dir=filter_frames_dir(out_dir, cfg.pack if "pack" in cfg.stages else None)
-                               if shared else None)
+                               if shared else None, tables=sink)
         rejects.append(flt["rejects"])
         counts.append(flt["counts"])
         passrates = flt["pass_rates"]
@@ -216,9 +218,10 @@ def build_curate(p: beam.Pipeline, items: InputPlan | list[dict], out_dir: str, 
     counts.append(add_distributions({k: v for k, v in tables.items() if k != "clip_facts"}))
 
     all_rejects = tuple(rejects) | "AllRejects" >> beam.Flatten()
-    videos | "WriteVideos" >> WriteSortedParquet(out_dir, "videos", "video", shards)
-    clips | "WriteClips" >> WriteSortedParquet(out_dir, "clips", "clip", shards)
-    all_rejects | "WriteRejects" >> WriteSortedParquet(out_dir, "rejects", "reject", shards)
+    write_table(videos, "WriteVideos", out_dir, "videos", "video", shards, sink)
+    write_table(clips, "WriteClips", out_dir, "clips", "clip", shards, sink)
+    write_table(all_rejects, "WriteRejects", out_dir, "rejects", "reject", shards, sink)
+    sink.write()
 
     order, units = stage_layout(cfg)
     # "inputs" keeps its place in the document; its value is ingest's count, which is known only once the

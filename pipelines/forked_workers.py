@@ -209,6 +209,8 @@ def _zygote() -> None:
                 continue
             if "import" in req:
                 for name in req["import"]:
+                    if name.startswith("apache_beam.ml"):  # Beam's RunInference without torch (see beam_ml)
+                        name = "longreel.pipelines.inference.beam_ml"
                     try:
                         importlib.import_module(name)
                     except Exception:  # noqa: BLE001 - a module that does not import alone is left to the worker

@@ -6,7 +6,8 @@ import apache_beam as beam
 import pyarrow.parquet as pq
 import pytest
 
-from longreel.pipelines.io.parquet_sink import WriteSortedParquet, read_table, row_bytes, shards_for
+from longreel.pipelines.io.parquet_sink import (TableSpec, WriteSortedParquet, WriteTables, read_table, row_bytes,
+                                                shards_for)
 from longreel.pipelines.runner import make_pipeline
 from longreel.schemas import reject
 
@@ -85,6 +86,8 @@ def _table_shards(overrides):
         def enter_composite_transform(self, node):
             if isinstance(node.transform, WriteSortedParquet):
                 found[node.transform.table] = node.transform.num_shards
+            elif isinstance(node.transform, WriteTables):  # the run's tables written together
+                found.update(node.transform.tables)
 
     p.visit(Visitor())
     return found
@@ -96,3 +99,56 @@ def test_every_curate_table_follows_the_size_unless_a_count_is_set():
     assert tables <= set(default) and all(default[t] is None for t in tables)
     fixed = _table_shards(["output.parquet_shards=3", "qra.parquet_shards=2"])
     assert {t: fixed[t] for t in tables} == {**{t: 3 for t in tables}, "qras": 2}
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_tables_written_together_are_the_files_written_alone(tmp_path, workers):
+    """WriteTables (one writer for a run's tables) writes each table's files byte for byte as WriteSortedParquet
+    does: sized and fixed counts, an empty table, two tables in one directory, and stale shards removed."""
+    rows = _rows(300)
+    target = -(-sum(row_bytes(r) for r in rows) // 5)  # -> 5 shards
+    alone = {}
+    for name, rs, n, kw in (("sized", rows, None, {"target_shard_bytes": target}), ("fixed", rows[:40], 3, {}),
+                            ("empty", [], None, {})):
+        d = tmp_path / "alone" / name
+        p = make_pipeline([], workers=1)
+        p | beam.Create(rs) | WriteSortedParquet(str(d), "rejects", "reject", n, **kw)
+        p.run().wait_until_finish()
+        alone[name] = {f: (d / f).read_bytes() for f in sorted(os.listdir(d))}
+    together = tmp_path / "together"
+    for name in alone:  # a stale shard of each table from an earlier run with another count
+        (together / name).mkdir(parents=True)
+        (together / name / "rejects-00000-of-00009.parquet").write_bytes(b"old")
+    (together / "fixed" / "clips-00000-of-00001.parquet").write_bytes(b"another table")
+    p = make_pipeline([], workers=workers)
+    specs = {"sized": TableSpec(str(together / "sized"), "rejects", "reject", None, target),
+             "fixed": TableSpec(str(together / "fixed"), "rejects", "reject", 3),
+             "empty": TableSpec(str(together / "empty"), "rejects", "reject", None)}
+    inputs = {"sized": p | "S" >> beam.Create(rows), "fixed": p | "F" >> beam.Create(rows[:40]),
+              "empty": p | "E" >> beam.Create([])}
+    inputs | WriteTables(specs)
+    p.run().wait_until_finish()
+    for name, files in alone.items():
+        got = {f: (together / name / f).read_bytes() for f in sorted(os.listdir(together / name))
+               if f.startswith("rejects-")}
+        assert got == files, name
+    assert len(alone["sized"]) == 5 and len(alone["fixed"]) == 3 and len(alone["empty"]) == 1
+    assert (together / "fixed" / "clips-00000-of-00001.parquet").read_bytes() == b"another table"
+
+
+def test_tables_with_fixed_counts_only(tmp_path):
+    """No table follows its size (every count given): no sizing pass, and an empty table still gets its file."""
+    rows = _rows(30)
+    p = make_pipeline([], workers=1)
+    p | beam.Create(rows) | WriteSortedParquet(str(tmp_path / "alone"), "rejects", "reject", 2)
+    p.run().wait_until_finish()
+    p = make_pipeline([], workers=1)
+    {"a": p | "A" >> beam.Create(rows), "b": p | "B" >> beam.Create([])} | WriteTables(
+        {"a": TableSpec(str(tmp_path / "a"), "rejects", "reject", 2),
+         "b": TableSpec(str(tmp_path / "b"), "rejects", "reject", 1)})
+    p.run().wait_until_finish()
+    alone = sorted(os.listdir(tmp_path / "alone"))
+    assert alone == sorted(os.listdir(tmp_path / "a")) and len(alone) == 2
+    assert all((tmp_path / "a" / f).read_bytes() == (tmp_path / "alone" / f).read_bytes() for f in alone)
+    assert os.listdir(tmp_path / "b") == ["rejects-00000-of-00001.parquet"]
+    assert read_table(str(tmp_path / "b"), "rejects").num_rows == 0

@@ -47,7 +47,7 @@ def test_hints_go_on_the_model_steps_only():
         assert all(h == expected[stage] for h in steps.values()), steps
     assert not [n for n in hinted if not n.startswith(tuple(MODEL_STEPS.values()))], \
         "hints leaked past the model steps (decoding, joins and writes belong on CPU workers)"
-    for cpu_step in ("CaptionClips/DecodeAndMeasure", "PassRate/FramesAndPrompts", "WriteVideos"):
+    for cpu_step in ("CaptionClips/DecodeAndMeasure", "PassRate/FramesAndPrompts", "WriteTables"):
         assert any(n.startswith(cpu_step) for n in leaves) and not any(
             h for n, h in leaves.items() if n.startswith(cpu_step)), cpu_step
 

@@ -19,9 +19,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from apache_beam.ml.inference.base import ModelHandler, PredictionResult
-
 from longreel.pipelines.inference.base import Generation, GenerationParams, Request
+from longreel.pipelines.inference.beam_ml import ModelHandler, PredictionResult
 
 log = logging.getLogger("longreel")
 

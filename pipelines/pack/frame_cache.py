@@ -49,13 +49,13 @@ class CacheError(Exception):
 
 
 def _versions() -> dict:
-    import torch
-    import torchvision
-    import transformers
+    # from the installed distributions' metadata, the same strings as the modules' ``__version__`` (without the
+    # local "+cu130" part): importing torch, torchvision and transformers only to read them cost seconds
+    from importlib.metadata import version
 
     from longreel.pipelines.media.decode import DECODE_VERSION
-    return {"preprocess": PREPROCESS_VERSION, "decode": DECODE_VERSION, "transformers": transformers.__version__,
-            "torchvision": torchvision.__version__.split("+")[0], "torch": torch.__version__.split("+")[0]}
+    return {"preprocess": PREPROCESS_VERSION, "decode": DECODE_VERSION, "transformers": version("transformers"),
+            "torchvision": version("torchvision").split("+")[0], "torch": version("torch").split("+")[0]}
 
 
 def load_video_processor(processor: str | None = None, *, min_pixels: int | None = None,

@@ -62,6 +62,8 @@ class _WriteShard(beam.DoFn):
 def _write_index(split_infos, shards_dir: str, dataset: str, extra: dict | None):
     split, infos = split_infos
     infos = list(infos)
+    if callable(extra):  # computed where the index is written (see WriteWebDatasetShards)
+        extra = extra()
     doc = build_index(dataset, split, infos, extra)
     path = FileSystems.join(shards_dir, index_name(dataset, split))
     write_atomic(path, json.dumps(doc, indent=1, sort_keys=False) + "\n")
@@ -84,7 +86,11 @@ def _write_index(split_infos, shards_dir: str, dataset: str, extra: dict | None)
 
 
 class WriteWebDatasetShards(beam.PTransform):
-    """sample descriptors -> shards + one index per split; outputs ``{"shards": infos, "indexes": docs}``."""
+    """sample descriptors -> shards + one index per split; outputs ``{"shards": infos, "indexes": docs}``.
+
+    ``index_extra``: a dict recorded in every index, or a picklable callable returning it, called when an index is
+    written (the pack stage's: it loads the video processor, which the process building the graph need not import).
+    """
 
     def __init__(self, shards_dir: str, dataset: str, target_shard_bytes: int, index_extra: dict | None = None):
         super().__init__()

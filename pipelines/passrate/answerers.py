@@ -32,8 +32,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from apache_beam.ml.inference.base import ModelHandler, PredictionResult
 
+from longreel.pipelines.inference.beam_ml import ModelHandler, PredictionResult
 from longreel.pipelines.filter_config import FilterConfig
 from longreel.engines.base import weights_revision
 from longreel.task.prompting import prompt_hash

@@ -167,16 +167,17 @@ def finish_blind_stats(doc: dict, k: int, provenance: dict | None = None, config
     return doc
 
 
-def add_blind_stage(qras_pcoll, out_dir: str, cfg: BlindConfig, engine_factory=None, label: str = "Blind") -> dict:
+def add_blind_stage(qras_pcoll, out_dir: str, cfg: BlindConfig, engine_factory=None, label: str = "Blind",
+                    tables=None) -> dict:
     """Add the blind filter after ``qras_pcoll``; write the ``blind`` table under ``out_dir``. Returns
     ``{"qras": kept rows, "scored", "rejects", "counts": ((stage, metric), n) pairs (funnel included),
     "provenance"}``; the caller applies ``finish_blind_stats(doc, cfg.k, provenance)`` to its stats."""
-    from longreel.pipelines.io.parquet_sink import WriteSortedParquet
+    from longreel.pipelines.io.parquet_sink import write_table
     from longreel.pipelines.stats import stage_counts
 
     transform = BlindFilter(cfg, engine_factory)
     out = qras_pcoll | label >> transform
-    out[SCORED] | f"{label}WriteTable" >> WriteSortedParquet(out_dir, "blind", "blind", cfg.parquet_shards)
+    write_table(out[SCORED], f"{label}WriteTable", out_dir, "blind", "blind", cfg.parquet_shards, tables)
     funnel = stage_counts(label, STAGE, qras_pcoll, out[MAIN], out[REJECTS])
     counts = (funnel, out[COUNTS]) | f"{label}AllCounts" >> beam.Flatten()
     return {"qras": out[MAIN], "scored": out[SCORED], "rejects": out[REJECTS], "counts": counts,

@@ -36,11 +36,11 @@ import time
 from dataclasses import dataclass
 
 import apache_beam as beam
-from apache_beam.ml.inference.base import PredictionResult, RunInference
 from apache_beam.pvalue import TaggedOutput
 
 from longreel.pipelines.caption_config import CaptionConfig
 from longreel.pipelines.inference.base import GenerationParams, ModelInfo, Request, fit_pixels, weights_revision
+from longreel.pipelines.inference.beam_ml import PredictionResult, RunInference
 from longreel.pipelines.inference.degenerate import degenerate_reason
 from longreel.pipelines.compute import call_pairs
 from longreel.pipelines.inference.handler import ClientSpec, GenerationModelHandler
@@ -603,7 +603,8 @@ class CaptionClips(beam.PTransform):
 
 
 def add_caption_stage(p, videos_pcoll, clips_pcoll, out_dir: str, cfg: CaptionConfig, handler=None,
-                      pack_cfg=None, filter_cfg=None, gates=None, split_long_videos: bool = True) -> dict:
+                      pack_cfg=None, filter_cfg=None, gates=None, split_long_videos: bool = True,
+                      tables=None) -> dict:
     """Add captioning to pipeline ``p``; write ``captions-*`` and ``clip_facts-*`` Parquet tables under ``out_dir``.
 
     ``pack_cfg`` (a PackConfig, when the run packs too): the caption's decode pass also builds the frame cache
@@ -620,8 +621,9 @@ def add_caption_stage(p, videos_pcoll, clips_pcoll, out_dir: str, cfg: CaptionCo
     ``captions`` table is written (the embedding gates: their per-caption fields land in that table).
     ``split_long_videos=False`` (a run on one worker): a video whose pass also feeds the frame cache or the filter
     is decoded in one task rather than in ``max_frames_per_call`` chunks plus a task of their own.
+    ``tables``: a :class:`~longreel.pipelines.io.parquet_sink.TableSink` that writes the run's tables together.
     """
-    from longreel.pipelines.io.parquet_sink import WriteSortedParquet
+    from longreel.pipelines.io.parquet_sink import write_table
 
     del p  # the PCollections carry the pipeline; kept in the signature for symmetry with the other stages
     frame_cache = None
@@ -639,6 +641,6 @@ def add_caption_stage(p, videos_pcoll, clips_pcoll, out_dir: str, cfg: CaptionCo
         out = {**out, MAIN: g["captions"],
                REJECTS: (out[REJECTS], g["rejects"]) | "CaptionAndGateRejects" >> beam.Flatten(),
                "counts": (out["counts"], g["counts"]) | "CaptionAndGateCounts" >> beam.Flatten()}
-    out[MAIN] | "WriteCaptions" >> WriteSortedParquet(out_dir, "captions", "caption", cfg.parquet_shards)
-    out["facts"] | "WriteClipFacts" >> WriteSortedParquet(out_dir, "clip_facts", "clip_facts", cfg.parquet_shards)
+    write_table(out[MAIN], "WriteCaptions", out_dir, "captions", "caption", cfg.parquet_shards, tables)
+    write_table(out["facts"], "WriteClipFacts", out_dir, "clip_facts", "clip_facts", cfg.parquet_shards, tables)
     return {"captions": out[MAIN], "facts": out["facts"], "rejects": out[REJECTS], "counts": out["counts"]}

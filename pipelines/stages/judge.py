@@ -129,13 +129,13 @@ def finish_judge_stats(doc: dict, provenance: dict | None = None) -> dict:
 
 
 def add_judge_stage(qras_pcoll, captions_pcoll, out_dir: str, cfg: JudgeConfig, engine_factory=None,
-                    label: str = "Judge") -> dict:
+                    label: str = "Judge", tables=None) -> dict:
     """Add the judge after ``qras_pcoll`` (``longreel curate``); write the kept rows with their verdicts as the
     ``qras_judged`` table under ``out_dir``. Returns ``{"qras", "rejects", "counts", "provenance"}``; the caller
     applies ``finish_judge_stats(doc, provenance)`` to its stats."""
-    from longreel.pipelines.io.parquet_sink import WriteSortedParquet
+    from longreel.pipelines.io.parquet_sink import write_table
 
     transform = JudgeQRAs(cfg, engine_factory)
     out = {"qras": qras_pcoll, "captions": captions_pcoll} | label >> transform
-    out[MAIN] | f"{label}WriteTable" >> WriteSortedParquet(out_dir, "qras_judged", "qra", cfg.parquet_shards)
+    write_table(out[MAIN], f"{label}WriteTable", out_dir, "qras_judged", "qra", cfg.parquet_shards, tables)
     return {"qras": out[MAIN], "rejects": out[REJECTS], "counts": out[COUNTS], "provenance": transform.provenance()}

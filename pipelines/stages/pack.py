@@ -19,6 +19,7 @@ with it): ``<video_id>.frames.npy``, ``.meta.json``, ``.qras.json``, ``.sums.jso
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -319,7 +320,8 @@ def add_pack_stage(p, videos_pcoll, qras_pcoll, passrate_pcoll_or_none, out_dir:
              | "PackCacheFrames" >> beam.ParDo(_CacheAndBuild(cfg, cache_dir)).with_outputs(
                  COUNTS, REJECTS, "frames", main="samples"))
     written = built.samples | "PackWriteShards" >> WriteWebDatasetShards(shards_dir, cfg.dataset,
-                                                                         cfg.target_shard_bytes, index_extra(cfg))
+                                                                         cfg.target_shard_bytes,
+                                                                         functools.partial(index_extra, cfg))
     write_counts = written["shards"] | "PackShardCounts" >> beam.FlatMap(
         lambda s: [(("pack_write", "out"), s["nquestions"]), (("pack_write", "samples"), s["nsamples"]),
                    (("pack_write", "shards"), 1), (("pack_write", "shard_bytes"), s["bytes"])])

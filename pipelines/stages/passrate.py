@@ -52,9 +52,9 @@ import tempfile
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.ml.inference.base import RunInference
 
 from longreel.pipelines.compute import call_pairs
+from longreel.pipelines.inference.beam_ml import RunInference
 from longreel.pipelines.filter_config import FilterConfig
 from longreel.pipelines.passrate.answerers import AnswererHandler, make_handler, question_seed
 from longreel.pipelines.resources import on_model_step
@@ -447,18 +447,18 @@ def finish_filter_stats(doc: dict, k: int, provenance: dict | None = None, confi
 
 def add_filter_stage(p, videos_pcoll, qras_pcoll, out_dir: str, cfg: FilterConfig,
                      handler: AnswererHandler | None = None, label: str = "PassRate",
-                     frames_dir: str | None = None) -> dict:
+                     frames_dir: str | None = None, tables=None) -> dict:
     """Add the filter to pipeline ``p``: writes the ``pass_rate`` table under ``out_dir`` and returns
     ``dict(pass_rates=<all scored rows>, kept=<sft/rl rows>, rejects=<reject rows>, counts=<stats pairs>,
     provenance=<dict>)``. The caller writes the rejects into its rejects table, flattens ``counts`` into its
     stats pairs and applies ``finish_filter_stats(doc, cfg.k, provenance)`` in its stats ``finish``.
     ``frames_dir``: where the caption stage's pass stored this filter's uniform frames (see the module docstring)."""
-    from longreel.pipelines.io.parquet_sink import WriteSortedParquet
+    from longreel.pipelines.io.parquet_sink import write_table
 
     del p  # the PCollections carry the pipeline
     transform = PassRateFilter(cfg, handler, frames_dir)
     out = {"videos": videos_pcoll, "qras": qras_pcoll} | label >> transform
-    out[MAIN] | f"{label}WritePassRate" >> WriteSortedParquet(out_dir, "pass_rate", "pass_rate", cfg.parquet_shards)
+    write_table(out[MAIN], f"{label}WritePassRate", out_dir, "pass_rate", "pass_rate", cfg.parquet_shards, tables)
     counts = filter_counts(label, qras_pcoll, out)
     return {"pass_rates": out[MAIN], "kept": out[KEPT], "rejects": out[REJECTS], "counts": counts,
             "provenance": transform.provenance()}

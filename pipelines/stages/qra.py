@@ -20,7 +20,7 @@ import logging
 import apache_beam as beam
 from apache_beam.pvalue import TaggedOutput
 
-from longreel.pipelines.io.parquet_sink import WriteSortedParquet
+from longreel.pipelines.io.parquet_sink import write_table
 from longreel.pipelines.qra.generate import CONTEXT_STAGE, REFINE_STAGE, STAGE, VideoQRAWriter
 from longreel.pipelines.qra_config import QRAConfig
 from longreel.pipelines.resources import on_model_step
@@ -168,7 +168,7 @@ class GenerateQRA(beam.PTransform):
 
 
 def add_qra_stage(p, captions_pcoll, facts_pcoll, videos_pcoll, out_dir: str, cfg: QRAConfig,
-                  backend_factory=None) -> dict:
+                  backend_factory=None, tables=None) -> dict:
     """Add QRA generation to pipeline ``p`` and write ``{out_dir}/qras-*.parquet``.
 
     ``captions_pcoll``: ``caption`` rows; ``facts_pcoll``: ``clip_facts`` rows or None; ``videos_pcoll``:
@@ -183,7 +183,7 @@ def add_qra_stage(p, captions_pcoll, facts_pcoll, videos_pcoll, out_dir: str, cf
     out = inputs | "QRA" >> GenerateQRA(cfg, backend_factory)
     # options permuted before the table is written: the table, the filters and the shards see one order
     bal = out[MAIN] | "QRABalance" >> BalanceOptions(cfg.balance_options)
-    bal[MAIN] | "WriteQRAs" >> WriteSortedParquet(out_dir, "qras", "qra", cfg.parquet_shards)
+    write_table(bal[MAIN], "WriteQRAs", out_dir, "qras", "qra", cfg.parquet_shards, tables)
     rejects = (out[REJECTS], bal[REJECTS]) | "QRAAllRejects" >> beam.Flatten()
     counts = (out[COUNTS], bal[COUNTS]) | "QRAAllCounts" >> beam.Flatten()
     return {"qras": bal[MAIN], "rejects": rejects, "counts": counts}

@@ -23,9 +23,6 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
-from nltk.stem import porter
-from rouge_score import rouge_scorer, tokenizers
-
 from longreel.task.rewards.extract import clean_answer, normalize_text
 from longreel.task.rewards.registry import AnswerParseError, InvalidReference, Judgement, Scorer, reason_for_score, register
 
@@ -37,11 +34,20 @@ _CJK_RE = re.compile(r"([\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff])"
 _ASCII_ALPHA_RE = re.compile(r"[a-z]+")
 
 
-class UnicodeTokenizer(tokenizers.Tokenizer):
-    """ROUGE tokenizer: the library default for ASCII, plus letters/digits of other scripts (module docstring)."""
+class UnicodeTokenizer:
+    """ROUGE tokenizer: the library default for ASCII, plus letters/digits of other scripts (module docstring).
+
+    ``rouge_score`` wants an object with a ``tokenize`` method. ``rouge_score`` and nltk are imported when a scorer
+    is first made, not with this module: nltk pulls in scipy.stats (about 1.4 s of CPU), which every process that
+    imports the reward library (a pass-rate filter's, a multiple-choice run's) paid whether or not it scored an
+    open-ended answer."""
 
     def __init__(self, use_stemmer: bool = True) -> None:
-        self._stemmer = porter.PorterStemmer() if use_stemmer else None
+        if use_stemmer:
+            from nltk.stem import porter
+            self._stemmer = porter.PorterStemmer()
+        else:
+            self._stemmer = None
 
     def tokenize(self, text: str) -> list[str]:
         tokens: list[str] = []
@@ -56,7 +62,9 @@ class UnicodeTokenizer(tokenizers.Tokenizer):
 
 
 @lru_cache(maxsize=16)
-def _scorer(rouge_type: str, use_stemmer: bool) -> rouge_scorer.RougeScorer:
+def _scorer(rouge_type: str, use_stemmer: bool):
+    from rouge_score import rouge_scorer
+
     return rouge_scorer.RougeScorer([rouge_type], tokenizer=UnicodeTokenizer(use_stemmer))
 
 
