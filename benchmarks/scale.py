@@ -119,6 +119,67 @@ def comparable(out: str) -> dict[str, str]:
     return got
 
 
+def _table_of(rel: str) -> str | None:
+    """``videos-00000-of-00001.parquet`` -> ``videos``; None for a file that is not a table shard."""
+    base = os.path.basename(rel)
+    if not base.endswith(".parquet") or "-of-" not in base:
+        return None
+    return base.rsplit("-", 3)[0]
+
+
+def _rows_by_key(out: str, table: str, rels: list[str]) -> dict[str, list[str]]:
+    """A table's rows (all its shards, in either run) keyed by its kind's key; a row as sorted JSON."""
+    import pyarrow.parquet as pq
+
+    from longreel.pipelines.io.parquet_sink import KINDS
+    kind = next((k for k in (table, table[:-1], table.replace("_rates", "_rate")) if k in KINDS), None)
+    fields = [KINDS[kind].key] if kind else [KINDS[k].key for k in KINDS]
+    rows: dict[str, list[str]] = {}
+    for rel in rels:
+        path = os.path.join(out, rel)
+        if not os.path.exists(path):
+            continue
+        for r in pq.read_table(path).to_pylist():
+            key = next((str(r[f]) for f in fields if f in r), json.dumps(r, sort_keys=True, default=str))
+            rows.setdefault(key, []).append(json.dumps(r, sort_keys=True, default=str))
+    return rows
+
+
+def _table_diff(a: str, b: str, table: str, rels: list[str]) -> dict:
+    """Row counts, the keys whose rows differ (at most 20), and for rejects the reasons on either side."""
+    ra, rb = _rows_by_key(a, table, rels), _rows_by_key(b, table, rels)
+    differ = sorted(k for k in set(ra) | set(rb) if sorted(ra.get(k, [])) != sorted(rb.get(k, [])))
+    doc = {"rows": [sum(map(len, ra.values())), sum(map(len, rb.values()))],
+           "shard_files": [sorted(r for r in rels if os.path.exists(os.path.join(a, r))),
+                           sorted(r for r in rels if os.path.exists(os.path.join(b, r)))],
+           "keys_differing": len(differ), "keys": differ[:20]}
+    if table == "rejects":
+        def reasons(rows, k):
+            return sorted({json.loads(x).get("reason") for x in rows.get(k, [])} - {None})
+        doc["reasons"] = {k: [reasons(ra, k), reasons(rb, k)] for k in differ[:20]}
+    if differ:  # one differing row in full, to read the field that moved
+        k = differ[0]
+        doc["example"] = {"key": k, "first": ra.get(k, [])[:1], "second": rb.get(k, [])[:1]}
+    return doc
+
+
+def compare(a: str, b: str) -> dict:
+    """What differs between two runs' outputs: files (relative paths) and, per Parquet table, a row summary."""
+    ha, hb = comparable(a), comparable(b)
+    files = sorted(r for r in set(ha) | set(hb) if ha.get(r) != hb.get(r))
+    doc = {"identical": not files, "files_differing": files}
+    tables = sorted({t for t in map(_table_of, files) if t})
+    if tables:
+        doc["tables"] = {}
+        for t in tables:
+            rels = sorted(r for r in set(ha) | set(hb) if _table_of(r) == t)
+            try:
+                doc["tables"][t] = _table_diff(a, b, t, rels)
+            except Exception as e:  # a diagnosis must not lose the run's other figures
+                doc["tables"][t] = {"error": repr(e)}
+    return doc
+
+
 def speedup(name: str, inputs: str, n_videos: int, work: str, repeats: int, config: list[str]) -> dict:
     times: dict[int, list[float]] = {1: [], 2: []}
     cpu: dict[int, list[float]] = {1: [], 2: []}
@@ -136,12 +197,16 @@ def speedup(name: str, inputs: str, n_videos: int, work: str, repeats: int, conf
             print(f"{name}: {n_videos} videos, {workers} worker(s): {times[workers][-1]:.1f} s", flush=True)
     one, two = min(times[1]), min(times[2])
     stats = json.load(open(os.path.join(outs[1], "stats.json")))
+    diff = compare(outs[1], outs[2])
+    if not diff["identical"]:
+        print(f"{name}: outputs differ; kept {outs[1]} and {outs[2]}: {json.dumps(diff)[:2000]}", flush=True)
     return {"corpus": name, "videos": n_videos, "totals": stats["totals"], "parallel_capacity_after": parallel_capacity(),
             "wall_s": {"1": [round(t, 2) for t in times[1]], "2": [round(t, 2) for t in times[2]]},
             "cpu_s": {"1": [round(t, 2) for t in cpu[1]], "2": [round(t, 2) for t in cpu[2]]},
             "load_average_1min": load,
             "speedup_2_workers": round(one / two, 3),
-            "outputs_identical": comparable(outs[1]) == comparable(outs[2])}
+            "outputs_identical": diff["identical"],
+            **({} if diff["identical"] else {"outputs_diff": diff, "outputs_kept": [outs[1], outs[2]]})}
 
 
 def launcher(work: str, lines: int) -> dict:
@@ -172,6 +237,9 @@ def main() -> int:
                     help="demo: the demo config (facts captions, template questions, pack, card); none: stages=[]")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--copies", type=int, default=4)
+    ap.add_argument("--corpora", default="shared,copies",
+                    help="comma-separated: shared (the 14 videos), copies (the --copies x corpus)")
+    ap.add_argument("--skip-launcher", action="store_true", help="leave out the launcher figures (part 2)")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "scale.json"))
     a = ap.parse_args()
     from longreel.pipelines.cli_curate import DEMO_CONFIG
@@ -185,17 +253,23 @@ def main() -> int:
     n_shared = len([n for n in os.listdir(videos) if not n.endswith(".md")])
     work = tempfile.mkdtemp(prefix="longreel-scale-")
     try:
-        graphs = [launcher(work, n) for n in MANIFEST_LINES]
+        graphs = [] if a.skip_launcher else [launcher(work, n) for n in MANIFEST_LINES]
         for g in graphs:
             print(f"manifest of {g['lines']} lines: {g}", flush=True)
         copies = remux_copies(videos, os.path.join(work, "copies"), a.copies)
         distinct = len({hashlib.sha256(open(c, "rb").read()).hexdigest() for c in copies})
         capacity_before = parallel_capacity()
-        runs = [speedup("shared", videos, n_shared, work, a.repeats, config),
-                speedup(f"shared_x{a.copies}", os.path.join(work, "copies"), len(copies), work, a.repeats, config)]
+        corpora = a.corpora.split(",")
+        runs = ([speedup("shared", videos, n_shared, work, a.repeats, config)] if "shared" in corpora else []) + \
+            ([speedup(f"shared_x{a.copies}", os.path.join(work, "copies"), len(copies), work, a.repeats, config)]
+             if "copies" in corpora else [])
     finally:
-        shutil.rmtree(work, ignore_errors=True)
-    small, large = graphs[0]["workers"], graphs[-1]["workers"]
+        # a run whose outputs differ keeps its work directory: the two outputs are the evidence
+        if all(r["outputs_identical"] for r in locals().get("runs") or []) and "runs" in locals():
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            print(f"work directory kept: {work}", flush=True)
+    small, large = (graphs[0]["workers"], graphs[-1]["workers"]) if graphs else ({}, {})
     doc = {
         "benchmark": "scale",
         "command": "python benchmarks/scale.py " + " ".join(sys.argv[1:]),
@@ -209,14 +283,15 @@ def main() -> int:
         "copies": {"videos": len(copies), "distinct_sha256": distinct},
         "speedup": runs,
         "launcher": graphs,
-        "graph_bytes_ratio_100k_to_10": round(large["graph_bytes"] / small["graph_bytes"], 4),
-        "launcher_s_ratio_100k_to_10": round(large["launcher_s"] / small["launcher_s"], 3),
     }
+    if graphs:
+        doc["graph_bytes_ratio_100k_to_10"] = round(large["graph_bytes"] / small["graph_bytes"], 4)
+        doc["launcher_s_ratio_100k_to_10"] = round(large["launcher_s"] / small["launcher_s"], 3)
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w") as fh:
         json.dump(doc, fh, indent=1)
         fh.write("\n")
-    print(json.dumps({k: doc[k] for k in ("graph_bytes_ratio_100k_to_10", "launcher_s_ratio_100k_to_10")}),
+    print(json.dumps({k: doc.get(k) for k in ("graph_bytes_ratio_100k_to_10", "launcher_s_ratio_100k_to_10")}),
           [(r["corpus"], r["speedup_2_workers"], r["outputs_identical"]) for r in runs])
     return 0
 
