@@ -102,8 +102,11 @@ def parallel_capacity() -> float:
     return round(serial / parallel, 3)
 
 
-def comparable(out: str) -> dict[str, str]:
-    """sha256 per output file, with stats.json's run record left out and _SUCCESS.json (which hashes it) aside."""
+def comparable(out: str, code_version: str | None = None) -> dict[str, str]:
+    """sha256 per output file, with stats.json's run record left out and _SUCCESS.json (which hashes it) aside.
+
+    ``code_version``: this run's recorded code version, replaced by a placeholder in every file before hashing, so
+    that two runs made from different checkouts can still be compared for what they computed."""
     from longreel.pipelines.stats import NONDETERMINISTIC_KEYS
     got = {}
     for root, _, names in os.walk(out):
@@ -115,8 +118,15 @@ def comparable(out: str) -> dict[str, str]:
             if rel == "stats.json":
                 doc = {k: v for k, v in json.loads(data).items() if k not in NONDETERMINISTIC_KEYS}
                 data = json.dumps(doc, sort_keys=True).encode()
+            if code_version:
+                data = data.replace(code_version.encode(), b"<code_version>")
             got[rel] = hashlib.sha256(data).hexdigest()
     return got
+
+
+def recorded_code_version(out: str) -> str | None:
+    with open(os.path.join(out, "stats.json")) as fh:
+        return json.load(fh).get("code_version")
 
 
 def _table_of(rel: str) -> str | None:
@@ -164,10 +174,23 @@ def _table_diff(a: str, b: str, table: str, rels: list[str]) -> dict:
 
 
 def compare(a: str, b: str) -> dict:
-    """What differs between two runs' outputs: files (relative paths) and, per Parquet table, a row summary."""
+    """What differs between two runs' outputs: files (relative paths) and, per Parquet table, a row summary.
+
+    Each run records the code version it ran (the checkout's commit, ``.dirty`` when tracked files differ from it,
+    read once when the run starts). A commit or an edit of a tracked file between the two runs changes it, and with
+    it stats.json and the card: that says the code changed, not that a worker count computed something else. Such
+    a pair is reported (``code_version_differs``) and compared again with each run's version masked
+    (``identical_but_code_version``)."""
     ha, hb = comparable(a), comparable(b)
     files = sorted(r for r in set(ha) | set(hb) if ha.get(r) != hb.get(r))
     doc = {"identical": not files, "files_differing": files}
+    va, vb = recorded_code_version(a), recorded_code_version(b)
+    if va != vb:
+        ma, mb = comparable(a, va), comparable(b, vb)
+        doc["code_version_differs"] = [va, vb]
+        doc["identical_but_code_version"] = ma == mb
+        files = sorted(r for r in set(ma) | set(mb) if ma.get(r) != mb.get(r))
+        doc["files_differing_but_code_version"] = files
     tables = sorted({t for t in map(_table_of, files) if t})
     if tables:
         doc["tables"] = {}
@@ -198,6 +221,9 @@ def speedup(name: str, inputs: str, n_videos: int, work: str, repeats: int, conf
     one, two = min(times[1]), min(times[2])
     stats = json.load(open(os.path.join(outs[1], "stats.json")))
     diff = compare(outs[1], outs[2])
+    if "code_version_differs" in diff:
+        print(f"{name}: the checkout changed between the runs ({diff['code_version_differs']}): do not commit or "
+              f"edit tracked files while this benchmark runs", flush=True)
     if not diff["identical"]:
         print(f"{name}: outputs differ; kept {outs[1]} and {outs[2]}: {json.dumps(diff)[:2000]}", flush=True)
     return {"corpus": name, "videos": n_videos, "totals": stats["totals"], "parallel_capacity_after": parallel_capacity(),
@@ -249,6 +275,10 @@ def main() -> int:
     # the copies are the same footage re-muxed: near-duplicate detection (on by default) would keep one of each and
     # the 4x corpus would be no more work than the shared one; this measures scaling, so every copy goes through
     config += ["--set", "dedup.near_duplicates=false"]
+    from longreel.pipelines.provenance import code_version
+    if code_version().endswith(".dirty"):
+        print("warning: tracked files differ from the commit; an edit while the runs go on changes what they "
+              "record (see compare)", flush=True)
     videos = str(ensure_videos())
     n_shared = len([n for n in os.listdir(videos) if not n.endswith(".md")])
     work = tempfile.mkdtemp(prefix="longreel-scale-")
@@ -279,6 +309,7 @@ def main() -> int:
                             "load_average_1min: 2 cores), so wall times and the speed-up are indicative; "
                             "parallel_capacity says what two processes got"},
         "config": a.config,
+        "code_version": code_version(),
         "parallel_capacity_before": capacity_before,
         "copies": {"videos": len(copies), "distinct_sha256": distinct},
         "speedup": runs,
