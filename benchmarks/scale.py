@@ -10,7 +10,12 @@
    (``plan_inputs`` + ``build_curate``) and the size of the job graph (``pipeline.to_runner_api()``, serialized),
    beside the same for the list the launcher used to build (``expand_inputs`` + ``beam.Create(items)``).
 
-    python benchmarks/scale.py [--config demo|none] [--repeats 1] [--out benchmarks/results/scale.json]
+    python benchmarks/scale.py [--config demo|none] [--repeats 1] [--corpora shared,copies] [--skip-launcher]
+                               [--out benchmarks/results/scale.json]
+
+When the two outputs differ, the document names the files and table rows that differ (``outputs_diff``) and the
+work directory is kept. Each run records the code version it ran (commit, ``.dirty``): do not commit or edit tracked
+files while it runs, or the pair is reported as ``code_version_differs`` (compared again with the versions masked).
 
 Wall times on a shared machine are noisy: the ratios, measured back to back, are the figures.
 """
