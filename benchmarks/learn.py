@@ -74,8 +74,9 @@ def prepare_data(seed: int, args, work: Path):
     train = make_items(args.train_items, seed=100 + seed, kinds=kinds, **shape)
     held_out = make_items(args.eval_items, seed=5000 + seed, kinds=kinds, **shape)
     # the task goes through the project's own shard writer and loader, like real data
-    train_index = write_shards(train, str(work / f"shards{seed}"), split="rl")
-    eval_index = write_shards(held_out, str(work / f"shards{seed}"), split="test")
+    tps = args.temporal_patch
+    train_index = write_shards(train, str(work / f"shards{seed}"), split="rl", temporal_patch_size=tps)
+    eval_index = write_shards(held_out, str(work / f"shards{seed}"), split="test", temporal_patch_size=tps)
     held_out = load_items(DataConfig(source="shards", eval_urls=[eval_index]), "eval")
     return train_index, held_out
 
@@ -86,7 +87,8 @@ def _common(seed: int, args, train_index: str) -> list[str]:
 
 
 def build_base(seed: int, args, work: Path) -> str:
-    return build_tiny_qwen2vl(work / f"base{seed}", seed=seed, hidden_size=args.hidden_size)
+    return build_tiny_qwen2vl(work / f"base{seed}", seed=seed, hidden_size=args.hidden_size,
+                              temporal_patch_size=args.temporal_patch)
 
 
 def sft_config(seed: int, args, base: str, train_index: str, out_dir: Path) -> TrainConfig:
@@ -242,6 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--train-items", type=int, default=512)
     p.add_argument("--eval-items", type=int, default=100)
     p.add_argument("--hidden-size", type=int, default=64, help="tiny model text width (build parameter)")
+    p.add_argument("--temporal-patch", type=int, default=2,
+                   help="frames per vision patch of the tiny model (build parameter; Qwen's 2)")
     p.add_argument("--sft-items", type=int, default=64)
     p.add_argument("--sft-steps", type=int, default=60)
     p.add_argument("--sft-batch", type=int, default=4)
