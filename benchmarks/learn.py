@@ -11,7 +11,12 @@ gain that counts is the pooled one on the time kinds, and the budget is per seed
 kind, the held-out accuracy of a rule-based solver that sees only the middle frame (at chance on the time kinds)
 and of one that sees all frames (100 %), so the model's numbers can be read against both.
 
-    python benchmarks/learn.py --kinds colour,order,count_colours,direction,change --out benchmarks/results/learn_time.json
+    python benchmarks/learn.py --kinds colour,order,count_colours,direction,change --temporal-patch 4 \
+        --out benchmarks/results/learn_time.json
+
+``--temporal-patch`` sets how many consecutive frames one vision patch spans in the tiny model (Qwen's 2 by
+default). Every trial on the time kinds, with its settings fixed before it ran and the diagnostics between trials,
+is in ``results/learn_time_trials.json``.
 
 Why these defaults (``benchmarks/learn_diagnose.py``, ``results/learn_diagnose.json``, ``results/learn_trials.json``):
 SFT at lr 1e-2 over-trained the tiny model on its 64 items and, for seed 1, collapsed the vision-merger features of
