@@ -11,7 +11,12 @@ gain that counts is the pooled one on the time kinds, and the budget is per seed
 kind, the held-out accuracy of a rule-based solver that sees only the middle frame (at chance on the time kinds)
 and of one that sees all frames (100 %), so the model's numbers can be read against both.
 
-    python benchmarks/learn.py --kinds colour,order,count_colours,direction,change --out benchmarks/results/learn_time.json
+    python benchmarks/learn.py --kinds colour,order,count_colours,direction,change --temporal-patch 4 \
+        --out benchmarks/results/learn_time.json
+
+``--temporal-patch`` sets how many consecutive frames one vision patch spans in the tiny model (Qwen's 2 by
+default). Every trial on the time kinds, with its settings fixed before it ran and the diagnostics between trials,
+is in ``results/learn_time_trials.json``.
 
 Why these defaults (``benchmarks/learn_diagnose.py``, ``results/learn_diagnose.json``, ``results/learn_trials.json``):
 SFT at lr 1e-2 over-trained the tiny model on its 64 items and, for seed 1, collapsed the vision-merger features of
@@ -74,8 +79,9 @@ def prepare_data(seed: int, args, work: Path):
     train = make_items(args.train_items, seed=100 + seed, kinds=kinds, **shape)
     held_out = make_items(args.eval_items, seed=5000 + seed, kinds=kinds, **shape)
     # the task goes through the project's own shard writer and loader, like real data
-    train_index = write_shards(train, str(work / f"shards{seed}"), split="rl")
-    eval_index = write_shards(held_out, str(work / f"shards{seed}"), split="test")
+    tps = args.temporal_patch
+    train_index = write_shards(train, str(work / f"shards{seed}"), split="rl", temporal_patch_size=tps)
+    eval_index = write_shards(held_out, str(work / f"shards{seed}"), split="test", temporal_patch_size=tps)
     held_out = load_items(DataConfig(source="shards", eval_urls=[eval_index]), "eval")
     return train_index, held_out
 
@@ -86,7 +92,8 @@ def _common(seed: int, args, train_index: str) -> list[str]:
 
 
 def build_base(seed: int, args, work: Path) -> str:
-    return build_tiny_qwen2vl(work / f"base{seed}", seed=seed, hidden_size=args.hidden_size)
+    return build_tiny_qwen2vl(work / f"base{seed}", seed=seed, hidden_size=args.hidden_size,
+                              temporal_patch_size=args.temporal_patch)
 
 
 def sft_config(seed: int, args, base: str, train_index: str, out_dir: Path) -> TrainConfig:
@@ -242,6 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--train-items", type=int, default=512)
     p.add_argument("--eval-items", type=int, default=100)
     p.add_argument("--hidden-size", type=int, default=64, help="tiny model text width (build parameter)")
+    p.add_argument("--temporal-patch", type=int, default=2,
+                   help="frames per vision patch of the tiny model (build parameter; Qwen's 2)")
     p.add_argument("--sft-items", type=int, default=64)
     p.add_argument("--sft-steps", type=int, default=60)
     p.add_argument("--sft-batch", type=int, default=4)

@@ -86,3 +86,27 @@ def test_time_kind_targets_fit_the_learning_benchmarks_rollout_budget(tmp_path):
     tok = AutoTokenizer.from_pretrained(build_tiny_qwen2vl(tmp_path / "m", seed=0, hidden_size=64))
     longest = max(len(tok(i["target"]).input_ids) for i in make_items(200, seed=4, kinds=TIME_KINDS, size=56))
     assert longest <= 15  # and one for the end-of-turn token
+
+
+def test_shards_written_for_four_frame_patches_load_into_that_policy(tmp_path):
+    # benchmarks/learn.py --temporal-patch 4: the cached video_grid_thw must be the 4-frame processor's, or
+    # encode_prompt rejects every item; the 2-frame processor must reject those shards (the check is real)
+    from transformers import AutoProcessor
+
+    from longreel.testing.tiny_model import build_tiny_qwen2vl
+    from longreel.trainer.config import DataConfig
+    from longreel.trainer.policy import VideoTokenMismatch, encode_prompt
+    from longreel.trainer.runtime import load_items
+    from longreel.trainer.synthetic_task import write_shards
+
+    items = make_items(4, seed=2, kinds=TIME_KINDS, n_frames=4, size=112)
+    index = write_shards(items, str(tmp_path / "s"), split="rl", temporal_patch_size=4)
+    got = load_items(DataConfig(source="shards", train_urls=[index]), "train")
+    assert [list(g["video_grid_thw"]) for g in got] == [[1, 8, 8]] * 4
+    four = AutoProcessor.from_pretrained(build_tiny_qwen2vl(tmp_path / "m4", seed=0, temporal_patch_size=4))
+    two = AutoProcessor.from_pretrained(build_tiny_qwen2vl(tmp_path / "m2", seed=0))
+    vt = four.tokenizer.convert_tokens_to_ids("<|video_pad|>")
+    for g in got:
+        assert int((encode_prompt(four, g, video_token_id=vt).input_ids == vt).sum()) == 16
+        with pytest.raises(VideoTokenMismatch):
+            encode_prompt(two, g, video_token_id=vt)

@@ -230,3 +230,33 @@ def test_qwen2_5_vl_family(tmp_path, frames):
     inputs, n_pad = _check_forward_generate(model, processor, frames, video_metadata=[meta])
     assert n_pad == 240
     assert inputs["second_per_grid_ts"].tolist() == pytest.approx([2 / 25.0])
+
+
+def test_temporal_patch_size_is_a_build_parameter(tmp_path):
+    # benchmarks/learn.py's time kinds use a tiny model whose vision patches span 4 frames; Qwen's 2 stays the
+    # default, and a default build's marker (hence its bytes) is what it was before the parameter existed
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from longreel.trainer.policy import encode_prompt, encode_video, video_token_id
+    from longreel.trainer.synthetic_task import TIME_KINDS, make_item
+
+    default = json.loads((Path(build_tiny_qwen2vl(tmp_path / "d", seed=0)) / MARKER_FILE).read_text())["params"]
+    assert "temporal_patch_size" not in default
+    d = build_tiny_qwen2vl(tmp_path / "t4", seed=0, temporal_patch_size=4)
+    assert json.loads((Path(d) / MARKER_FILE).read_text())["params"]["temporal_patch_size"] == 4
+    model = AutoModelForImageTextToText.from_pretrained(d)
+    processor = AutoProcessor.from_pretrained(d)
+    assert model.config.vision_config.temporal_patch_size == 4
+    item = make_item(0, seed=0, kinds=TIME_KINDS, n_frames=4, size=112)
+    prompt = encode_prompt(processor, item, video_token_id=video_token_id(model))
+    assert prompt.video_grid_thw.reshape(-1).tolist() == [1, 8, 8]  # 4 frames -> one temporal patch
+    assert int((prompt.input_ids == video_token_id(model)).sum()) == 16  # 8x8 patches, 2x2 merge
+    # every frame reaches the features: changing only the last frame changes them
+    other = dict(item, frames=item["frames"].clone())
+    other["frames"][3] = 255 - other["frames"][3]
+    with torch.no_grad():
+        a = encode_video(model, prompt)
+        b = encode_video(model, encode_prompt(processor, other, video_token_id=video_token_id(model)))
+    assert a.features.shape == (16, 64) and not torch.allclose(a.features, b.features)
+    with pytest.raises(ValueError):
+        build_tiny_qwen2vl(tmp_path / "bad", seed=0, temporal_patch_size=0)

@@ -244,12 +244,13 @@ def make_items(n: int, seed: int = 0, kinds: Iterable[str] = ("colour",), **kw) 
 
 
 def write_shards(items: list[dict], out_dir: str, *, dataset: str = "synthetic", split: str = "rl",
-                 per_shard: int = 64) -> str:
+                 per_shard: int = 64, temporal_patch_size: int = 2) -> str:
     """Write ``items`` as longreel WebDataset shards + wids index with the pack stage's own writer
     (``longreel.task.shard_format``), one sample per video; return the index path (``longreel.trainer.data`` reads it).
 
     Frames are staged as ``.npy`` files (``allow_pickle=False``) beside the shards, as the frame cache would hold
-    them, then streamed into the tars with their sha256 checked."""
+    them, then streamed into the tars with their sha256 checked. ``temporal_patch_size``: the policy processor's
+    (frames per vision patch), for the cached ``video_grid_thw`` the loader checks against the processor."""
     import hashlib
     import json
     import os
@@ -271,7 +272,7 @@ def write_shards(items: list[dict], out_dir: str, *, dataset: str = "synthetic",
             t, h, w, _ = frames.shape
             meta = {"key": key, "split": split, "video_id": key, "video_metadata": item["video_metadata"],
                     "num_frames": int(t), "resized_height": int(h), "resized_width": int(w),
-                    "video_grid_thw": [int(t) // 2, int(h) // 14, int(w) // 14], "license": "CC0-1.0",
+                    "video_grid_thw": [int(t) // temporal_patch_size, int(h) // 14, int(w) // 14], "license": "CC0-1.0",
                     "attribution": "procedurally generated (trainer.synthetic_task)", "nquestions": 1,
                     "sample_layout": SAMPLE_LAYOUT}
             qra = {k: item[k] for k in ("question", "options", "answer", "problem_type", "category", "target")}

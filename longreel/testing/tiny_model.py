@@ -194,6 +194,7 @@ def tiny_build_params(
     family: str = "qwen2_vl",
     min_pixels: int = 4 * 28 * 28,
     max_pixels: int = 64 * 28 * 28,
+    temporal_patch_size: int = 2,
 ) -> dict:
     """The canonical, JSON-serialisable parameter set that identifies a build (stored in the marker)."""
     if family not in FAMILIES:
@@ -204,7 +205,9 @@ def tiny_build_params(
         raise ValueError("num_layers and vision_depth must be >= 1")
     if not (0 < min_pixels <= max_pixels):
         raise ValueError(f"need 0 < min_pixels <= max_pixels, got {min_pixels}, {max_pixels}")
-    return {
+    if temporal_patch_size < 1:
+        raise ValueError(f"temporal_patch_size must be >= 1, got {temporal_patch_size}")
+    params = {
         "format_version": BUILD_FORMAT_VERSION,
         "family": family,
         "seed": int(seed),
@@ -215,6 +218,10 @@ def tiny_build_params(
         "min_pixels": int(min_pixels),
         "max_pixels": int(max_pixels),
     }
+    # recorded only when it differs from Qwen's 2, so that every earlier build keeps its marker (and its bytes)
+    if temporal_patch_size != 2:
+        params["temporal_patch_size"] = int(temporal_patch_size)
+    return params
 
 
 def _read_marker(path: Path) -> dict | None:
@@ -339,7 +346,7 @@ def _build_config(params: dict, tok):
             "in_channels": 3,
             "patch_size": 14,
             "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
+            "temporal_patch_size": params.get("temporal_patch_size", 2),
         }
         return Qwen2VLConfig(text_config=text_config, vision_config=vision_config, **common)
     if family == "qwen2_5_vl":
@@ -354,7 +361,7 @@ def _build_config(params: dict, tok):
             "in_channels": 3,
             "patch_size": 14,
             "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
+            "temporal_patch_size": params.get("temporal_patch_size", 2),
             "window_size": 112,  # 4x4 merged tokens per attention window
             "fullatt_block_indexes": [params["vision_depth"] - 1],
             "tokens_per_second": 2,
@@ -367,7 +374,8 @@ def _build_processor(params: dict, tok):
     from transformers import Qwen2VLImageProcessor, Qwen2VLVideoProcessor
 
     size = {"shortest_edge": params["min_pixels"], "longest_edge": params["max_pixels"]}
-    common = {"patch_size": 14, "temporal_patch_size": 2, "merge_size": 2, "size": size}
+    common = {"patch_size": 14, "temporal_patch_size": params.get("temporal_patch_size", 2), "merge_size": 2,
+              "size": size}
     image_processor = Qwen2VLImageProcessor(**common)
     # cap_pixels_per_frame is set explicitly: left unset, transformers 5.23 warns on every call
     video_processor = Qwen2VLVideoProcessor(**common, do_sample_frames=False, cap_pixels_per_frame=True)
@@ -444,6 +452,7 @@ def build_tiny_qwen2vl(
     family: str = "qwen2_vl",
     min_pixels: int = 4 * 28 * 28,
     max_pixels: int = 64 * 28 * 28,
+    temporal_patch_size: int = 2,
 ) -> str:
     """Build (or reuse) a tiny random Qwen2-VL-family checkpoint in ``out_dir``; return the dir path.
 
@@ -458,6 +467,8 @@ def build_tiny_qwen2vl(
         vocab_extra_lines: extra lines appended to the BPE training corpus.
         family: ``"qwen2_vl"`` (Qwen2VLConfig) or ``"qwen2_5_vl"`` (Qwen2_5_VLConfig).
         min_pixels / max_pixels: per-frame pixel bounds of the image and video processors.
+        temporal_patch_size: frames per vision patch (Qwen's 2; the vision tower's 3-D patch embedding sees
+            that many consecutive frames at once, and its attention runs within each such group of frames).
 
     Same parameters give byte-identical files (weights, tokenizer, configs).
     """
@@ -470,6 +481,7 @@ def build_tiny_qwen2vl(
         family=family,
         min_pixels=min_pixels,
         max_pixels=max_pixels,
+        temporal_patch_size=temporal_patch_size,
     )
     target = Path(out_dir).absolute()
     if is_complete_build(target, params):
