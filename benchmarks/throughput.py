@@ -81,9 +81,10 @@ class _PassCounter(logging.Handler):
             self.passes[os.path.realpath(str(record.args[0]))] += 1
 
 
-def child(out: str, stages: list[str], inputs: str) -> int:
+def child(out: str, stages: list[str], inputs: str, forked: bool = False) -> int:
     """``run_curate`` as ``longreel curate INPUTS --out OUT --workers 1`` runs it, with the scripted answerer for
-    the filter; writes ``OUT/bench_child.json`` (decode passes per video, from the decode log)."""
+    the filter; writes ``OUT/bench_child.json`` (decode passes per video, from the decode log). ``forked``: the one
+    worker forked from the zygote (``run_curate(in_process=False)``), not what ``--workers 1`` runs: an A/B only."""
     from longreel.pipelines.config import CurateConfig
     from longreel.pipelines.curate import run_curate
     from longreel.pipelines.io.inputs import plan_inputs
@@ -104,17 +105,20 @@ def child(out: str, stages: list[str], inputs: str) -> int:
     cfg = load_yaml(CurateConfig, None, sets)
     handlers = {"filter": ScriptedAnswerer(cfg.filter, default=cfg.filter.k // 2)} if "filter" in stages else None
     stats = run_curate(plan_inputs([inputs]), out, cfg, None, command="benchmarks/throughput.py --child",
-                       handlers=handlers, workers=1)
+                       handlers=handlers, workers=1, in_process=not forked)
     with open(os.path.join(out, "bench_child.json"), "w") as fh:
         json.dump({"decode_passes": dict(counter.passes), "totals": stats["totals"],
                    "frame_cache": (stats.get("run") or {}).get("frame_cache")}, fh)
     return 0
 
 
+FORKED_ONE_WORKER: list[str] = []  # ["--forked-one-worker"] when main() is given it
+
+
 def curate(video_dir: str, out: str, stages: list[str]) -> dict:
     env = dict(os.environ)
     m = measured([sys.executable, os.path.abspath(__file__), "--child", out, "--stages", ",".join(stages),
-                  video_dir], env=env, cwd=tempfile.gettempdir())
+                  *FORKED_ONE_WORKER, video_dir], env=env, cwd=tempfile.gettempdir())
     with open(os.path.join(out, "bench_child.json")) as fh:
         info = json.load(fh)
     with open(os.path.join(out, "stats.json")) as fh:
@@ -216,12 +220,16 @@ def main() -> int:
     ap.add_argument("--no-stage-cpu", action="store_true", help="skip the stage-by-stage runs")
     ap.add_argument("--no-rss", action="store_true", help="skip the decode worker RSS measurement")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "throughput.json"))
+    ap.add_argument("--forked-one-worker", action="store_true",
+                    help="A/B: run the one worker forked from the zygote (run_curate in_process=False), not in process")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--stages", help=argparse.SUPPRESS)
     ap.add_argument("inputs", nargs="?", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        return child(a.child, [s for s in a.stages.split(",") if s], a.inputs)
+        return child(a.child, [s for s in a.stages.split(",") if s], a.inputs, a.forked_one_worker)
+    if a.forked_one_worker:
+        FORKED_ONE_WORKER.append("--forked-one-worker")
     if a.video is None:
         from longreel.testing.sample_videos import ensure_videos
         a.video = str(ensure_videos([DEFAULT_VIDEO]) / DEFAULT_VIDEO)
@@ -232,6 +240,7 @@ def main() -> int:
     work = tempfile.mkdtemp(prefix="longreel-bench-throughput-")
     doc: dict = {"benchmark": "throughput", "video": os.path.basename(a.video),
                  "command": "nice -n 10 python benchmarks/throughput.py " + " ".join(sys.argv[1:]),
+                 "one_worker": "forked from the zygote" if a.forked_one_worker else "in process (as --workers 1)",
                  "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "ffmpeg": ff,
                              "shared": "yes: other jobs ran on this machine at the same time; see load_average",
                              "load_average_start": [round(x, 2) for x in load_start]}}

@@ -244,11 +244,12 @@ def build_curate(p: beam.Pipeline, items: InputPlan | list[dict], out_dir: str, 
 
 def run_curate(items: InputPlan | list[dict], out_dir: str, cfg: CurateConfig, beam_args: list[str] | None = None,
                command: str | None = None, handlers: dict | None = None, if_exists: str = "overwrite",
-               workers: int = 1) -> dict:
+               workers: int = 1, in_process: bool = True) -> dict:
     """Run the pipeline to completion (and build the data card when ``card`` is a stage); return the stats.
 
     ``workers``: processes of the local runner (when ``beam_args`` name no ``--runner``; see
-    :func:`~longreel.pipelines.runner.make_pipeline`). The outputs do not depend on it.
+    :func:`~longreel.pipelines.runner.make_pipeline`). The outputs do not depend on it. ``in_process=False``: one
+    worker runs in a forked process too (as the CLI runs it), its imports overlapping the graph build.
 
     The output directory's contract (:mod:`longreel.pipelines.io.run_dir`): the run holds ``out_dir``'s lock throughout
     (another run there raises :class:`~longreel.pipelines.io.run_dir.RunDirBusy`), ``if_exists`` says what to do with a
@@ -268,7 +269,7 @@ def run_curate(items: InputPlan | list[dict], out_dir: str, cfg: CurateConfig, b
     with _undo_on_input_error(out_dir), RunLock(out_dir, command):
         action, old = prepare(out_dir, ident, if_exists)
         with _undo_on_input_error(out_dir, fresh=action == "fresh"):
-            stats = _run_locked(items, out_dir, cfg, beam_args, command, handlers, workers)
+            stats = _run_locked(items, out_dir, cfg, beam_args, command, handlers, workers, in_process)
         ident.n_inputs = stats["inputs"]
         steps = [{"step": "curate", "config_hash": ident.config_hash}]
         if action == "resume" and old:  # steps run alone since (e.g. a caption pass) whose outputs are still there
@@ -337,7 +338,7 @@ def _describe_inputs(items: InputPlan | list[dict]) -> str:
 
 
 def _run_locked(items: InputPlan | list[dict], out_dir: str, cfg: CurateConfig, beam_args, command, handlers,
-                workers: int = 1) -> dict:
+                workers: int = 1, in_process: bool = True) -> dict:
     import json
 
     command = reproduction_command(command)
@@ -346,7 +347,7 @@ def _run_locked(items: InputPlan | list[dict], out_dir: str, cfg: CurateConfig, 
         fh.write(dump_yaml(cfg).encode())
     log.info("curate: %s -> %s (config %s)", _describe_inputs(items), out_dir, config_hash(cfg)[:12])
     t0 = time.monotonic()
-    p = make_pipeline(beam_args, workers=workers, preload=worker_modules(cfg))
+    p = make_pipeline(beam_args, workers=workers, preload=worker_modules(cfg), in_process=in_process)
     # one local worker: nothing to spread a long video over, so its decode stays one pass
     build_curate(p, items, out_dir, cfg, command=command, handlers=handlers,
                  split_long_videos=workers > 1 or names_runner(beam_args))

@@ -33,11 +33,15 @@ def names_runner(beam_args: list[str] | None) -> bool:
     return PipelineOptions(list(beam_args or [])).view_as(StandardOptions).runner is not None
 
 
-def make_pipeline(beam_args: list[str] | None = None, workers: int = 1, preload: tuple[str, ...] = ()) -> beam.Pipeline:
+def make_pipeline(beam_args: list[str] | None = None, workers: int = 1, preload: tuple[str, ...] = (),
+                  in_process: bool = True) -> beam.Pipeline:
     """A pipeline on the user's ``--runner``, or on the local FnApiRunner with ``workers`` processes.
 
     ``preload``: modules the workers will import (the stages'), imported once by the local workers' zygote while
-    the caller builds the graph (see :mod:`longreel.pipelines.forked_workers`)."""
+    the caller builds the graph (see :mod:`longreel.pipelines.forked_workers`).
+    ``in_process``: with one worker, run it in this process (the default: what the caller patched or handed in
+    in-process reaches it as is); ``False`` forks that one worker from the zygote too, so that its imports (torch,
+    the video processor: seconds) overlap the caller's graph build instead of following it."""
     if workers < 1:
         raise ValueError("workers must be >= 1")
     options = PipelineOptions(list(beam_args or []))
@@ -47,12 +51,13 @@ def make_pipeline(beam_args: list[str] | None = None, workers: int = 1, preload:
                      workers)
         return beam.Pipeline(options=options)
     from apache_beam.runners.portability.fn_api_runner import FnApiRunner
-    if workers == 1:
+    from longreel.pipelines.forked_workers import ForkedWorkersRunner, fork_available
+    beam_mode = "direct_running_mode" in options.get_all_options(drop_default=True) or not fork_available()
+    if workers == 1 and (in_process or beam_mode):
         return beam.Pipeline(runner=FnApiRunner(), options=options)
     direct = options.view_as(DirectOptions)
     direct.direct_num_workers = workers
-    from longreel.pipelines.forked_workers import ForkedWorkersRunner, fork_available
-    if "direct_running_mode" in options.get_all_options(drop_default=True) or not fork_available():
+    if beam_mode:
         if direct.direct_running_mode == "in_memory":
             direct.direct_running_mode = "multi_processing"
         return beam.Pipeline(runner=FnApiRunner(provision_info=_worker_provision(options)), options=options)
