@@ -93,7 +93,8 @@ def _common(seed: int, args, train_index: str) -> list[str]:
 
 def build_base(seed: int, args, work: Path) -> str:
     return build_tiny_qwen2vl(work / f"base{seed}", seed=seed, hidden_size=args.hidden_size,
-                              temporal_patch_size=args.temporal_patch)
+                              num_layers=args.layers, temporal_patch_size=args.temporal_patch,
+                              rope_theta=args.rope_theta)
 
 
 def sft_config(seed: int, args, base: str, train_index: str, out_dir: Path) -> TrainConfig:
@@ -249,6 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--train-items", type=int, default=512)
     p.add_argument("--eval-items", type=int, default=100)
     p.add_argument("--hidden-size", type=int, default=64, help="tiny model text width (build parameter)")
+    p.add_argument("--layers", type=int, default=2, help="tiny model text decoder layers (build parameter)")
+    p.add_argument("--rope-theta", type=float, default=1e6,
+                   help="tiny model text rotary base (build parameter; Qwen2-VL's 1e6)")
     p.add_argument("--temporal-patch", type=int, default=2,
                    help="frames per vision patch of the tiny model (build parameter; Qwen's 2)")
     p.add_argument("--sft-items", type=int, default=64)

@@ -260,3 +260,36 @@ def test_temporal_patch_size_is_a_build_parameter(tmp_path):
     assert a.features.shape == (16, 64) and not torch.allclose(a.features, b.features)
     with pytest.raises(ValueError):
         build_tiny_qwen2vl(tmp_path / "bad", seed=0, temporal_patch_size=0)
+
+
+def test_rope_theta_is_a_build_parameter(tmp_path):
+    # benchmarks/learn.py --rope-theta: with head dim 16 and base 1e6 the height/width rotary frequencies barely turn
+    # across a tiny video's token grid; a smaller base must reach the loaded model's rotary embedding, and the
+    # default build's marker (hence its bytes) stays what it was before the parameter existed
+    import importlib.util
+
+    from transformers import AutoModelForImageTextToText
+
+    default_dir = Path(build_tiny_qwen2vl(tmp_path / "d", seed=0))
+    assert "rope_theta" not in json.loads((default_dir / MARKER_FILE).read_text())["params"]
+    spec = importlib.util.spec_from_file_location(
+        "longreel_bench_learn", Path(__file__).resolve().parent.parent / "benchmarks" / "learn.py")
+    learn = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(learn)
+    d = Path(learn.build_base(0, learn.build_parser().parse_args(["--rope-theta", "100"]), tmp_path / "r"))
+    assert json.loads((d / MARKER_FILE).read_text())["params"]["rope_theta"] == 100.0
+    small = AutoModelForImageTextToText.from_pretrained(d)
+    big = AutoModelForImageTextToText.from_pretrained(default_dir)
+    # the rotary inverse frequencies are theta ** (-2i / head_dim): the slowest (width) one is 100 ** (-14 / 16)
+    inv_small = small.model.language_model.rotary_emb.inv_freq
+    inv_big = big.model.language_model.rotary_emb.inv_freq
+    assert inv_small.shape == (8,)
+    assert float(inv_small[-1]) == pytest.approx(100.0 ** (-14 / 16), rel=1e-4)
+    assert float(inv_big[-1]) == pytest.approx(1e6 ** (-14 / 16), rel=1e-4)
+    # same seed, same weights: only positions change
+    sd_small, sd_big = small.state_dict(), big.state_dict()
+    assert sd_small.keys() == sd_big.keys() and all(torch.equal(sd_small[k], sd_big[k]) for k in sd_big)
+    three = Path(learn.build_base(0, learn.build_parser().parse_args(["--layers", "3"]), tmp_path / "l"))
+    assert json.loads((three / "config.json").read_text())["text_config"]["num_hidden_layers"] == 3
+    with pytest.raises(ValueError):
+        build_tiny_qwen2vl(tmp_path / "bad", seed=0, rope_theta=1.0)

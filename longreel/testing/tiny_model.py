@@ -69,6 +69,7 @@ REASONING_TOKENS = ("<think>", "</think>", "<answer>", "</answer>")
 
 _HEAD_DIM = 16  # text attention head dim; mrope_section must sum to _HEAD_DIM // 2
 _MROPE_SECTION = [2, 3, 3]  # (temporal, height, width) rotary halves, Qwen's 1:1.5:1.5 ratio
+_ROPE_THETA = 1000000.0  # Qwen2-VL's text rotary base
 _BPE_VOCAB_SIZE = 1024
 _REQUIRED_FILES = (
     "config.json",
@@ -195,6 +196,7 @@ def tiny_build_params(
     min_pixels: int = 4 * 28 * 28,
     max_pixels: int = 64 * 28 * 28,
     temporal_patch_size: int = 2,
+    rope_theta: float = _ROPE_THETA,
 ) -> dict:
     """The canonical, JSON-serialisable parameter set that identifies a build (stored in the marker)."""
     if family not in FAMILIES:
@@ -207,6 +209,8 @@ def tiny_build_params(
         raise ValueError(f"need 0 < min_pixels <= max_pixels, got {min_pixels}, {max_pixels}")
     if temporal_patch_size < 1:
         raise ValueError(f"temporal_patch_size must be >= 1, got {temporal_patch_size}")
+    if not rope_theta > 1.0:
+        raise ValueError(f"rope_theta must be > 1, got {rope_theta}")
     params = {
         "format_version": BUILD_FORMAT_VERSION,
         "family": family,
@@ -221,6 +225,11 @@ def tiny_build_params(
     # recorded only when it differs from Qwen's 2, so that every earlier build keeps its marker (and its bytes)
     if temporal_patch_size != 2:
         params["temporal_patch_size"] = int(temporal_patch_size)
+    # likewise recorded only when it differs from Qwen's 1e6. With head dim 16 the text rotary has 8 frequencies
+    # and mrope gives height/width the slowest ones: at base 1e6 they turn by <= 0.1 rad (height) and ~5e-4 rad
+    # (width) across a tiny video's token grid, so a smaller base lets the LM tell vision tokens apart by place
+    if float(rope_theta) != _ROPE_THETA:
+        params["rope_theta"] = float(rope_theta)
     return params
 
 
@@ -320,7 +329,8 @@ def _build_config(params: dict, tok):
         "rms_norm_eps": 1e-6,
         "use_sliding_window": False,
         "max_window_layers": params["num_layers"],
-        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": list(_MROPE_SECTION)},
+        "rope_parameters": {"rope_type": "default", "rope_theta": params.get("rope_theta", _ROPE_THETA),
+                            "mrope_section": list(_MROPE_SECTION)},
         "bos_token_id": ids["<|endoftext|>"],
         "eos_token_id": ids["<|im_end|>"],
         "pad_token_id": ids["<|endoftext|>"],
@@ -453,6 +463,7 @@ def build_tiny_qwen2vl(
     min_pixels: int = 4 * 28 * 28,
     max_pixels: int = 64 * 28 * 28,
     temporal_patch_size: int = 2,
+    rope_theta: float = _ROPE_THETA,
 ) -> str:
     """Build (or reuse) a tiny random Qwen2-VL-family checkpoint in ``out_dir``; return the dir path.
 
@@ -469,6 +480,7 @@ def build_tiny_qwen2vl(
         min_pixels / max_pixels: per-frame pixel bounds of the image and video processors.
         temporal_patch_size: frames per vision patch (Qwen's 2; the vision tower's 3-D patch embedding sees
             that many consecutive frames at once, and its attention runs within each such group of frames).
+        rope_theta: base of the language model's (multimodal) rotary position embedding (Qwen2-VL's 1e6).
 
     Same parameters give byte-identical files (weights, tokenizer, configs).
     """
@@ -482,6 +494,7 @@ def build_tiny_qwen2vl(
         min_pixels=min_pixels,
         max_pixels=max_pixels,
         temporal_patch_size=temporal_patch_size,
+        rope_theta=rope_theta,
     )
     target = Path(out_dir).absolute()
     if is_complete_build(target, params):
