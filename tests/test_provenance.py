@@ -14,13 +14,7 @@ def _git(repo, *args) -> str:
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="no git on PATH")
 def test_commit_and_dirty_marker(tmp_path):
-    repo = tmp_path / "checkout"
-    repo.mkdir()
-    _git(repo, "init", "-q")
-    (repo / "a.py").write_text("x = 1\n")
-    _git(repo, "add", "a.py")
-    _git(repo, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "one")
-    rev = _git(repo, "rev-parse", "--short=12", "HEAD")
+    repo, rev = _checkout(tmp_path, dirty=False)
     assert code_version(str(repo)) == f"{longreel.__version__}+g{rev}"
     (repo / "untracked.txt").write_text("scratch\n")  # untracked files do not make the code differ
     code_version.cache_clear()
