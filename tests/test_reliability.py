@@ -491,17 +491,17 @@ def _first(out: Path, pred: Callable[[str], bool]) -> bool:
     return False
 
 
-# (name, the first path that shows the run is there). A demo run's files first appear in this order (probed, ~37 s
-# uninterrupted): .longreel.lock and config.yaml (before the pipeline), frame_cache/ and shards/ (empty: the pipeline
-# is built and ingest/probe runs), videos-/clips-*.parquet (segment done; the caption model runs), captions-,
-# qras-*.parquet, frame_cache/**.npy (pack writing the frame cache; shards and rejects follow), stats.json, card/,
-# _SUCCESS.json. Each point below is seconds away from the next, so a 20 ms poll hits it.
+# (name, the first path that shows the run is there). A demo run's files first appear in this order: .longreel.lock
+# and config.yaml (before the pipeline), frame_cache/ and shards/ (empty: the pipeline is built and ingest/probe
+# runs), frame_cache/**.npy (the caption stage's decode pass fills the frame cache), shards/*.tar and their index
+# (pack), then every table at once (one WriteTables step: videos-, clips-, captions-, qras-, rejects-*.parquet),
+# stats.json, card/, _SUCCESS.json. Each point below is seconds away from the next, so a 20 ms poll hits it.
 # The third element: a path that must not be there yet when the kill has landed (the run was inside that phase).
 KILL_POINTS = [
     ("ingest/segment", lambda p: p == "shards", lambda p: p.startswith("videos-")),
-    ("caption", lambda p: p.startswith("clips-"), lambda p: p.startswith("captions-")),
-    ("pack", lambda p: p.startswith("frame_cache" + os.sep) and p.endswith(".npy"),
+    ("caption/pack", lambda p: p.startswith("frame_cache" + os.sep) and p.endswith(".npy"),
      lambda p: p.startswith("shards" + os.sep) and p.endswith(".index.json")),
+    ("tables", lambda p: p.startswith("videos-"), lambda p: p == "card"),
     ("card", lambda p: p == "card", lambda p: p == MARKER),
 ]
 
