@@ -7,16 +7,29 @@
 # Usage: ./scripts/test.sh                  all three parts (what CI runs)
 #        ./scripts/test.sh [pytest args...] only the main suite, with these pytest args (default: -q -rs)
 #        LONGREEL_SKIP_DATAFLOW=1 / LONGREEL_SKIP_VLLM=1 ./scripts/test.sh   leave that part out
+#        LONGREEL_PRUNE_ENVS=1 ./scripts/test.sh   remove each part's virtualenv once that part has passed (.ci/run
+#                                                  sets it): py311 and dataflow each hold a CUDA build of torch
+#                                                  (~6 GB), so the peak disk use is one env instead of three
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 if ! "$PY" -m tox --version >/dev/null 2>&1; then
   "$PY" -m pip install -q "tox==4.67.15"  # the version CI and the lock were made with
 fi
+prune() {
+  if [ "${LONGREEL_PRUNE_ENVS:-0}" = "1" ]; then
+    rm -rf ".tox/$1"
+  fi
+}
+free_gb() { df -Pk . | awk 'NR==2 {print int($4 / 1048576)}'; }
+echo "test.sh: $(free_gb) GB free here; a full run with fresh envs needs about 20 GB (about 9 GB with LONGREEL_PRUNE_ENVS=1)"
 "$PY" -m tox -e py311 -- "$@"
+prune py311
 if [ $# -eq 0 ] && [ "${LONGREEL_SKIP_DATAFLOW:-0}" != "1" ]; then
   "$PY" -m tox -e dataflow
+  prune dataflow
 fi
 if [ $# -eq 0 ] && [ "${LONGREEL_SKIP_VLLM:-0}" != "1" ]; then
   "$PY" -m tox -e vllm
+  prune vllm
 fi
