@@ -100,7 +100,9 @@ class CachedVideo:
     leaf: Tensor | None = None
 
 
-def _fingerprint(pixel_values_videos: Tensor, video_grid_thw: Tensor) -> tuple:
+def video_fingerprint(pixel_values_videos: Tensor, video_grid_thw: Tensor) -> tuple:
+    """A cheap identity check for a video's pixels (shape, grid and the float64 sum), not a content hash: it
+    catches a key reused for different videos within a step, where hashing every pixel would cost a pass."""
     return (tuple(pixel_values_videos.shape), tuple(video_grid_thw.reshape(-1).tolist()),
             float(pixel_values_videos.detach().double().sum()))
 
@@ -149,7 +151,7 @@ class StepEmbedCache:
     # ------------------------------------------------------------------------------------------ features
     def video(self, key: str, pixel_values_videos: Tensor, video_grid_thw: Tensor) -> CachedVideo:
         """The cached entry for ``key``, encoding the video now if it is the first use this step."""
-        fp = _fingerprint(pixel_values_videos, video_grid_thw)
+        fp = video_fingerprint(pixel_values_videos, video_grid_thw)
         hit = self._videos.get(key)
         if hit is not None:
             if hit.fingerprint != fp:

@@ -29,7 +29,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from longreel.trainer.mrsp.embed_cache import _fingerprint, encode_video_features
+from longreel.trainer.mrsp.embed_cache import encode_video_features, video_fingerprint
 
 __all__ = ["FrozenFeatureCache", "pixel_digest"]
 
@@ -92,7 +92,7 @@ class FrozenFeatureCache:
 
         Within a step a name key seen again with the same (cheap) fingerprint is a hit without hashing; across
         steps the pixel digest decides. A name key reused this step for other pixels is looked up afresh."""
-        fp = _fingerprint(pixel_values_videos, video_grid_thw)
+        fp = video_fingerprint(pixel_values_videos, video_grid_thw)
         seen = self._step.get(key)
         if seen is not None and seen[0] == fp:
             self.hits += 1
@@ -104,7 +104,7 @@ class FrozenFeatureCache:
     def content_id(self, key: str, pixel_values_videos: Tensor, video_grid_thw: Tensor) -> str:
         """The pixel digest of the video cached under ``key`` this step (hashed now if the store is off)."""
         seen = self._step.get(key)
-        if seen is not None and seen[2] is not None and seen[0] == _fingerprint(pixel_values_videos, video_grid_thw):
+        if seen is not None and seen[2] is not None and seen[0] == video_fingerprint(pixel_values_videos, video_grid_thw):
             return seen[2]
         return pixel_digest(pixel_values_videos, video_grid_thw)
 
