@@ -44,6 +44,35 @@ def _caption(run_dir, dest, pack_cfg=None, **overrides):
     return sorted(read_table(str(dest), "clip_facts").to_pylist(), key=lambda r: r["clip_id"])
 
 
+def test_a_failed_combined_pass_falls_back_to_the_same_facts_whether_chunked_or_whole(chunked_run, tmp_path,
+                                                                                       monkeypatch):
+    """A combined decode call that fails (a timeout or a crash on a long video) is retried clip by clip. One worker
+    plans a long video as one task, two workers as chunks: both fall back to the same clip facts, the facts of a
+    run where nothing failed, and no clip is lost."""
+    from longreel.pipelines.media.worker import WorkerTimeout
+    from longreel.pipelines.stages.caption import DecodeClipFrames
+
+    clean = _caption(chunked_run, tmp_path / "clean")
+    real = DecodeClipFrames._decode
+    calls = []
+
+    def combined_calls_fail(self, path, requests, rotation):
+        combined = len(requests) > 1 or len(requests[0].timestamps) > self.cfg.frames.n
+        calls.append(combined)
+        if combined:
+            raise WorkerTimeout("decode", self.cfg.frames.timeout_s)
+        return real(self, path, requests, rotation)
+
+    monkeypatch.setattr(DecodeClipFrames, "_decode", combined_calls_fail)
+    got = {}
+    for name, per_call in (("whole", 256), ("chunks", 16)):
+        calls.clear()
+        pack_cfg = load_yaml(PackConfig, None, ["max_frames=8", "max_pixels=50176", f"cache_dir={tmp_path / name}c"])
+        got[name] = _caption(chunked_run, tmp_path / name, pack_cfg, **{"frames.max_frames_per_call": per_call})
+        assert any(calls) and not all(calls), calls  # combined calls failed, per-clip retries ran
+    assert got["whole"] == got["chunks"] == clean and len(clean) == 5
+
+
 def test_caption_pass_builds_the_frame_cache_the_pack_stage_would(rotated_run, tmp_path):
     """With a pack config the caption's one decode pass also writes the frame cache: the clip facts are the same
     as without it, and each entry is byte-identical to the one the pack stage builds with its own decode."""
