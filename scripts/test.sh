@@ -7,14 +7,18 @@
 # Usage: ./scripts/test.sh                  all three parts (what CI runs)
 #        ./scripts/test.sh [pytest args...] only the main suite, with these pytest args (default: -q -rs)
 #        LONGREEL_SKIP_DATAFLOW=1 / LONGREEL_SKIP_VLLM=1 ./scripts/test.sh   leave that part out
-#        LONGREEL_PRUNE_ENVS=1 ./scripts/test.sh   remove each part's virtualenv once that part has passed (.ci/run
-#                                                  sets it): py311 and dataflow each hold a CUDA build of torch
-#                                                  (~6 GB), so the peak disk use is one env instead of three
+#        LONGREEL_PRUNE_ENVS=1 ./scripts/test.sh   for a machine short of disk (.ci/run sets it): remove each
+#            part's virtualenv once that part has passed, and keep no pip cache. py311 and dataflow each hold a CUDA
+#            build of torch (7.0 and 7.1 GB; vllm 3.9 GB) and the demo test builds a third (7 GB) while py311 runs:
+#            about 19 GB at the peak with every env kept, about 14 GB pruned.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 if ! "$PY" -m tox --version >/dev/null 2>&1; then
   "$PY" -m pip install -q "tox==4.67.15"  # the version CI and the lock were made with
+fi
+if [ "${LONGREEL_PRUNE_ENVS:-0}" = "1" ]; then
+  export PIP_NO_CACHE_DIR=1  # packages fetched from PyPI would be kept a second time in pip's cache
 fi
 prune() {
   if [ "${LONGREEL_PRUNE_ENVS:-0}" = "1" ]; then
@@ -22,7 +26,7 @@ prune() {
   fi
 }
 free_gb() { df -Pk . | awk 'NR==2 {print int($4 / 1048576)}'; }
-echo "test.sh: $(free_gb) GB free here; a full run with fresh envs needs about 20 GB (about 9 GB with LONGREEL_PRUNE_ENVS=1)"
+echo "test.sh: $(free_gb) GB free here; a run that builds its envs needs about 19 GB (14 GB with LONGREEL_PRUNE_ENVS=1)"
 "$PY" -m tox -e py311 -- "$@"
 prune py311
 if [ $# -eq 0 ] && [ "${LONGREEL_SKIP_DATAFLOW:-0}" != "1" ]; then
