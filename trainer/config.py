@@ -232,4 +232,3 @@ class TrainConfig(ConfigModel):
              "mrsp.vision=frozen trains no vision tower: set model.freeze_vision=true too (or use deferred)")
         need(not (self.mrsp.vision in ("deferred", "recompute") and self.model.freeze_vision),
              f"mrsp.vision={self.mrsp.vision} trains the vision tower but model.freeze_vision=true: use auto or frozen")
-        need(self.mrsp.sp_size == 1 or self.dist.strategy == "ddp", "mrsp.sp_size > 1 needs dist.strategy=ddp")

@@ -399,9 +399,6 @@ class TrainSession:
         device = resolve_device(cfg.run.device)
         self.info = init_distributed(device, cfg.dist.backend)
         if sp_size is not None:  # MR-SP: sequence-parallel groups (of 1 rank each when sp_size is 1)
-            if sp_size > 1 and cfg.dist.strategy != "ddp":
-                raise ValueError("mrsp.sp_size > 1 needs dist.strategy=ddp (sequence parallelism is not combined "
-                                 "with FSDP yet; MR-SP's embedding reuse with sp_size=1 works under both)")
             init_sp_groups(self.info, sp_size)
         self.device = self.info.device
         if cfg.run.threads:
