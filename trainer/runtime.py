@@ -28,7 +28,10 @@ MR-SP sequence parallelism (GRPO, ``mrsp.sp_size = S > 1``): the world is cut in
 ranks (``init_sp_groups``); the ranks of a group take the same prompts, so data parallelism runs over
 ``world / S`` replicas (``DistInfo.dp_size`` / ``dp_rank``, used by ``TrainSession.local_batch``). Every rank of a
 group holds its share of the group's gradient (the ``longreel.trainer.mrsp.dist_ops`` convention), so the one world-wide
-gradient sum (``sum_gradients``) is at once the sum over the SP group and over the data-parallel replicas.
+gradient sum (``sum_gradients``) is at once the sum over the SP group and over the data-parallel replicas. Under
+FSDP the same holds for the reduce-scatter (a world-wide average, times ``loss_scale`` = world size), with the
+weights sharded over the whole world; the sequence-parallel prefill runs each decoder layer as a forward of its FSDP
+unit (``longreel.trainer.mrsp.fsdp_calls``) so that every rank gathers, and reduces, the same layers in the same order.
 """
 from __future__ import annotations
 
