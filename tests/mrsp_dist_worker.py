@@ -165,7 +165,8 @@ def fsdp_checks(model_dir: str, prompt, pv, grid, mmt, resp, rmask, weights) -> 
     ids = torch.cat([prompt.expand(n, -1), resp], dim=1)
     attn = torch.cat([torch.ones_like(prompt).expand(n, -1), rmask], dim=1)
     pos = prompt_positions(plain, prompt, grid, mmt)
-    out = plain(input_ids=ids, attention_mask=attn, pixel_values_videos=pv.repeat(n, 1), video_grid_thw=grid.repeat(n, 1),
+    out = plain(input_ids=ids, attention_mask=attn, pixel_values_videos=pv.repeat(n, 1),
+                video_grid_thw=grid.repeat(n, 1),
                 mm_token_type_ids=torch.cat([mmt.expand(n, -1), torch.zeros_like(resp)], dim=1), use_cache=False)
     (token_logprobs(out.logits[:, lp_len - 1:-1], resp) * weights * rmask).sum().backward()
     g_plain = grads(plain)

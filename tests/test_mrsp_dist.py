@@ -117,9 +117,9 @@ def test_sp_prefill_equals_plain_path(dist_results, tag):
 
 def test_fsdp_sharded_sp_prefill_and_vision_equal_single_process(dist_results):
     """Under FSDP2 (``runtime.shard_fsdp``) the SP prefill runs each layer as an FSDP forward, and a rank without
-    response rows (``short``: all on the last rank) or without frames (a video of one temporal group) still gives the LM head
-    and the tower a zero gradient, so every unit's reduce-scatter matches across ranks: the gathered gradients equal
-    the single-process ones."""
+    response rows (``short``: all on the last rank) or without frames (a video of one temporal group) still gives the
+    LM head and the tower a zero gradient, so every unit's reduce-scatter matches across ranks: the gathered gradients
+    equal the single-process ones."""
     _, res = dist_results
     for r in res:
         x = r["fsdp"]
