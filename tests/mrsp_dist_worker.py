@@ -127,6 +127,78 @@ def sp_checks(model, prompt, pv, grid, mmt, resp, rmask, weights) -> dict:
     return res
 
 
+def fsdp_checks(model_dir: str, prompt, pv, grid, mmt, resp, rmask, weights) -> dict:
+    """The same computations on an FSDP2-sharded copy (``runtime.shard_fsdp``, the tower, embeddings and root held
+    gathered as ``TrainSession.hold_resident`` does): the gradients, reduce-scattered by FSDP (an average, so the loss
+    is scaled by the world size) and gathered back, equal the single-process ones. Cases where a rank has nothing
+    of its own: ``resp`` puts every response row on the last rank (the others never reach the LM head but for the
+    zero anchor), and a video of one temporal group leaves a rank without frames."""
+    from transformers import AutoModelForImageTextToText
+
+    from longreel.trainer.runtime import shard_fsdp
+
+    _, size = world()
+    plain = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).train()
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).train()
+    resident = shard_fsdp(model)["resident"]
+
+    def hold():
+        for m in resident:
+            m.set_reshard_after_forward(False, recurse=False)
+            m.set_reshard_after_backward(False, recurse=False)
+            m.unshard()
+
+    def full_grads() -> dict:
+        for m in resident:
+            m.reshard()
+        out = {}
+        for n, p in model.named_parameters():
+            g = p.grad.full_tensor() if p.grad is not None else torch.zeros(p.shape)
+            out[n] = g.detach().clone()
+        model.zero_grad(set_to_none=True)
+        return out
+
+    res: dict = {}
+    n, t = resp.shape
+    lp_len = prompt.shape[1]
+    weights = weights / rmask.sum()
+    ids = torch.cat([prompt.expand(n, -1), resp], dim=1)
+    attn = torch.cat([torch.ones_like(prompt).expand(n, -1), rmask], dim=1)
+    pos = prompt_positions(plain, prompt, grid, mmt)
+    out = plain(input_ids=ids, attention_mask=attn, pixel_values_videos=pv.repeat(n, 1),
+                video_grid_thw=grid.repeat(n, 1),
+                mm_token_type_ids=torch.cat([mmt.expand(n, -1), torch.zeros_like(resp)], dim=1), use_cache=False)
+    (token_logprobs(out.logits[:, lp_len - 1:-1], resp) * weights * rmask).sum().backward()
+    g_plain = grads(plain)
+    res["fsdp_grad_scale"] = scale(g_plain)
+    for label in ("sp", "shared"):
+        hold()
+        feats = sharded_video_features(model, pv, grid, grad="sum")
+        if label == "sp":
+            lp = sp_response_logprobs(model, ids, pos.with_responses(n, t), lp_len, features=feats,
+                                      attention_mask=attn)
+        else:
+            lp = sp_shared_prompt_logprobs(model, prompt, resp, features=feats, positions=pos)
+        ((lp * weights * rmask).sum() * size).backward()
+        g = full_grads()
+        res[f"fsdp_{label}_grad_diff"] = maxdiff(g, g_plain)
+        res[f"fsdp_{label}_lm_head_grad"] = float(g["lm_head.weight"].abs().sum())
+
+    # a one-group video: the shard plan gives a rank no frames
+    _, h, w = (int(v) for v in grid[0])
+    pv1, grid1 = pv[:h * w], grid.new_tensor([[1, h, w]])
+    res["fsdp_one_group_plan"] = list(plan_temporal_shards(grid1, size, 2).patches)
+    w_feat = torch.randn(h * w // 4, model.config.text_config.hidden_size, generator=torch.Generator().manual_seed(2))
+    plain.zero_grad(set_to_none=True)
+    (encode_video_features(plain, pv1, grid1) * w_feat).sum().backward()
+    g_ref = grads(plain)
+    hold()
+    ((sharded_video_features(model, pv1, grid1, grad="own") * w_feat).sum() * size).backward()
+    res["fsdp_one_group_grad_diff"] = maxdiff(full_grads(), g_ref, "model.visual.")
+    res["fsdp_one_group_grad_scale"] = scale({k: v for k, v in g_ref.items() if k.startswith("model.visual.")})
+    return res
+
+
 def main() -> None:
     # a collective mismatch would hang both ranks: dump the stacks and exit instead
     faulthandler.dump_traceback_later(float(os.environ.get("MRSP_WORKER_TIMEOUT", "420")), exit=True)
@@ -182,6 +254,9 @@ def _checks(model_dir: str, inputs_path: str, out_path: str) -> None:
         resp, rmask, weights = x[f'{tag}.response_ids'], x[f'{tag}.response_mask'], x[f'{tag}.weights']
         n, t = resp.shape
         res[tag] = sp_checks(model, prompt, pv, grid, mmt, resp, rmask, weights)
+
+    res["fsdp"] = fsdp_checks(model_dir, prompt, pv, grid, mmt, x["short.response_ids"], x["short.response_mask"],
+                              x["short.weights"])
 
     gathered = [None] * size
     dist.all_gather_object(gathered, res)

@@ -212,15 +212,17 @@ def test_torchrun_sequence_parallel_matches_one_process(tiny, shared_videos, tmp
 
 
 @pytest.mark.slow
-def test_torchrun_data_parallel_times_sequence_parallel_matches_one_process(tiny, shared_videos, tmp_path):
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_torchrun_data_parallel_times_sequence_parallel_matches_one_process(tiny, shared_videos, tmp_path, strategy):
     """World 4 = 2 data-parallel replicas x SP groups of 2 (4 gloo processes): the step-1 gradients of the global
-    batch equal the 1-process run."""
+    batch equal the 1-process run; under FSDP the weights are sharded over all 4 ranks (the replicas prefill
+    prompts of different lengths, the same layers in the same order)."""
     worker = str(Path(__file__).resolve().parent / "grpo_mrsp_worker.py")
     common = [tiny, str(shared_videos), "mrsp.sp_min_tokens=1", "mrsp.vision=deferred", "data.batch_size=4"]
     _run([sys.executable, worker, str(tmp_path / "one"), str(tmp_path / "g1.safetensors"), *common])
     _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4", "--master_addr", "127.0.0.1",
           "--master_port", str(_free_port()), worker, str(tmp_path / "four"), str(tmp_path / "g4.safetensors"),
-          *common, "mrsp.sp_size=2"])
+          *common, "mrsp.sp_size=2", f"dist.strategy={strategy}"])
     g1, g4 = load_file(str(tmp_path / "g1.safetensors")), load_file(str(tmp_path / "g4.safetensors"))
     assert g1.keys() == g4.keys() and sum(float(g.abs().sum()) for g in g1.values()) > 0
     worst = max(float((g1[k] - g4[k]).abs().max()) for k in g1)

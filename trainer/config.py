@@ -147,7 +147,9 @@ class MRSPConfig(ConfigModel):
                       choices=("auto", "frozen", "deferred", "recompute"))
     sp_size: int = cfg(1, "Ranks per sequence-parallel group under torchrun (1: off). The ranks of a group take the "
                           "same prompts (data-parallel size = world / sp_size), encode disjoint frame ranges of each "
-                          "video and split each log-prob pass (rows, or the sequence above sp_min_tokens).")
+                          "video, split each prompt's rollouts and each log-prob pass (rows, or the sequence above "
+                          "sp_min_tokens). Under dist.strategy=ddp and fsdp alike (fsdp shards the weights over the "
+                          "whole world; the sequence-parallel prefill runs each decoder layer as an FSDP forward).")
     sp_min_tokens: int = cfg(3072, "Sequences of at least this many tokens (prompt + response) are prefilled "
                                    "sequence-parallel across the SP group; shorter ones split the G rows over it. "
                                    "The default is the CPU crossover measured by benchmarks/mrsp.py.")
@@ -232,4 +234,3 @@ class TrainConfig(ConfigModel):
              "mrsp.vision=frozen trains no vision tower: set model.freeze_vision=true too (or use deferred)")
         need(not (self.mrsp.vision in ("deferred", "recompute") and self.model.freeze_vision),
              f"mrsp.vision={self.mrsp.vision} trains the vision tower but model.freeze_vision=true: use auto or frozen")
-        need(self.mrsp.sp_size == 1 or self.dist.strategy == "ddp", "mrsp.sp_size > 1 needs dist.strategy=ddp")

@@ -30,7 +30,7 @@ policy tower the same store backs the policy's step cache); with ``mrsp.ref_pref
 each prompt's video prefix are kept across steps too (``mrsp.ref_prefix.PrefixKVStore``, one process). With
 ``beta == 0`` the reference is not loaded and no reference pass runs.
 
-Sequence parallelism (``mrsp.sp_size = S > 1``, torchrun): groups of ``S`` consecutive ranks take the same prompts
+Sequence parallelism (``mrsp.sp_size = S > 1``, torchrun, under ``dist.strategy`` ddp or fsdp): groups of ``S`` consecutive ranks take the same prompts
 (data-parallel size ``world / S``); each rank encodes its share of the frames (``make_sharded_encoder``; features
 all-gathered), the group's ranks split each prompt's ``G`` rollouts (each samples its share from the identical
 gathered features, rollout ``k`` under its own seed, so the samples are one process's; the token ids are then

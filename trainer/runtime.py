@@ -28,7 +28,10 @@ MR-SP sequence parallelism (GRPO, ``mrsp.sp_size = S > 1``): the world is cut in
 ranks (``init_sp_groups``); the ranks of a group take the same prompts, so data parallelism runs over
 ``world / S`` replicas (``DistInfo.dp_size`` / ``dp_rank``, used by ``TrainSession.local_batch``). Every rank of a
 group holds its share of the group's gradient (the ``longreel.trainer.mrsp.dist_ops`` convention), so the one world-wide
-gradient sum (``sum_gradients``) is at once the sum over the SP group and over the data-parallel replicas.
+gradient sum (``sum_gradients``) is at once the sum over the SP group and over the data-parallel replicas. Under
+FSDP the same holds for the reduce-scatter (a world-wide average, times ``loss_scale`` = world size), with the
+weights sharded over the whole world; the sequence-parallel prefill runs each decoder layer as a forward of its FSDP
+unit (``longreel.trainer.mrsp.fsdp_calls``) so that every rank gathers, and reduces, the same layers in the same order.
 """
 from __future__ import annotations
 
@@ -399,9 +402,6 @@ class TrainSession:
         device = resolve_device(cfg.run.device)
         self.info = init_distributed(device, cfg.dist.backend)
         if sp_size is not None:  # MR-SP: sequence-parallel groups (of 1 rank each when sp_size is 1)
-            if sp_size > 1 and cfg.dist.strategy != "ddp":
-                raise ValueError("mrsp.sp_size > 1 needs dist.strategy=ddp (sequence parallelism is not combined "
-                                 "with FSDP yet; MR-SP's embedding reuse with sp_size=1 works under both)")
             init_sp_groups(self.info, sp_size)
         self.device = self.info.device
         if cfg.run.threads:

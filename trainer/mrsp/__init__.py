@@ -22,6 +22,10 @@ input embeddings along the sequence across ranks, with exact causal attention ov
 :func:`~longreel.trainer.mrsp.sp_prefill.sp_shared_prompt_logprobs` (the prompt split along the sequence and run once; the
 G response rows split over the ranks, attending to each layer's gathered prompt K/V).
 
+Under FSDP2 (``dist.strategy=fsdp``) the SP prefill's hand-run decoder layers go through
+:func:`~longreel.trainer.mrsp.fsdp_calls.run_as_forward`, so each layer is gathered and its gradient reduce-scattered
+around them as around the layer's own forward.
+
 GPU rollouts with cached embeddings through vLLM: :mod:`~longreel.trainer.mrsp.vllm_embeds` (lazy import).
 
 A GRPO step with MR-SP (one prompt ``p`` with video key ``k``; ``group`` = the SP group, ``None`` for one rank)::

@@ -33,6 +33,7 @@ the padding keys from every real query, so no per-row key mask is needed.
 """
 from __future__ import annotations
 
+import functools
 import sys
 from dataclasses import dataclass
 
@@ -41,6 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from longreel.trainer.mrsp.dist_ops import gather_seq, world
+from longreel.trainer.mrsp.fsdp_calls import is_fsdp, run_as_forward
 from longreel.trainer.positions import PromptPositions, base_model
 from longreel.trainer.mrsp.reuse import response_logprobs, token_logprobs
 
@@ -174,7 +176,7 @@ def sp_response_logprobs(model, input_ids: Tensor, position_ids: Tensor, respons
     cos, sin = lm.rotary_emb(h, pos)
     sizes = [chunk] * size
 
-    for layer in lm.layers:
+    def layer_step(layer, h, cos, sin):
         attn = layer.self_attn
         residual = h
         x = layer.input_layernorm(h)
@@ -190,7 +192,10 @@ def sp_response_logprobs(model, input_ids: Tensor, position_ids: Tensor, respons
         o = prefix_causal_attention(q, k, v, lo, attn.scaling)
         o = attn.o_proj(o.transpose(1, 2).reshape(b, chunk, -1))
         h = residual + o
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return h + layer.mlp(layer.post_attention_layernorm(h))
+
+    for layer in lm.layers:  # under FSDP each layer's weights are gathered (and its gradient reduced) around it
+        h = run_as_forward(layer, functools.partial(layer_step, layer), h, cos, sin)
     h = lm.norm(h)
 
     # rows predicting a response token: global positions [response_start - 1, length - 1)
@@ -204,8 +209,17 @@ def sp_response_logprobs(model, input_ids: Tensor, position_ids: Tensor, respons
         # in the backward like everyone else's
         lp = h.new_zeros(b, 0, dtype=torch.float32)
         if h.requires_grad:
-            lp = lp + 0.0 * h.sum()
+            lp = lp + _anchor(model, h)
     return gather_seq(lp, dim=1, grad="own", group=group, sizes=counts)
+
+
+def _anchor(model, h: Tensor) -> Tensor:
+    """A zero that depends on the final hidden states ``h``, so that a rank with nothing to return still runs its
+    backward collectives. Under FSDP it goes through the LM head too: the root unit reduce-scatters the gradients
+    its parameters have, so every rank must give the head one (zero here) even without rows of its own."""
+    if is_fsdp(model):
+        return 0.0 * model.lm_head(h[:, -1:]).float().sum()
+    return 0.0 * h.sum()
 
 
 def _split(n: int, size: int) -> list[int]:
@@ -265,7 +279,7 @@ def sp_shared_prompt_logprobs(model, prompt_ids: Tensor, response_ids: Tensor, *
     def expand(attn, x):
         return x.repeat_interleave(attn.num_key_value_groups, dim=1) if attn.num_key_value_groups > 1 else x
 
-    for layer in lm.layers:
+    def layer_step(layer, h, hr, cos, sin, cos_r, sin_r):
         attn = layer.self_attn
         q, k, v = qkv(attn, layer.input_layernorm(h), cos, sin)
         k, v = gather_seq(torch.stack([k, v]), dim=3, grad="sum", group=group, sizes=[chunk] * size).unbind(0)
@@ -279,11 +293,14 @@ def sp_shared_prompt_logprobs(model, prompt_ids: Tensor, response_ids: Tensor, *
             hr = hr + attn.o_proj(orr.transpose(1, 2).reshape(g, tr, -1))
             hr = hr + layer.mlp(layer.post_attention_layernorm(hr))
         h = h + o
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return h + layer.mlp(layer.post_attention_layernorm(h)), hr
+
+    for layer in lm.layers:  # under FSDP each layer's weights are gathered (and its gradient reduced) around it
+        h, hr = run_as_forward(layer, functools.partial(layer_step, layer), h, hr, cos, sin, cos_r, sin_r)
     h = lm.norm(h)
 
     # under grad, every rank's graph must reach its K/V collectives in the backward, whatever it returns
-    anchor = 0.0 * h.sum() if h.requires_grad else None
+    anchor = _anchor(model, h) if h.requires_grad else None
     owner = (lp_len - 1) // chunk
     if rank == owner:  # the first response token, from the prompt's last position (one row of logits)
         logits0 = model.lm_head(h[:, lp_len - 1 - lo])  # [1, V]
@@ -337,6 +354,12 @@ def prefill_logprobs(model, prompt_ids: Tensor, response_ids: Tensor, response_m
         if sizes[rank]:
             lp = response_logprobs(model, prompt_ids, response_ids[rows], response_mask[rows], features=features,
                                    positions=positions, temperature=temperature, share_prompt=share_prompt)
+        elif torch.is_grad_enabled() and is_fsdp(model):
+            # no rows here, but under FSDP every rank must run the model's units (each runs collectives): one row
+            # at weight zero
+            one = response_logprobs(model, prompt_ids, response_ids[:1], response_mask[:1], features=features,
+                                    positions=positions, temperature=temperature, share_prompt=share_prompt)
+            lp = features.new_zeros(0, t, dtype=torch.float32) + 0.0 * one.sum()
         else:  # no rows here; keep the features' graph connected so the ranks' backward collectives match
             lp = features.new_zeros(0, t, dtype=torch.float32)
             if torch.is_grad_enabled() and features.requires_grad:

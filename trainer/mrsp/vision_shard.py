@@ -24,6 +24,7 @@ from torch import Tensor
 
 from longreel.trainer.mrsp.dist_ops import gather_seq, world
 from longreel.trainer.mrsp.embed_cache import encode_video_features
+from longreel.trainer.mrsp.fsdp_calls import is_fsdp
 from longreel.trainer.positions import base_model
 
 __all__ = ["ShardPlan", "plan_temporal_shards", "sharded_video_features", "make_sharded_encoder"]
@@ -131,6 +132,12 @@ def sharded_video_features(model, pixel_values_videos: Tensor, video_grid_thw: T
         wants_grad = torch.is_grad_enabled() and any(p.requires_grad for p in visual.parameters())
         local = torch.zeros(0, _out_width(model), dtype=pixel_values_videos.dtype,
                             device=pixel_values_videos.device, requires_grad=wants_grad)
+        if wants_grad and is_fsdp(visual):
+            # under FSDP the tower's gradient is reduce-scattered by every rank together, over the parameters that
+            # have one: encode the first temporal group at weight zero so this rank's tower gets a (zero) gradient
+            t, h, w = (int(x) for x in video_grid_thw.reshape(-1, 3)[0])
+            one = encode_video_features(model, pixel_values_videos[:h * w], video_grid_thw.new_tensor([[1, h, w]]))
+            local = local + 0.0 * one.sum()
     return gather_seq(local, dim=0, grad=grad, group=group, sizes=plan.out_sizes)
 
 
