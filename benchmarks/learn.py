@@ -59,7 +59,7 @@ from longreel.trainer.config import DataConfig  # noqa: E402
 from longreel.trainer.runtime import load_items  # noqa: E402
 from longreel.trainer.synthetic_solvers import oracle_answer, single_frame_answer  # noqa: E402
 from longreel.trainer.synthetic_task import TIME_KINDS, make_items, write_shards  # noqa: E402
-from longreel.testing.tiny_model import build_tiny_qwen2vl  # noqa: E402
+from longreel.testing.tiny_model import PATCH_EMBEDS, build_tiny_qwen2vl  # noqa: E402
 
 
 def _cfg(overrides: list[str]) -> TrainConfig:
@@ -94,7 +94,7 @@ def _common(seed: int, args, train_index: str) -> list[str]:
 def build_base(seed: int, args, work: Path) -> str:
     return build_tiny_qwen2vl(work / f"base{seed}", seed=seed, hidden_size=args.hidden_size,
                               num_layers=args.layers, temporal_patch_size=args.temporal_patch,
-                              rope_theta=args.rope_theta)
+                              rope_theta=args.rope_theta, patch_embed=args.patch_embed)
 
 
 def sft_config(seed: int, args, base: str, train_index: str, out_dir: Path) -> TrainConfig:
@@ -255,6 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tiny model text rotary base (build parameter; Qwen2-VL's 1e6)")
     p.add_argument("--temporal-patch", type=int, default=2,
                    help="frames per vision patch of the tiny model (build parameter; Qwen's 2)")
+    p.add_argument("--patch-embed", default="random", choices=PATCH_EMBEDS,
+                   help="tiny model vision patch embedding (build parameter): the library's random init, or "
+                        "'frame_difference' (most channels see consecutive frames' difference; see tiny_model)")
     p.add_argument("--sft-items", type=int, default=64)
     p.add_argument("--sft-steps", type=int, default=60)
     p.add_argument("--sft-batch", type=int, default=4)
