@@ -16,8 +16,8 @@ and of one that sees all frames (100 %), so the model's numbers can be read agai
 
 ``--temporal-patch`` sets how many consecutive frames one vision patch spans in the tiny model (Qwen's 2 by
 default); ``--patch-embed frame_difference`` builds it with a patch embedding over consecutive frames' differences
-(trial T5: no better than the random one; ``learn_varshare.py`` measures why). Every trial on the time kinds, with its settings fixed before it ran and the diagnostics between trials,
-is in ``results/learn_time_trials.json``.
+(trial T5: no better than the random one; ``learn_varshare.py`` measures why). Every trial on the time kinds,
+with its settings fixed before it ran and the diagnostics between trials, is in ``results/learn_time_trials.json``.
 
 Why these defaults (``benchmarks/learn_diagnose.py``, ``results/learn_diagnose.json``, ``results/learn_trials.json``):
 SFT at lr 1e-2 over-trained the tiny model on its 64 items and, for seed 1, collapsed the vision-merger features of
