@@ -15,8 +15,9 @@ and of one that sees all frames (100 %), so the model's numbers can be read agai
         --out benchmarks/results/learn_time.json
 
 ``--temporal-patch`` sets how many consecutive frames one vision patch spans in the tiny model (Qwen's 2 by
-default). Every trial on the time kinds, with its settings fixed before it ran and the diagnostics between trials,
-is in ``results/learn_time_trials.json``.
+default); ``--patch-embed frame_difference`` builds it with a patch embedding over consecutive frames' differences
+(trial T5: no better than the random one; ``learn_varshare.py`` measures why). Every trial on the time kinds,
+with its settings fixed before it ran and the diagnostics between trials, is in ``results/learn_time_trials.json``.
 
 Why these defaults (``benchmarks/learn_diagnose.py``, ``results/learn_diagnose.json``, ``results/learn_trials.json``):
 SFT at lr 1e-2 over-trained the tiny model on its 64 items and, for seed 1, collapsed the vision-merger features of
@@ -59,7 +60,7 @@ from longreel.trainer.config import DataConfig  # noqa: E402
 from longreel.trainer.runtime import load_items  # noqa: E402
 from longreel.trainer.synthetic_solvers import oracle_answer, single_frame_answer  # noqa: E402
 from longreel.trainer.synthetic_task import TIME_KINDS, make_items, write_shards  # noqa: E402
-from longreel.testing.tiny_model import build_tiny_qwen2vl  # noqa: E402
+from longreel.testing.tiny_model import PATCH_EMBEDS, build_tiny_qwen2vl  # noqa: E402
 
 
 def _cfg(overrides: list[str]) -> TrainConfig:
@@ -94,7 +95,7 @@ def _common(seed: int, args, train_index: str) -> list[str]:
 def build_base(seed: int, args, work: Path) -> str:
     return build_tiny_qwen2vl(work / f"base{seed}", seed=seed, hidden_size=args.hidden_size,
                               num_layers=args.layers, temporal_patch_size=args.temporal_patch,
-                              rope_theta=args.rope_theta)
+                              rope_theta=args.rope_theta, patch_embed=args.patch_embed)
 
 
 def sft_config(seed: int, args, base: str, train_index: str, out_dir: Path) -> TrainConfig:
@@ -255,6 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tiny model text rotary base (build parameter; Qwen2-VL's 1e6)")
     p.add_argument("--temporal-patch", type=int, default=2,
                    help="frames per vision patch of the tiny model (build parameter; Qwen's 2)")
+    p.add_argument("--patch-embed", default="random", choices=PATCH_EMBEDS,
+                   help="tiny model vision patch embedding (build parameter): the library's random init, or "
+                        "'frame_difference' (most channels see consecutive frames' difference; see tiny_model)")
     p.add_argument("--sft-items", type=int, default=64)
     p.add_argument("--sft-steps", type=int, default=60)
     p.add_argument("--sft-batch", type=int, default=4)

@@ -110,3 +110,26 @@ def test_shards_written_for_four_frame_patches_load_into_that_policy(tmp_path):
         assert int((encode_prompt(four, g, video_token_id=vt).input_ids == vt).sum()) == 16
         with pytest.raises(VideoTokenMismatch):
             encode_prompt(two, g, video_token_id=vt)
+
+
+def test_answer_variance_share_of_the_varshare_diagnostic():
+    # benchmarks/learn_varshare.py (diagnostics D18/D19): 1 when the features are the answer, about
+    # (classes - 1) / (items - 1) when the answer is unrelated to them, the answer's share when mixed with nuisance
+    import importlib.util
+    from pathlib import Path
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location(
+        "longreel_bench_varshare", Path(__file__).resolve().parent.parent / "benchmarks" / "learn_varshare.py")
+    vs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vs)
+    g = torch.Generator().manual_seed(0)
+    labels = ["ABC"[i % 3] for i in range(600)]
+    onehot = torch.nn.functional.one_hot(torch.tensor([i % 3 for i in range(600)]), 3).float()
+    assert vs.answer_variance_share(onehot, labels) == pytest.approx(1.0)
+    noise = torch.randn(600, 8, generator=g)
+    assert vs.answer_variance_share(noise, labels) < 0.02
+    # the answer as 3 one-hot dims (variance 3 x 2/9) beside 8 nuisance dims of variance 1
+    mixed = torch.cat([onehot * 1.0, noise], 1)
+    assert vs.answer_variance_share(mixed, labels) == pytest.approx((2 / 3) / (2 / 3 + 8), abs=0.02)

@@ -293,3 +293,48 @@ def test_rope_theta_is_a_build_parameter(tmp_path):
     assert json.loads((three / "config.json").read_text())["text_config"]["num_hidden_layers"] == 3
     with pytest.raises(ValueError):
         build_tiny_qwen2vl(tmp_path / "bad", seed=0, rope_theta=1.0)
+
+
+def test_frame_difference_patch_embed_is_a_build_parameter(tmp_path):
+    # benchmarks/learn.py --patch-embed frame_difference: the vision patch embedding sees consecutive frames'
+    # differences (channels e % T >= 1) and the frames' content (e % T == 0); nothing else in the weights changes,
+    # and a default build's marker (hence its bytes) is what it was before the parameter existed
+    import importlib.util
+
+    from transformers import AutoModelForImageTextToText
+
+    from longreel.testing.tiny_model import frame_difference_kernel
+
+    default_dir = Path(build_tiny_qwen2vl(tmp_path / "d", seed=0, temporal_patch_size=4))
+    assert "patch_embed" not in json.loads((default_dir / MARKER_FILE).read_text())["params"]
+    spec = importlib.util.spec_from_file_location(
+        "longreel_bench_learn", Path(__file__).resolve().parent.parent / "benchmarks" / "learn.py")
+    learn = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(learn)
+    args = learn.build_parser().parse_args(["--temporal-patch", "4", "--patch-embed", "frame_difference"])
+    d = Path(learn.build_base(0, args, tmp_path / "fd"))
+    assert json.loads((d / MARKER_FILE).read_text())["params"]["patch_embed"] == "frame_difference"
+    diff = AutoModelForImageTextToText.from_pretrained(d)
+    rand = AutoModelForImageTextToText.from_pretrained(default_dir)
+    sd_diff, sd_rand = diff.state_dict(), rand.state_dict()
+    conv_keys = [k for k in sd_rand if k.endswith("patch_embed.proj.weight")]
+    assert len(conv_keys) == 1 and sd_diff.keys() == sd_rand.keys()
+    assert all(torch.equal(sd_diff[k], sd_rand[k]) for k in sd_rand if k not in conv_keys)
+    w = sd_diff[conv_keys[0]]  # [E, C, T, P, P]
+    assert w.shape[2] == 4 and torch.equal(w, frame_difference_kernel(sd_rand[conv_keys[0]]))
+    # a patch that is the same in every frame: zero in the difference channels, not in the content channels
+    g = torch.Generator().manual_seed(1)
+    still = torch.randn(1, 3, 1, 14, 14, generator=g).expand(1, 3, 4, 14, 14)
+    out = torch.nn.functional.conv3d(still, w, stride=(4, 14, 14)).reshape(-1)
+    content, moving = out[0::4], torch.cat([out[1::4], out[2::4], out[3::4]])
+    assert moving.abs().max() < 1e-5 and content.abs().min() > 1e-4
+    # a change between frames 1 and 2 reaches exactly the channels with pattern 2 (frame 2 minus frame 1)
+    changed = still.clone()
+    changed[:, :, 2:] += torch.randn(1, 3, 1, 14, 14, generator=g)
+    delta = (torch.nn.functional.conv3d(changed, w, stride=(4, 14, 14))
+             - torch.nn.functional.conv3d(still, w, stride=(4, 14, 14))).reshape(-1)
+    assert delta[2::4].abs().min() > 1e-4 and delta[1::4].abs().max() < 1e-5 and delta[3::4].abs().max() < 1e-5
+    with pytest.raises(ValueError):
+        build_tiny_qwen2vl(tmp_path / "bad", seed=0, temporal_patch_size=1, patch_embed="frame_difference")
+    with pytest.raises(ValueError):
+        build_tiny_qwen2vl(tmp_path / "bad2", seed=0, patch_embed="sobel")

@@ -46,12 +46,16 @@ __all__ = [
     "REASONING_TOKENS",
     "FAMILIES",
     "MARKER_FILE",
+    "PATCH_EMBEDS",
+    "frame_difference_kernel",
 ]
 
 #: bump when the on-disk layout or the meaning of a parameter changes; old builds are then rebuilt
 BUILD_FORMAT_VERSION = 1
 MARKER_FILE = "longreel_tiny_build.json"
 FAMILIES = ("qwen2_vl", "qwen2_5_vl")
+#: how the vision tower's 3-D patch embedding is initialised (``build_tiny_qwen2vl(patch_embed=...)``)
+PATCH_EMBEDS = ("random", "frame_difference")
 
 #: Qwen's special tokens, in Qwen's relative order (ids follow the BPE vocabulary).
 SPECIAL_TOKENS = (
@@ -197,6 +201,7 @@ def tiny_build_params(
     max_pixels: int = 64 * 28 * 28,
     temporal_patch_size: int = 2,
     rope_theta: float = _ROPE_THETA,
+    patch_embed: str = "random",
 ) -> dict:
     """The canonical, JSON-serialisable parameter set that identifies a build (stored in the marker)."""
     if family not in FAMILIES:
@@ -211,6 +216,10 @@ def tiny_build_params(
         raise ValueError(f"temporal_patch_size must be >= 1, got {temporal_patch_size}")
     if not rope_theta > 1.0:
         raise ValueError(f"rope_theta must be > 1, got {rope_theta}")
+    if patch_embed not in PATCH_EMBEDS:
+        raise ValueError(f"patch_embed must be one of {PATCH_EMBEDS}, got {patch_embed!r}")
+    if patch_embed == "frame_difference" and temporal_patch_size < 2:
+        raise ValueError("patch_embed='frame_difference' needs temporal_patch_size >= 2 (frames to subtract)")
     params = {
         "format_version": BUILD_FORMAT_VERSION,
         "family": family,
@@ -230,6 +239,9 @@ def tiny_build_params(
     # (width) across a tiny video's token grid, so a smaller base lets the LM tell vision tokens apart by place
     if float(rope_theta) != _ROPE_THETA:
         params["rope_theta"] = float(rope_theta)
+    # likewise recorded only when not the library's random init
+    if patch_embed != "random":
+        params["patch_embed"] = patch_embed
     return params
 
 
@@ -401,7 +413,39 @@ def _build_processor(params: dict, tok):
     )
 
 
-def _build_model(config, seed: int):
+def frame_difference_kernel(weight, generator=None):
+    """A temporal patch embedding over frame differences, from a random 3-D patch kernel of the same shape.
+
+    ``weight``: ``[E, C, T, P, P]`` (the vision tower's Conv3d over ``T`` frames of a ``P x P`` patch). Output channel
+    ``e`` gets temporal pattern ``k = e % T``: ``k == 0`` the same spatial filter on every frame (the patch's content,
+    as one frame shows it), ``k >= 1`` that filter on frame ``k`` minus frame ``k - 1`` (what changed between them).
+    The spatial filters are ``weight[:, :, 0]`` (already random under the build seed), so a change in any pixel of
+    the patch reaches a difference channel, and static content is zero there. Returns a new tensor; pure.
+    """
+    import torch
+
+    e, _, t, _, _ = weight.shape
+    spatial = weight[:, :, 0]
+    out = torch.zeros_like(weight)
+    for ch in range(e):
+        k = ch % t
+        if k == 0:
+            # sum over frames scaled by 1/sqrt(T): a static patch gives a response of the default init's spread
+            out[ch] = spatial[ch].unsqueeze(1).expand_as(out[ch]) / t ** 0.5
+        else:
+            out[ch, :, k] = spatial[ch]
+            out[ch, :, k - 1] = -spatial[ch]
+    return out
+
+
+def _vision_patch_conv(model):
+    convs = [m for name, m in model.named_modules() if name.endswith("patch_embed.proj")]
+    if len(convs) != 1:  # pragma: no cover - guards a transformers module-layout change
+        raise RuntimeError(f"expected one vision patch_embed.proj, found {len(convs)}")
+    return convs[0]
+
+
+def _build_model(config, seed: int, patch_embed: str = "random"):
     import torch
     from transformers import GenerationConfig
 
@@ -414,6 +458,10 @@ def _build_model(config, seed: int):
         torch.manual_seed(seed)
         model = model_cls(config)
     model = model.to(torch.float32).eval()
+    if patch_embed == "frame_difference":
+        conv = _vision_patch_conv(model)
+        with torch.no_grad():
+            conv.weight.copy_(frame_difference_kernel(conv.weight))
     text = config.get_text_config()
     model.generation_config = GenerationConfig(
         bos_token_id=text.bos_token_id,
@@ -428,7 +476,7 @@ def _write_build(tmp: Path, params: dict) -> None:
     tok = _build_tokenizer(training_corpus(params["vocab_extra_lines"]))
     config = _build_config(params, tok)
     processor = _build_processor(params, tok)
-    model = _build_model(config, params["seed"])
+    model = _build_model(config, params["seed"], params.get("patch_embed", "random"))
     model.save_pretrained(str(tmp))
     processor.save_pretrained(str(tmp))
     marker = {"params": params, "transformers_version": _transformers_version()}
@@ -464,6 +512,7 @@ def build_tiny_qwen2vl(
     max_pixels: int = 64 * 28 * 28,
     temporal_patch_size: int = 2,
     rope_theta: float = _ROPE_THETA,
+    patch_embed: str = "random",
 ) -> str:
     """Build (or reuse) a tiny random Qwen2-VL-family checkpoint in ``out_dir``; return the dir path.
 
@@ -481,6 +530,14 @@ def build_tiny_qwen2vl(
         temporal_patch_size: frames per vision patch (Qwen's 2; the vision tower's 3-D patch embedding sees
             that many consecutive frames at once, and its attention runs within each such group of frames).
         rope_theta: base of the language model's (multimodal) rotary position embedding (Qwen2-VL's 1e6).
+        patch_embed: ``"random"`` (the library's init) or ``"frame_difference"``: the vision tower's 3-D patch
+            embedding is set to :func:`frame_difference_kernel` of its random init, so that most of its channels see
+            the difference of consecutive frames within a temporal patch and one in ``temporal_patch_size`` sees the
+            frames' content (the Conv3d is unchanged, only its weights: the checkpoint loads anywhere). Why: with the
+            random kernel the answer to a question about time explains a few percent of the tower's output variance
+            at most (``benchmarks/results/learn_time_trials.json``, D18); differencing makes what changed a
+            large-variance direction while static content still reaches the tower. Most useful with
+            ``temporal_patch_size`` equal to the clip length, so every pair of consecutive frames is differenced.
 
     Same parameters give byte-identical files (weights, tokenizer, configs).
     """
@@ -495,6 +552,7 @@ def build_tiny_qwen2vl(
         max_pixels=max_pixels,
         temporal_patch_size=temporal_patch_size,
         rope_theta=rope_theta,
+        patch_embed=patch_embed,
     )
     target = Path(out_dir).absolute()
     if is_complete_build(target, params):
