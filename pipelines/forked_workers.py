@@ -10,7 +10,8 @@ decoded (benchmarks/results/scale.json).
 
 Here the workers speak the same portable Fn API, through Beam's ``EXTERNAL`` environment (the worker-pool
 protocol that Flink, Spark and Dataflow Runner v2 use), but the pool forks them from a *zygote*: one fresh
-interpreter, started when the pipeline object is made, that imports the modules the run will need while the
+interpreter, started when the pipeline object is made (by `longreel curate` before it imports Beam: see
+:mod:`longreel.pipelines.zygote`), that imports the modules the run will need while the
 launcher is still building the graph (the stage modules the caller names, then every ``longreel`` module and
 model library the launcher imported by the time the run starts), and then forks one child per ``StartWorker``
 that runs :class:`~apache_beam.runners.worker.sdk_worker.SdkHarness` against the runner's control endpoint.
