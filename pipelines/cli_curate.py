@@ -10,8 +10,8 @@ import sys
 import yaml
 
 from longreel.pipelines.config import CurateConfig
-from longreel.pipelines.runner import default_workers
-from longreel.pipelines.io.inputs import InputError, plan_inputs
+from longreel.pipelines import zygote
+from longreel.pipelines.zygote import default_workers
 from longreel.schemas.config import ConfigError, describe, load_yaml
 
 log = logging.getLogger("longreel")
@@ -109,6 +109,17 @@ def main(args, beam_args: list[str]) -> int:
     except (ConfigError, OSError) as e:
         print(f"longreel curate: bad config: {e}", file=sys.stderr)
         return 2
+    workers = args.workers or default_workers()
+    if _forks_local_workers(beam_args, workers):  # its imports then overlap this process's (Beam's, the stages')
+        zygote.prestart()
+    try:
+        return _run(args, beam_args, cfg, workers)
+    finally:
+        zygote.discard()  # unless the run adopted it
+
+
+def _run(args, beam_args: list[str], cfg: CurateConfig, workers: int) -> int:
+    from longreel.pipelines.io.inputs import InputError, plan_inputs
     try:
         if args.demo or not args.inputs:
             from longreel.pipelines.sample_corpus import demo_items
@@ -126,13 +137,19 @@ def main(args, beam_args: list[str]) -> int:
     from longreel.pipelines.portable import preflight
     preflight(beam_args, [args.out, *args.inputs])  # a portable run that would hang or write elsewhere stops here
     if_exists = "overwrite" if args.overwrite else "resume" if args.resume else "error"
-    workers = args.workers or default_workers()
     stats = run_curate(items, args.out, cfg, beam_args, command=command_line(args, "curate"), if_exists=if_exists,
                        workers=workers)
     print(json.dumps(stats["totals"]))
     products = ["segment"] + [s for s in ("caption", "qra") if s in cfg.stages]
     products += ["passrate"] * ("filter" in cfg.stages) + ["pack_write"] * ("pack" in cfg.stages)
     return exit_code("curate", stats, products, args.out)
+
+
+def _forks_local_workers(beam_args: list[str], workers: int) -> bool:
+    """Whether this run will fork its workers from a zygote (:func:`~longreel.pipelines.runner.make_pipeline`: the
+    local runner, several workers, none of Beam's own local modes), judged without importing Beam: only when no
+    Beam option names a runner or a running mode (a run that does not fork just never adopts the zygote)."""
+    return workers > 1 and not any(a.startswith(("--runner", "--direct_running_mode")) for a in beam_args)
 
 
 def _positive_int(text: str) -> int:

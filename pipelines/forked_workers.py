@@ -10,7 +10,8 @@ decoded (benchmarks/results/scale.json).
 
 Here the workers speak the same portable Fn API, through Beam's ``EXTERNAL`` environment (the worker-pool
 protocol that Flink, Spark and Dataflow Runner v2 use), but the pool forks them from a *zygote*: one fresh
-interpreter, started when the pipeline object is made, that imports the modules the run will need while the
+interpreter, started when the pipeline object is made (by `longreel curate` before it imports Beam: see
+:mod:`longreel.pipelines.zygote`), that imports the modules the run will need while the
 launcher is still building the graph (the stage modules the caller names, then every ``longreel`` module and
 model library the launcher imported by the time the run starts), and then forks one child per ``StartWorker``
 that runs :class:`~apache_beam.runners.worker.sdk_worker.SdkHarness` against the runner's control endpoint.
@@ -35,14 +36,13 @@ import traceback
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.transforms.environments import ExternalEnvironment, python_sdk_capabilities
 
+from longreel.pipelines import zygote
+from longreel.pipelines.zygote import fork_available  # noqa: F401 - where callers have found it
+
 log = logging.getLogger("longreel")
 
 #: top-level packages whose modules, imported by the launcher when the run starts, the zygote imports too
 PRELOAD_ROOTS = ("longreel", "apache_beam", "transformers", "torch", "av", "pyarrow", "numpy", "PIL", "scipy")
-
-
-def fork_available() -> bool:
-    return hasattr(os, "fork") and sys.platform != "win32"
 
 
 class ForkedWorkersRunner(FnApiRunner):
@@ -112,11 +112,7 @@ class ForkedWorkerPool:
 
     def start(self) -> str:
         if self._zygote is None:
-            # the same interpreter, environment and import path as this process (its sys.path, so a checkout
-            # run from source finds its own modules)
-            env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-            self._zygote = subprocess.Popen([sys.executable, "-m", "longreel.pipelines.forked_workers"],
-                                            stdin=subprocess.PIPE, env=env)
+            self._zygote = zygote.take() or zygote.spawn()  # the CLI may have started it before its imports
             # the workers log as the launcher does (they write to the same stderr)
             self._send({"log_level": logging.getLogger("longreel").getEffectiveLevel()})
             if self._preload:

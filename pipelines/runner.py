@@ -12,20 +12,13 @@ is used unchanged, with all its options.
 from __future__ import annotations
 
 import logging
-import os
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, WorkerOptions
 
+from longreel.pipelines.zygote import default_workers  # noqa: F401 - where callers have found it
+
 log = logging.getLogger("longreel")
-
-
-def default_workers() -> int:
-    """The cores this process may run on (its CPU affinity, which a container or ``taskset`` narrows)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
 
 
 def names_runner(beam_args: list[str] | None) -> bool:
