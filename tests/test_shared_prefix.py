@@ -1,5 +1,6 @@
 """Shared prompt prefix: the G responses of a group share one prompt (video + question), so the prompt is run
-once and its K/V cache is repeated for the responses. Log-probs and gradients (down to the vision tower) must
+once and the responses run on top of its K/V cache (one packed row on its single copy under eager / sdpa
+attention, the cache repeated per response otherwise). Log-probs and gradients (down to the vision tower) must
 equal the per-sequence path within 1e-5 in fp32, for Qwen2-VL and Qwen2.5-VL, with right-padded responses of
 different lengths; rollouts sampled from a once-prefilled prompt must equal the old path's under the same seed."""
 from __future__ import annotations
@@ -12,7 +13,8 @@ import transformers  # noqa: F401
 
 from longreel.trainer.mrsp.embed_cache import StepEmbedCache, encode_video_features  # noqa: E402
 from longreel.trainer.positions import prompt_positions  # noqa: E402
-from longreel.trainer.mrsp.reuse import generate_with_features, response_logprobs  # noqa: E402
+from longreel.trainer import packed_responses  # noqa: E402
+from longreel.trainer.mrsp.reuse import PromptGraph, generate_with_features, response_logprobs  # noqa: E402
 from longreel.trainer.mrsp.sp_prefill import prefill_logprobs  # noqa: E402
 from longreel.trainer.policy import PromptInputs, can_share_prompt, encode_video, sequence_logprobs  # noqa: E402
 from longreel.trainer.rollout import SamplingConfig, TransformersEngine  # noqa: E402
@@ -90,7 +92,7 @@ def test_response_logprobs_shared_prefix_equals_per_sequence(setup, temperature)
             shared = response_logprobs(model, prompt.input_ids, resp, mask, features=f, positions=pos,
                                        temperature=temperature)
     n, t = resp.shape
-    assert calls.shapes == [(1, prompt.length), (n, t - 1)]  # the prompt once, then only the responses
+    assert calls.shapes == [(1, prompt.length), (1, n * (t - 1))]  # the prompt once, then the responses packed
     assert masked_diff(shared, plain, mask) <= TOL
     assert bool(torch.isfinite(shared).all())
     # a single-token response batch needs no second pass: the prompt's last logits predict it
@@ -155,7 +157,7 @@ def test_sequence_logprobs_shared_prefix_equals_per_sequence(setup):
         (lp * weights * mask).sum().backward()
         out[share] = lp.detach(), grads(model), calls.shapes
     n, t = resp.shape
-    assert out[True][2] == [(1, prompt.length), (n, t - 1)]
+    assert out[True][2] == [(1, prompt.length), (1, n * (t - 1))]
     assert out[False][2] == [(n, prompt.length + t)]
     assert masked_diff(out[True][0], out[False][0], mask) <= TOL
     assert max_grad_diff(out[True][1], out[False][1]) <= TOL
@@ -184,6 +186,100 @@ def test_gradient_checkpointing_falls_back_to_per_sequence(setup):
         model.eval()
     assert can_share_prompt(model)
     assert masked_diff(got, expected, mask) <= TOL
+
+
+class SavedKVBytes:
+    """Bytes of the distinct storages saved for backward that hold K/V rows of at least the prompt's length
+    (``[..., L >= Lp, head_dim]`` or transposed), counted while the context is open: how many prompt K/V copies a pass keeps."""
+
+    def __init__(self, prompt_len: int, head_dim: int):
+        self.prompt_len, self.head_dim, self.storages = prompt_len, head_dim, {}
+
+    def _pack(self, x):
+        # eager's matmul saves K as a [B*H, D, L] / V as a [B*H, L, D] view, sdpa [B, H, L, D]
+        if x.dim() >= 3 and self.head_dim in x.shape[-2:] and max(x.shape[-2:]) >= self.prompt_len:
+            st = x.untyped_storage()
+            self.storages[st.data_ptr()] = st.nbytes()
+        return x
+
+    def __enter__(self):
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda x: x)
+        self.hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.hooks.__exit__(*exc)
+
+    @property
+    def total(self) -> int:
+        return sum(self.storages.values())
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_prompt_graph_packed_responses_equal_repeated_cache_and_keep_one_prompt_copy(setup, attn):
+    """PromptGraph's micro-batches run as one packed row (block-diagonal 4D mask) on the prompt's single K/V:
+    log-probs and gradients (decoder and the features) equal the repeated-cache path's, and the K/V saved for
+    the backward hold the prompt once instead of once per response."""
+    _, model, prompt, resp, mask, weights = setup
+    text_cfg = model.model.language_model.config
+    head_dim = getattr(text_cfg, "head_dim", None) or text_cfg.hidden_size // text_cfg.num_attention_heads
+    pos = prompt_positions(model, prompt.input_ids, prompt.video_grid_thw, prompt.mm_token_type_ids,
+                           extra=prompt.extra)
+    with torch.no_grad():
+        f0 = encode_video_features(model, prompt.pixel_values_videos, prompt.video_grid_thw)
+    before = text_cfg._attn_implementation
+    model.set_attn_implementation(attn)
+    try:
+        assert text_cfg._attn_implementation == attn and packed_responses.can_pack_responses(model)
+        out = {}
+        for pack in (False, True):
+            model.zero_grad(set_to_none=True)
+            f = f0.clone().requires_grad_()
+            graph = PromptGraph(model, prompt.input_ids, f, pos, pack_responses=pack)
+            lps = []
+            with LanguageModelCalls(model) as calls:
+                for sl in (slice(0, 3), slice(3, 4)):  # two micro-batches: accumulation on the leaves
+                    with SavedKVBytes(prompt.length, head_dim) as saved:
+                        lp = graph.logprobs(model, resp[sl], mask[sl], temperature=0.8)
+                    (lp * weights[sl] * mask[sl]).sum().backward()
+                    lps.append(lp.detach())
+                    if sl.start == 0:
+                        kv_bytes = saved.total
+            graph.backward()
+            out[pack] = torch.cat(lps), f.grad.clone(), grads(model), calls.shapes, kv_bytes
+    finally:
+        model.set_attn_implementation(before)
+    t = resp.shape[1]
+    assert out[True][3] == [(1, 3 * (t - 1)), (1, t - 1)]  # really packed
+    assert out[False][3] == [(3, t - 1), (1, t - 1)]
+    assert masked_diff(out[True][0], out[False][0], mask) <= TOL
+    assert float((out[True][1] - out[False][1]).abs().max()) <= TOL
+    assert float(out[True][1].abs().max()) > 0
+    assert max_grad_diff(out[True][2], out[False][2]) <= TOL
+    # one copy of (prompt + the packed responses) per K and V per layer, after GQA's head repeat at most
+    one_copy = 2 * text_cfg.num_hidden_layers * text_cfg.num_attention_heads * head_dim * 4 \
+        * (prompt.length + 3 * (t - 1))
+    assert out[True][4] <= one_copy
+    assert out[False][4] >= 2.5 * one_copy  # the repeated cache: three prompt copies per K and V (the check bites)
+
+
+def test_packing_falls_back_without_a_4d_mask_attention(setup, monkeypatch):
+    """An attention implementation that does not take the additive 4D mask (flash, flex) keeps the repeated-
+    cache path: one row per response."""
+    _, model, prompt, resp, mask, _ = setup
+    with torch.no_grad():
+        f = encode_video_features(model, prompt.pixel_values_videos, prompt.video_grid_thw)
+    pos = prompt_positions(model, prompt.input_ids, prompt.video_grid_thw, prompt.mm_token_type_ids,
+                           extra=prompt.extra)
+    with torch.no_grad():
+        packed = response_logprobs(model, prompt.input_ids, resp, mask, features=f, positions=pos)
+    monkeypatch.setattr(packed_responses, "PACKABLE_ATTENTION", ())
+    assert not packed_responses.can_pack_responses(model)
+    with LanguageModelCalls(model) as calls, torch.no_grad():
+        repeated = response_logprobs(model, prompt.input_ids, resp, mask, features=f, positions=pos)
+    n, t = resp.shape
+    assert calls.shapes == [(1, prompt.length), (n, t - 1)]
+    assert masked_diff(packed, repeated, mask) <= TOL
 
 
 # ------------------------------------------------------------------------------------------------ rollouts

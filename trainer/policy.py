@@ -12,8 +12,9 @@ The three entry points the GRPO/SFT loops use, each usable with precomputed vide
 ``sequence_logprobs(model, prompt, response_ids, response_mask, temperature, video_embeds=None) -> [N, T]``
     per-token log-probs of ``N`` responses to one prompt; the video is encoded once for all ``N`` (or not at all
     when ``video_embeds`` is given) and fed through ``mm_encoder_outputs``, so the vision tower never runs ``N``
-    times. The prompt itself (video + question) also runs once: its K/V cache is repeated for the ``N``
-    responses (``share_prompt``, :func:`shared_prefix_logprobs`). With grad enabled and no ``video_embeds``,
+    times. The prompt itself (video + question) also runs once and the ``N`` responses on top of its K/V cache
+    (``share_prompt``, :func:`shared_prefix_logprobs`: one packed row on the cache's single copy under eager /
+    sdpa attention, the cache repeated per response otherwise). With grad enabled and no ``video_embeds``,
     gradients reach the vision tower.
 """
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 from torch import Tensor
 
 from longreel.task.prompting import messages_for_qra
+from longreel.trainer.packed_responses import can_pack_responses, packed_response_logits
 
 __all__ = [
     "VideoTokenMismatch", "PromptInputs", "VideoEmbeds", "load_policy", "resolve_dtype", "resolve_device",
@@ -291,7 +293,8 @@ def can_share_prompt(model) -> bool:
 
 
 def shared_prefix_logprobs(model, prefix_inputs: Mapping[str, Any], response_ids: Tensor, response_mask: Tensor,
-                           response_position_ids: Tensor, *, temperature: float = 1.0) -> Tensor:
+                           response_position_ids: Tensor, *, temperature: float = 1.0,
+                           pack_responses: bool = True) -> Tensor:
     """Per-token log-probs ``[N, T]`` of ``N`` right-padded responses that share one prompt, the prompt run once.
 
     The prompt (``prefix_inputs``: ``model(**prefix_inputs)`` keyword arguments for batch 1, length ``Lp``, no
@@ -299,7 +302,9 @@ def shared_prefix_logprobs(model, prefix_inputs: Mapping[str, Any], response_ids
     is repeated to ``N`` rows and only ``response_ids[:, :-1]`` run on top of it. The last prompt position's
     logits predict every row's first response token. Under grad the prompt's forward graph is built once and
     shared by the ``N`` rows, so the backward reaches the prompt's inputs (e.g. video features) exactly as in
-    the per-sequence path; the repeat's backward sums the rows' K/V gradients.
+    the per-sequence path; the repeat's backward sums the rows' K/V gradients. With ``pack_responses`` (eager /
+    sdpa attention) the ``N`` responses instead run as one packed row on the prompt's single K/V copy
+    (``longreel.trainer.packed_responses``: no ``N`` copies of the prompt's K/V per layer).
 
     Args:
         response_ids / response_mask: ``[N, T]`` (mask 1 on real tokens, right padding).
@@ -312,6 +317,10 @@ def shared_prefix_logprobs(model, prefix_inputs: Mapping[str, Any], response_ids
     if t == 1:
         return token_logprobs(first, response_ids, temperature)
     cache = out.past_key_values
+    if pack_responses and can_pack_responses(model):
+        rest = packed_response_logits(model, cache, response_ids[:, :-1], response_mask[:, :-1],
+                                      response_position_ids[..., :-1])
+        return token_logprobs(torch.cat([first, rest], dim=1), response_ids, temperature)
     prefix_len = cache.get_seq_length()
     cache.batch_repeat_interleave(n)
     attn = torch.cat([response_mask.new_ones(n, prefix_len), response_mask[:, :-1]], dim=1)

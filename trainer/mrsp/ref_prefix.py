@@ -22,6 +22,7 @@ from collections import OrderedDict
 import torch
 from torch import Tensor
 
+from longreel.trainer.packed_responses import can_pack_responses, packed_response_logits
 from longreel.trainer.positions import PromptPositions
 
 __all__ = ["PrefixKVStore", "video_prefix_length"]
@@ -98,11 +99,14 @@ class PrefixKVStore:
             first = rest.logits[:, -1:].expand(n, -1, -1)
             if t == 1:
                 return token_logprobs(first, response_ids, temperature)
-            cache.batch_repeat_interleave(n)
-            attn = torch.cat([response_mask.new_ones(n, length), response_mask[:, :-1]], dim=1)
             pos = positions.with_responses(n, t)[..., length:length + t - 1]
-            logits = model(input_ids=response_ids[:, :-1], attention_mask=attn, position_ids=pos,
-                           past_key_values=cache, use_cache=True).logits
+            if can_pack_responses(model):  # one packed row on the prompt's one K/V copy
+                logits = packed_response_logits(model, cache, response_ids[:, :-1], response_mask[:, :-1], pos)
+            else:
+                cache.batch_repeat_interleave(n)
+                attn = torch.cat([response_mask.new_ones(n, length), response_mask[:, :-1]], dim=1)
+                logits = model(input_ids=response_ids[:, :-1], attention_mask=attn, position_ids=pos,
+                               past_key_values=cache, use_cache=True).logits
             return token_logprobs(torch.cat([first, logits], dim=1), response_ids, temperature)
 
     def _put(self, key: str, layers: list[tuple[Tensor, Tensor]]) -> None:

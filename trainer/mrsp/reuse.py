@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from longreel.trainer.packed_responses import can_pack_responses, packed_response_logits
 from longreel.trainer.positions import PromptPositions
 from longreel.trainer.policy import token_logprobs  # noqa: F401  (re-exported: one definition for every log-prob pass)
 
@@ -128,9 +129,14 @@ class PromptGraph:
     graph once (down to the features, and with ``StepEmbedCache(vision="deferred")`` on to the tower's once-per-
     video backward). Sum of the micro-batches' gradients = the per-micro-batch path's, within fp32 rounding
     (tests/test_grpo_mrsp.py). Needs ``policy.can_share_prompt(model)`` (no gradient checkpointing in training).
+    With ``pack_responses`` (and eager / sdpa attention) a micro-batch's responses run as one packed row on the
+    leaves' single K/V copy (``longreel.trainer.packed_responses``); otherwise the leaves are expanded to its rows
+    and the cache's ``cat`` copies the prompt's K/V once per response.
     """
 
-    def __init__(self, model, prompt_ids: Tensor, features: Tensor, positions: PromptPositions):
+    def __init__(self, model, prompt_ids: Tensor, features: Tensor, positions: PromptPositions, *,
+                 pack_responses: bool = True):
+        self.pack_responses = pack_responses
         self.length = int(prompt_ids.shape[1])
         embeds = build_inputs_embeds(model, prompt_ids, features)
         out = model(inputs_embeds=embeds, position_ids=positions.prompt, use_cache=True, logits_to_keep=1)
@@ -147,14 +153,19 @@ class PromptGraph:
         first = self._leaves[0].expand(n, -1, -1)
         if t == 1:
             return token_logprobs(first, response_ids, temperature)
+        pack = self.pack_responses and can_pack_responses(model)
+        rows = 1 if pack else n  # packed: the responses append to the leaves' one copy (no n-row expand + cat)
         cache = DynamicCache()
         kv = self._leaves[1:]
         for i in range(0, len(kv), 2):
-            cache.update(kv[i].expand(n, -1, -1, -1), kv[i + 1].expand(n, -1, -1, -1), i // 2)
-        attn = torch.cat([response_mask.new_ones(n, self.length), response_mask[:, :-1]], dim=1)
+            cache.update(kv[i].expand(rows, -1, -1, -1), kv[i + 1].expand(rows, -1, -1, -1), i // 2)
         pos = self.positions.with_responses(n, t)[:, :, self.length:self.length + t - 1]
-        rest = model(input_ids=response_ids[:, :-1], attention_mask=attn, position_ids=pos, past_key_values=cache,
-                     use_cache=True).logits
+        if pack:
+            rest = packed_response_logits(model, cache, response_ids[:, :-1], response_mask[:, :-1], pos)
+        else:
+            attn = torch.cat([response_mask.new_ones(n, self.length), response_mask[:, :-1]], dim=1)
+            rest = model(input_ids=response_ids[:, :-1], attention_mask=attn, position_ids=pos,
+                         past_key_values=cache, use_cache=True).logits
         return token_logprobs(torch.cat([first, rest], dim=1), response_ids, temperature)
 
     def backward(self) -> None:

@@ -1,0 +1,80 @@
+"""The ``N`` responses of one prompt as ONE packed row on top of the prompt's single K/V cache (batch 1).
+
+Repeating a prompt's K/V cache to ``N`` rows (``DynamicCache.batch_repeat_interleave``, or ``expand`` followed by
+the cache's ``cat``) materialises ``N`` copies of the prompt's K/V per layer, and under grad every copy is held
+for the backward. Here the responses are concatenated into one row of ``N * S`` tokens instead, and a 4D mask
+lets each response token see every prompt position plus its own response's earlier (real) tokens, block-
+diagonal over the responses, so the cache's ``cat`` appends the responses to the prompt's one copy:
+
+    logits = packed_response_logits(model, cache, ids, mask, positions)   # cache: the prompt's K/V, batch 1
+
+transformers (5.x, ``masking_utils._preprocess_mask_arguments``) passes a 4D ``attention_mask`` through
+unchanged to the attention function; an additive float mask is what both the ``eager`` (``weights + mask``)
+and the ``sdpa`` paths take. Other attention implementations (flash, flex) need another mask format, so
+:func:`can_pack_responses` says no there and callers keep the repeated-cache path.
+
+Cost: the attention scores are ``[N*S, Lp + N*S]`` instead of ``N x [S, Lp + S]`` (the off-diagonal response
+blocks are computed and masked), and the mask itself is one ``[N*S, Lp + N*S]`` tensor shared by the layers;
+both are small next to ``N - 1`` copies of a long prompt's K/V in every layer.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["can_pack_responses", "packed_attention_mask", "packed_positions", "packed_response_logits"]
+
+PACKABLE_ATTENTION = ("eager", "sdpa")
+
+
+def _text_config(model):
+    inner = getattr(model, "model", model)
+    text = getattr(inner, "language_model", None)
+    return text.config if text is not None else getattr(model.config, "text_config", model.config)
+
+
+def can_pack_responses(model) -> bool:
+    """Whether the text decoder's attention takes the additive 4D mask the packed row needs."""
+    return getattr(_text_config(model), "_attn_implementation", None) in PACKABLE_ATTENTION
+
+
+def packed_attention_mask(key_mask: Tensor, prefix_len: int, dtype: torch.dtype) -> Tensor:
+    """Additive mask ``[1, 1, N*S, prefix_len + N*S]`` (0 = attend, ``finfo(dtype).min`` = masked) for ``N``
+    responses of ``S`` tokens packed in one row after a ``prefix_len``-token prompt.
+
+    ``key_mask`` ``[N, S]``: 1 on real tokens. Query ``(b, i)`` attends every prompt position and key ``(b, j)``
+    with ``j <= i`` and ``key_mask[b, j] == 1``; never another response. Every query sees the prompt, so no row
+    is fully masked (a padding query's output is meaningless but finite).
+    """
+    n, s = key_mask.shape
+    dev = key_mask.device
+    block = torch.arange(n, device=dev).repeat_interleave(s)
+    step = torch.arange(s, device=dev).repeat(n)
+    allowed = (block[:, None] == block[None, :]) & (step[None, :] <= step[:, None]) & key_mask.reshape(1, -1).bool()
+    allowed = torch.cat([allowed.new_ones(n * s, prefix_len), allowed], dim=1)
+    out = torch.zeros(allowed.shape, dtype=dtype, device=dev).masked_fill_(~allowed, torch.finfo(dtype).min)
+    return out[None, None]
+
+
+def packed_positions(position_ids: Tensor) -> Tensor:
+    """Per-response position ids ``[3, N, S]`` (M-RoPE) or ``[N, S]`` -> the packed row's ``[3, 1, N*S]`` /
+    ``[1, N*S]`` (responses in order)."""
+    if position_ids.dim() == 3:
+        return position_ids.reshape(position_ids.shape[0], 1, -1)
+    return position_ids.reshape(1, -1)
+
+
+def packed_response_logits(model, cache, response_ids: Tensor, key_mask: Tensor, position_ids: Tensor) -> Tensor:
+    """Logits ``[N, S, V]`` of ``N`` right-padded token rows ``response_ids`` ``[N, S]`` run as one packed row on
+    ``cache`` (a transformers cache holding one prompt's K/V, batch 1; the responses are appended to it).
+
+    ``key_mask`` ``[N, S]``: 1 on real tokens; ``position_ids``: the rows' own positions (``[3, N, S]`` or ``[N, S]``,
+    as for the repeated-cache forward). Gradients flow to the cache's tensors and the model like the batched path.
+    """
+    n, s = response_ids.shape
+    prefix_len = cache.get_seq_length()
+    dtype = model.get_input_embeddings().weight.dtype
+    mask = packed_attention_mask(key_mask, prefix_len, dtype)
+    logits = model(input_ids=response_ids.reshape(1, -1), attention_mask=mask,
+                   position_ids=packed_positions(position_ids), past_key_values=cache, use_cache=True).logits
+    return logits.view(n, s, -1)
