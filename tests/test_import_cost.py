@@ -32,6 +32,17 @@ def test_model_manager_importable_after_beam_ml():
     assert got["torch"]
 
 
+def test_run_inference_still_reads_worker_memory_after_beam_ml():
+    """The block must not cost Beam's memory reading: without its ``resource`` module, every RunInference warned
+    "Resource module is not available" on every worker (in a ``-q`` run too) and reported 0 bytes."""
+    code = ("import logging, io\nstream = io.StringIO()\nlogging.basicConfig(stream=stream)\n"
+            "import longreel.pipelines.inference.beam_ml\nimport apache_beam.ml.inference.base as b\n"
+            "assert b._get_current_process_memory_in_bytes() > 0\n"
+            "assert 'Resource module' not in stream.getvalue(), stream.getvalue()")
+    got = _modules_after(code)
+    assert not got["torch"], got
+
+
 def test_stage_modules_and_reward_library_import_no_model_library():
     """The stage modules a facts/template/scripted run loads, the reward library and the scripted answerer: no
     torch, transformers, torchvision, scipy or nltk until a stage really uses them."""

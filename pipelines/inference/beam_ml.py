@@ -10,8 +10,11 @@ captions, ``template`` QRAs, a scripted answerer).
 So the first import of ``base`` goes through :func:`_import_base`, which makes ``model_manager`` unimportable
 for that one import (a ``None`` entry in ``sys.modules`` raises ImportError, Python's documented way to block a
 module) and then removes the block again: ``base`` takes its own fallback (``ModelManager = None``), and code
-that imports ``model_manager`` later still can. A process that already imported ``base`` (or torch) is left as
-it is. Every longreel module takes these names from here, never from Beam directly.
+that imports ``model_manager`` later still can. The same fallback also sets ``base``'s ``resource`` (the standard
+library module it reads a worker's peak memory with) to ``None``: without it, every ``RunInference`` logged
+"Resource module is not available for current platform" on each worker and reported a memory of 0, so it is put
+back. A process that already imported ``base`` (or torch) is left as it is. Every longreel module takes these
+names from here, never from Beam directly.
 """
 from __future__ import annotations
 
@@ -32,6 +35,10 @@ def _import_base():
     finally:
         if blocked and _MODEL_MANAGER in sys.modules and sys.modules[_MODEL_MANAGER] is None:
             del sys.modules[_MODEL_MANAGER]
+    if blocked and getattr(base, "resource", None) is None:
+        import resource  # not on Windows: there Beam's own fallback stands
+
+        base.resource = resource
     return base
 
 
