@@ -191,8 +191,6 @@ def _zygote() -> None:
         os._exit(1)
 
     signal.signal(signal.SIGTERM, stop)
-    # Beam's own warnings at import (optional GCP libraries) say nothing about this run
-    logging.getLogger().addFilter(lambda r: "apitools not found" not in r.getMessage())
     code = 0
     try:
         import apache_beam.runners.worker.sdk_worker  # noqa: F401 - what every worker needs
@@ -253,6 +251,3 @@ def _run_worker(req: dict) -> None:
         sys.stderr.flush()
         os._exit(code)
 
-
-if __name__ == "__main__":
-    _zygote()

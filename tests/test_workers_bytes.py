@@ -54,3 +54,19 @@ def test_one_worker_and_two_workers_write_the_same_bytes(tmp_path, copy_video, m
     assert _marker_without_stats(one) == _marker_without_stats(two)
     # the worker count is how the run executed, not what it computed: the recorded command leaves it out
     assert "--workers" not in _without_run(one["stats.json"])["command"]
+
+
+def test_a_quiet_run_of_two_workers_prints_nothing(tmp_path, copy_video):
+    """``-q`` on the default local runner (several forked workers): no Beam import warning from the zygote, no
+    "Resource module is not available" from each worker's RunInference, nothing at all on a run that succeeds."""
+    import subprocess
+    import sys
+
+    copy_video(VIDEOS[2], f"in/{VIDEOS[2]}")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    done = subprocess.run([sys.executable, "-m", "longreel", "-q", "curate", "in", "--out", "out",
+                           "--config", DEMO_CONFIG, "--workers", "2"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stderr == "", done.stderr[-3000:]
+    assert (tmp_path / "out" / "_SUCCESS.json").exists()
