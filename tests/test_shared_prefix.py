@@ -78,13 +78,18 @@ class LanguageModelCalls:
 
 
 # ------------------------------------------------------------------------------------------------ log-probs
+def _features_and_positions(model, prompt):
+    """The prompt's video features (no graph) and its M-RoPE positions: what the log-prob passes take."""
+    with torch.no_grad():
+        f = encode_video_features(model, prompt.pixel_values_videos, prompt.video_grid_thw)
+    return f, prompt_positions(model, prompt.input_ids, prompt.video_grid_thw, prompt.mm_token_type_ids,
+                               extra=prompt.extra)
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_response_logprobs_shared_prefix_equals_per_sequence(setup, temperature):
     _, model, prompt, resp, mask, _ = setup
-    with torch.no_grad():
-        f = encode_video_features(model, prompt.pixel_values_videos, prompt.video_grid_thw)
-    pos = prompt_positions(model, prompt.input_ids, prompt.video_grid_thw, prompt.mm_token_type_ids,
-                           extra=prompt.extra)
+    f, pos = _features_and_positions(model, prompt)
     with torch.no_grad():
         plain = response_logprobs(model, prompt.input_ids, resp, mask, features=f, positions=pos,
                                   temperature=temperature, share_prompt=False)
@@ -267,10 +272,7 @@ def test_packing_falls_back_without_a_4d_mask_attention(setup, monkeypatch):
     """An attention implementation that does not take the additive 4D mask (flash, flex) keeps the repeated-
     cache path: one row per response."""
     _, model, prompt, resp, mask, _ = setup
-    with torch.no_grad():
-        f = encode_video_features(model, prompt.pixel_values_videos, prompt.video_grid_thw)
-    pos = prompt_positions(model, prompt.input_ids, prompt.video_grid_thw, prompt.mm_token_type_ids,
-                           extra=prompt.extra)
+    f, pos = _features_and_positions(model, prompt)
     with torch.no_grad():
         packed = response_logprobs(model, prompt.input_ids, resp, mask, features=f, positions=pos)
     monkeypatch.setattr(packed_responses, "PACKABLE_ATTENTION", ())
