@@ -43,6 +43,16 @@ def test_run_inference_still_reads_worker_memory_after_beam_ml():
     assert not got["torch"], got
 
 
+def test_batch_size_fits_do_not_warn_once_beam_ml_is_imported():
+    """RunInference's batch-size fit (numpy polyfit in Beam's BatchElements) warned "Polyfit may be poorly
+    conditioned" on degenerate batch sizes, dozens of lines in a -q run; with warnings as errors, it must not raise."""
+    code = ("import warnings\nwarnings.simplefilter('error')\nimport longreel.pipelines.inference.beam_ml\n"
+            "from apache_beam.transforms.util import _BatchSizeEstimator as E\n"
+            "E.linear_regression_numpy([1] * 9 + [2, 4], [.1] * 9 + [.2, 9.0])\n"
+            "E.linear_regression_numpy([1] * 10 + [2], [.1] * 10 + [5.0])")
+    _modules_after(code)
+
+
 def test_stage_modules_and_reward_library_import_no_model_library():
     """The stage modules a facts/template/scripted run loads, the reward library and the scripted answerer: no
     torch, transformers, torchvision, scipy or nltk until a stage really uses them."""

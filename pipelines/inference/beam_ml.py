@@ -19,6 +19,16 @@ names from here, never from Beam directly.
 from __future__ import annotations
 
 import sys
+import warnings
+
+import numpy as np
+
+# RunInference batches through Beam's BatchElements, which fits batch size against time with numpy's polyfit; while
+# the batches so far have (nearly) one size, as when bundles are smaller than the batch size, every fit warned
+# "Polyfit may be poorly conditioned" (or divided by zero) on the user's terminal, a -q run's included. The fit
+# falls back on its own; the warnings say nothing about the run, so they are silenced for that module only.
+for _category in (RuntimeWarning, np.exceptions.RankWarning):
+    warnings.filterwarnings("ignore", category=_category, module=r"apache_beam\.transforms\.util")
 
 _BASE = "apache_beam.ml.inference.base"
 _MODEL_MANAGER = "apache_beam.ml.inference.model_manager"
