@@ -358,3 +358,36 @@ def test_text_only_prompt_after_a_video_prompt(setup):
     plain = model.generate(**inputs, num_return_sequences=3, **kw)
     assert torch.equal(shared.sequences, plain.sequences)
     assert max(float((a - b).abs().max()) for a, b in zip(shared.logits, plain.logits)) <= TOL
+
+
+def test_sp_shared_prompt_logprobs_keeps_one_prompt_copy(setup, monkeypatch):
+    """The sequence-parallel path (here on one rank) runs the prompt once for the G responses; the responses'
+    attention reads the prompt's K/V without a copy per response, so the backward keeps G-1 fewer copies than
+    with per-row copies (what it did before), with the same log-probs."""
+    from longreel.trainer.mrsp import sp_prefill
+
+    _, model, prompt, resp, mask, _ = setup
+    text_cfg = model.model.language_model.config
+    head_dim = getattr(text_cfg, "head_dim", None) or text_cfg.hidden_size // text_cfg.num_attention_heads
+    f, pos = _features_and_positions(model, prompt)
+    with torch.no_grad():
+        plain = response_logprobs(model, prompt.input_ids, resp, mask, features=f, positions=pos,
+                                  share_prompt=False)
+
+    def per_row_copies(q, kp, vp, kd, vd, scale):
+        rows = q.shape[0]
+        return sp_prefill._PrefixCausalAttention.apply(q, kp.expand(rows, -1, -1, -1).contiguous(),
+                                                       vp.expand(rows, -1, -1, -1).contiguous(), kd, vd, scale)
+
+    out = {}
+    for copies in (False, True):
+        if copies:
+            monkeypatch.setattr(sp_prefill, "shared_prefix_attention", per_row_copies)
+        with SavedKVBytes(prompt.length, head_dim) as saved:
+            lp = sp_prefill.sp_shared_prompt_logprobs(model, prompt.input_ids, resp, features=f, positions=pos)
+        out[copies] = lp.detach(), saved.total
+    assert masked_diff(out[False][0], plain, mask) <= TOL
+    assert masked_diff(out[True][0], plain, mask) <= TOL
+    rows = resp.shape[0]
+    kv_copy = 2 * text_cfg.num_hidden_layers * text_cfg.num_attention_heads * head_dim * 4 * prompt.length
+    assert rows >= 3 and out[True][1] - out[False][1] >= (rows - 1) * kv_copy * 0.99, (out, kv_copy)

@@ -50,19 +50,38 @@ _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cp
 _FLASH_CPU_BWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
 
 
+def _fold(x: Tensor) -> Tensor:
+    """``[B, H, C, ...]`` -> ``[1, H, B*C, ...]``: ``B`` rows of queries as one row, for keys the rows share."""
+    return x.transpose(0, 1).reshape(1, x.shape[1], x.shape[0] * x.shape[2], *x.shape[3:])
+
+
+def _unfold(x: Tensor, rows: int) -> Tensor:
+    """The inverse of :func:`_fold` for ``rows`` rows."""
+    return x.reshape(x.shape[1], rows, x.shape[2] // rows, *x.shape[3:]).transpose(0, 1)
+
+
 class _PrefixCausalAttention(torch.autograd.Function):
-    """softmax attention of queries over ``[prefix keys (all visible); own keys (causal, aligned square)]``."""
+    """softmax attention of queries over ``[prefix keys (all visible); own keys (causal, aligned square)]``.
+
+    A prefix of batch 1 under queries of batch ``B`` is one prefix every row shares (the prompt under ``B``
+    responses): the ``B`` rows' queries attend to it folded into one row, so its keys and values are neither
+    copied per row nor saved per row for the backward."""
 
     @staticmethod
     def forward(ctx, q, kp, vp, kd, vd, scale):
         o, lse = _FLASH_CPU(q, kd, vd, 0.0, True, scale=scale)
+        rows = q.shape[0]
+        shared = kp.shape[0] == 1 and rows > 1
         if kp.shape[2]:
-            o1, l1 = _FLASH_CPU(q, kp, vp, 0.0, False, scale=scale)
+            qp = _fold(q) if shared else q
+            o1, l1 = _FLASH_CPU(qp, kp, vp, 0.0, False, scale=scale)
+            if shared:
+                o1, l1 = _unfold(o1, rows), _unfold(l1, rows)
             merged = torch.logaddexp(l1, lse)
             o = torch.exp(l1 - merged).unsqueeze(-1) * o1 + torch.exp(lse - merged).unsqueeze(-1) * o
             lse = merged
         ctx.save_for_backward(q, kp, vp, kd, vd, o, lse)
-        ctx.scale = scale
+        ctx.scale, ctx.shared = scale, shared
         return o
 
     @staticmethod
@@ -71,7 +90,12 @@ class _PrefixCausalAttention(torch.autograd.Function):
         grad = grad.contiguous()
         dq, dkd, dvd = _FLASH_CPU_BWD(grad, q, kd, vd, o, lse, 0.0, True, scale=ctx.scale)
         if kp.shape[2]:
-            dq1, dkp, dvp = _FLASH_CPU_BWD(grad, q, kp, vp, o, lse, 0.0, False, scale=ctx.scale)
+            if ctx.shared:  # the prefix part's backward on the folded rows, as its forward ran
+                f = [_fold(x).contiguous() for x in (grad, q, o, lse)]
+                dq1, dkp, dvp = _FLASH_CPU_BWD(f[0], f[1], kp, vp, f[2], f[3], 0.0, False, scale=ctx.scale)
+                dq1 = _unfold(dq1, q.shape[0])
+            else:
+                dq1, dkp, dvp = _FLASH_CPU_BWD(grad, q, kp, vp, o, lse, 0.0, False, scale=ctx.scale)
             dq = dq + dq1
         else:
             dkp, dvp = torch.zeros_like(kp), torch.zeros_like(vp)
@@ -89,8 +113,23 @@ def prefix_causal_attention(q: Tensor, k: Tensor, v: Tensor, lo: int, scale: flo
     mask = torch.arange(keys, device=q.device).view(1, -1) <= torch.arange(lo, keys, device=q.device).view(-1, 1)
     return F.scaled_dot_product_attention(q, k[:, :, :keys], v[:, :, :keys], attn_mask=mask, scale=scale)
 
+
+def shared_prefix_attention(q: Tensor, kp: Tensor, vp: Tensor, kd: Tensor, vd: Tensor, scale: float) -> Tensor:
+    """Attention of ``B`` rows of queries ``q`` ``[B, H, C, D]`` over one prefix all of them share (``kp``/``vp``
+    ``[1, H, P, D]``, all visible) and then each row's own keys ``kd``/``vd`` ``[B, H, C, D]`` (causal).
+
+    On CPU the prefix is never copied per row (:class:`_PrefixCausalAttention` folds the rows); elsewhere the keys
+    are concatenated per row, ``B`` copies of the prefix, for the masked SDPA of :func:`prefix_causal_attention`."""
+    if q.device.type == "cpu" and _FLASH_CPU is not None and _FLASH_CPU_BWD is not None:
+        return _PrefixCausalAttention.apply(q, kp, vp, kd, vd, float(scale))
+    rows = q.shape[0]
+    keys = torch.cat([kp.expand(rows, -1, -1, -1), kd], dim=2)
+    vals = torch.cat([vp.expand(rows, -1, -1, -1), vd], dim=2)
+    return prefix_causal_attention(q, keys, vals, kp.shape[2], scale)
+
+
 __all__ = ["SPConfig", "sp_enabled", "sp_response_logprobs", "sp_shared_prompt_logprobs", "prefill_logprobs",
-           "local_inputs_embeds", "prefix_causal_attention"]
+           "local_inputs_embeds", "prefix_causal_attention", "shared_prefix_attention"]
 
 
 @dataclass
@@ -236,9 +275,10 @@ def sp_shared_prompt_logprobs(model, prompt_ids: Tensor, response_ids: Tensor, *
     The prompt ``[1, Lp]`` is split along the sequence as in :func:`sp_response_logprobs` (K/V all-gathered per
     layer). The ``N`` responses are split by rows over the ranks; a rank runs its rows' response tokens layer by
     layer beside its prompt slice, attending over the layer's gathered prompt K/V (all visible) and their own
-    keys (causal), so nothing of the long prompt is computed ``N`` times. The first response token is predicted
-    from the prompt's last position, on the rank that owns it. Same gradient convention as
-    :func:`sp_response_logprobs`: the same loss on every rank, then parameter gradients summed over ``group``.
+    keys (causal), so nothing of the long prompt is computed ``N`` times, nor (on CPU) copied or saved per row
+    (:func:`shared_prefix_attention`). The first response token is predicted from the prompt's last position, on
+    the rank that owns it. Same gradient convention as :func:`sp_response_logprobs`: the same loss on every rank,
+    then parameter gradients summed over ``group``.
     """
     rank, size = world(group)
     lp_len = int(prompt_ids.shape[1])
@@ -283,13 +323,13 @@ def sp_shared_prompt_logprobs(model, prompt_ids: Tensor, response_ids: Tensor, *
         attn = layer.self_attn
         q, k, v = qkv(attn, layer.input_layernorm(h), cos, sin)
         k, v = gather_seq(torch.stack([k, v]), dim=3, grad="sum", group=group, sizes=[chunk] * size).unbind(0)
-        o = prefix_causal_attention(q, expand(attn, k), expand(attn, v), lo, attn.scaling)
+        k, v = expand(attn, k), expand(attn, v)  # once: the prompt's rows and the responses read the same copy
+        o = prefix_causal_attention(q, k, v, lo, attn.scaling)
         o = attn.o_proj(o.transpose(1, 2).reshape(1, chunk, -1))
         if hr is not None:  # this rank's response rows over the prompt's keys (padding trimmed) + their own
             qr, kr, vr = qkv(attn, layer.input_layernorm(hr), cos_r, sin_r)
-            keys = torch.cat([k[:, :, :lp_len].expand(g, -1, -1, -1), kr], dim=2)
-            vals = torch.cat([v[:, :, :lp_len].expand(g, -1, -1, -1), vr], dim=2)
-            orr = prefix_causal_attention(qr, expand(attn, keys), expand(attn, vals), lp_len, attn.scaling)
+            orr = shared_prefix_attention(qr, k[:, :, :lp_len], v[:, :, :lp_len], expand(attn, kr),
+                                          expand(attn, vr), attn.scaling)
             hr = hr + attn.o_proj(orr.transpose(1, 2).reshape(g, tr, -1))
             hr = hr + layer.mlp(layer.post_attention_layernorm(hr))
         h = h + o
