@@ -34,7 +34,7 @@ def spawn() -> subprocess.Popen:
     """A new zygote: the same interpreter, environment and import path as this process (its sys.path, so a checkout
     run from source finds its own modules), reading its requests on stdin."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    return subprocess.Popen([sys.executable, "-m", "longreel.pipelines.zygote"], stdin=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "longreel.pipelines.zygote_main"], stdin=subprocess.PIPE,
                             env=env)
 
 
@@ -63,19 +63,3 @@ def discard() -> None:
         z.terminate()
         z.wait()
 
-
-def _main() -> None:
-    """The zygote process: quiet Beam's import noise first, then serve (the worker modules import Beam at the top,
-    so a filter set after that import would come too late)."""
-    import logging
-
-    # Beam warns at import that optional GCP client libraries are absent: true of every local run, and a line
-    # that a quiet (-q) run of several workers printed each time
-    logging.getLogger().addFilter(lambda r: "apitools not found" not in r.getMessage())
-    from longreel.pipelines.forked_workers import _zygote
-
-    _zygote()
-
-
-if __name__ == "__main__":
-    _main()

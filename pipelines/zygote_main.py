@@ -1,0 +1,17 @@
+"""The zygote process's entry point (``python -m longreel.pipelines.zygote_main``, started by
+:func:`longreel.pipelines.zygote.spawn`): quiet Beam's import noise, then serve requests
+(:func:`longreel.pipelines.forked_workers._zygote`).
+
+A module of its own so that the filter is set before anything imports Beam (the worker modules import it at the
+top, so a filter set inside them would come too late), and so that :mod:`longreel.pipelines.zygote`, which the
+worker modules import, does not import them back."""
+import logging
+
+# Beam warns at import that optional GCP client libraries are absent: true of every local run, and a line that a
+# quiet (-q) run of several workers printed each time
+logging.getLogger().addFilter(lambda r: "apitools not found" not in r.getMessage())
+
+from longreel.pipelines.forked_workers import _zygote  # noqa: E402 - after the filter, on purpose
+
+if __name__ == "__main__":
+    _zygote()
