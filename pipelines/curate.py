@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import shlex
+import threading
 import time
 
 import apache_beam as beam
@@ -105,7 +106,8 @@ def read_inputs(p: beam.Pipeline, inputs: InputPlan | list[dict]):
 
 
 def build_curate(p: beam.Pipeline, items: InputPlan | list[dict], out_dir: str, cfg: CurateConfig,
-                 command: str | None = None, handlers: dict | None = None, split_long_videos: bool = True) -> dict:
+                 command: str | None = None, handlers: dict | None = None, split_long_videos: bool = True,
+                 local_workers: int = 0) -> dict:
     """Add the curation stages ``cfg`` asks for to ``p``; return the main PCollections by table name.
 
     ``items``: an :class:`~longreel.pipelines.io.inputs.InputPlan` (``longreel curate``: the inputs are listed on
@@ -113,6 +115,8 @@ def build_curate(p: beam.Pipeline, items: InputPlan | list[dict], out_dir: str, 
     ``handlers`` (tests, custom clients) may inject a caption ``ModelHandler`` (``"caption"``), a QRA backend
     factory (``"qra"``), a judge or blind-filter engine factory (``"judge"``, ``"blind"``) or an answerer handler
     (``"filter"``).
+    ``local_workers``: the worker count when the run is on the local runner with several workers (expensive work
+    is then dealt out to them by cost: :mod:`longreel.pipelines.cost_shares`); 0 otherwise.
     """
     handlers = handlers or {}
     shards = cfg.output.parquet_shards
@@ -157,7 +161,7 @@ def build_curate(p: beam.Pipeline, items: InputPlan | list[dict], out_dir: str, 
         cap = add_caption_stage(p, videos, spread(clips, "Clips"), out_dir, cfg.caption,
                                 handler=handlers.get("caption"), pack_cfg=cfg.pack if "pack" in cfg.stages else None,
                                 filter_cfg=cfg.filter if "filter" in cfg.stages else None, gates=gates,
-                                split_long_videos=split_long_videos, tables=sink)
+                                split_long_videos=split_long_videos, tables=sink, local_workers=local_workers)
         rejects.append(cap["rejects"])
         counts.append(cap["counts"])
         tables.update(captions=cap["captions"], clip_facts=cap["facts"])
@@ -330,6 +334,25 @@ def worker_modules(cfg: CurateConfig) -> tuple[str, ...]:
     return tuple(mods)
 
 
+def _card_imports_ahead(cfg: CurateConfig, workers: int, remote: bool) -> threading.Thread | None:
+    """A thread importing the card's libraries while a local run's workers work (see
+    :func:`longreel.pipelines.card.build.import_ahead`); None when the run makes no card, runs in this process
+    (the thread would only take turns with it) or runs elsewhere."""
+    if "card" not in cfg.stages or workers < 2 or remote:
+        return None
+
+    def run():
+        try:
+            from longreel.pipelines.card.build import import_ahead
+            import_ahead()
+        except Exception:  # noqa: BLE001 - only a head start: building the card imports them itself and reports
+            log.debug("card: importing ahead failed", exc_info=True)
+
+    t = threading.Thread(target=run, name="card-imports", daemon=True)
+    t.start()
+    return t
+
+
 def _describe_inputs(items: InputPlan | list[dict]) -> str:
     if isinstance(items, InputPlan):
         return f"{len(items.specs)} input specs (listed by the workers)"
@@ -349,8 +372,10 @@ def _run_locked(items: InputPlan | list[dict], out_dir: str, cfg: CurateConfig, 
     t0 = time.monotonic()
     p = make_pipeline(beam_args, workers=workers, preload=worker_modules(cfg), in_process=in_process)
     # one local worker: nothing to spread a long video over, so its decode stays one pass
+    remote = names_runner(beam_args)
     build_curate(p, items, out_dir, cfg, command=command, handlers=handlers,
-                 split_long_videos=workers > 1 or names_runner(beam_args))
+                 split_long_videos=workers > 1 or remote, local_workers=0 if remote else workers)
+    card_imports = _card_imports_ahead(cfg, workers, remote)
     try:
         p.run().wait_until_finish()
     except Exception as e:
@@ -363,6 +388,8 @@ def _run_locked(items: InputPlan | list[dict], out_dir: str, cfg: CurateConfig, 
         stats = json.loads(fh.read())
     log.info("curate: pipeline done in %.1f s: %s", time.monotonic() - t0, stats.get("totals"))
     if "card" in cfg.stages:
+        if card_imports is not None:
+            card_imports.join()
         from longreel.pipelines.card.build import build_card
         card_dir = FileSystems.join(out_dir, "card")
         shards = None

@@ -28,6 +28,7 @@ Entry points: :class:`CaptionClips` (the composite) and :func:`add_caption_stage
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -199,6 +200,42 @@ def plan_decode(element, n_frames: int, mode: str, max_frames_per_call: int | No
         yield DecodeTask(videos[0], [], cache=True)
     for chunk in chunks:
         yield DecodeTask(videos[0], chunk)
+
+
+#: what a decode task costs besides its frames, in source pixels decoded: opening the file, the first seek and the
+#: task's own bookkeeping came to 0.1-0.4 s a task here, where about 1e9 source pixels decode per second
+#: (per-task timings of the shared corpus on 2 workers, this 2-core machine)
+TASK_OVERHEAD_PX = 150e6
+#: source frames decoded to reach one sparse frame (frame cache, filter frames): one GOP at a common 2-s keyframe
+#: interval
+SPARSE_FRAME_SPAN_S = 2.0
+
+
+def decode_cost(task: DecodeTask, sparse_frames: int = 0) -> float:
+    """A task's estimated decode cost, in source pixels decoded: its clips' source frames (dense: every frame of a
+    clip is decoded to reach its samples) times the frame size, plus, for a task that only builds the frame cache or
+    the filter's frames, ``sparse_frames`` seeks of :data:`SPARSE_FRAME_SPAN_S` each. Used to deal tasks out to a
+    local run's workers (:class:`~longreel.pipelines.cost_shares.SpreadByCost`); a wrong guess costs balance, not
+    correctness."""
+    v = task.video
+    pixels = max(1, int(v.get("width") or 0) * int(v.get("height") or 0))
+    duration, n_frames = float(v.get("duration_s") or 0.0), float(v.get("n_frames") or 0.0)
+    fps = n_frames / duration if duration > 0 else 0.0
+    frames = 0.0
+    for c in task.clips:
+        if c.get("start_frame") is not None and c.get("end_frame") is not None:
+            frames += max(0, c["end_frame"] - c["start_frame"])
+        else:
+            frames += max(0.0, (c.get("end_s") or 0.0) - (c.get("start_s") or 0.0)) * fps
+    if task.cache and not task.clips:
+        frames = min(n_frames, sparse_frames * SPARSE_FRAME_SPAN_S * fps)
+    return TASK_OVERHEAD_PX + frames * pixels
+
+
+def task_order(task: DecodeTask) -> tuple:
+    """A key that sorts decode tasks the same way on every run."""
+    first = task.clips[0]["index"] if task.clips else -1
+    return task.video["video_id"], first, task.cache
 
 
 def decode_size(video: dict, budget: tuple[int, int, int]) -> tuple[int, int]:
@@ -534,13 +571,14 @@ class CaptionClips(beam.PTransform):
     """
 
     def __init__(self, cfg: CaptionConfig, handler=None, frame_cache=None, keep_frames: bool = False,
-                 filter_frames=None, split_long_videos: bool = True):
+                 filter_frames=None, split_long_videos: bool = True, local_workers: int = 0):
         super().__init__()
         self.cfg = cfg
         self.frame_cache = frame_cache
         self.keep_frames = keep_frames or cfg.backend != "facts"
         self.filter_frames = filter_frames
         self.split_long_videos = split_long_videos
+        self.local_workers = local_workers
         self.budget = frame_budget(cfg)
         self.info = model_info(cfg)
         self.prompt = prompt_name(cfg)
@@ -560,6 +598,16 @@ class CaptionClips(beam.PTransform):
             return None
         return self.cfg.frames.max_frames_per_call
 
+    def _spread(self):
+        """Decode tasks differ a hundredfold in cost: a local run of several workers deals them out by cost, any
+        other run reshuffles them (see :mod:`longreel.pipelines.cost_shares`)."""
+        if self.local_workers <= 1:
+            return beam.Reshuffle()
+        from longreel.pipelines.cost_shares import SpreadByCost
+        sparse = (self.frame_cache[0].max_frames if self.frame_cache else 0) + \
+            (self.filter_frames[0].n_frames if self.filter_frames else 0)
+        return SpreadByCost(self.local_workers, functools.partial(decode_cost, sparse_frames=sparse), task_order)
+
     def expand(self, pcolls):
         from longreel.pipelines.stats import stage_counts, timing_pairs
 
@@ -573,7 +621,7 @@ class CaptionClips(beam.PTransform):
             self.frame_cache is not None or self.filter_frames is not None).with_outputs(
             REJECTS, main=MAIN)
         decoded = (tasks[MAIN]
-                   | "SpreadTasks" >> beam.Reshuffle()
+                   | "SpreadTasks" >> self._spread()
                    | "DecodeAndMeasure" >> beam.ParDo(DecodeClipFrames(
                        cfg, self.budget, keep_frames=self.keep_frames, frame_cache=self.frame_cache,
                        filter_frames=self.filter_frames)
@@ -604,7 +652,7 @@ class CaptionClips(beam.PTransform):
 
 def add_caption_stage(p, videos_pcoll, clips_pcoll, out_dir: str, cfg: CaptionConfig, handler=None,
                       pack_cfg=None, filter_cfg=None, gates=None, split_long_videos: bool = True,
-                      tables=None) -> dict:
+                      tables=None, local_workers: int = 0) -> dict:
     """Add captioning to pipeline ``p``; write ``captions-*`` and ``clip_facts-*`` Parquet tables under ``out_dir``.
 
     ``pack_cfg`` (a PackConfig, when the run packs too): the caption's decode pass also builds the frame cache
@@ -622,6 +670,8 @@ def add_caption_stage(p, videos_pcoll, clips_pcoll, out_dir: str, cfg: CaptionCo
     ``split_long_videos=False`` (a run on one worker): a video whose pass also feeds the frame cache or the filter
     is decoded in one task rather than in ``max_frames_per_call`` chunks plus a task of their own.
     ``tables``: a :class:`~longreel.pipelines.io.parquet_sink.TableSink` that writes the run's tables together.
+    ``local_workers``: the worker count of a local multi-worker run (Beam's FnApiRunner, which gives each worker a
+    fixed share of a stage): its decode tasks are dealt out by estimated cost. 0 for any other runner.
     """
     from longreel.pipelines.io.parquet_sink import write_table
 
@@ -635,7 +685,7 @@ def add_caption_stage(p, videos_pcoll, clips_pcoll, out_dir: str, cfg: CaptionCo
         filter_frames = (filter_cfg, filter_frames_dir(out_dir, pack_cfg))
     out = {"videos": videos_pcoll, "clips": clips_pcoll} | "CaptionClips" >> CaptionClips(
         cfg, handler, frame_cache, keep_frames=gates is not None, filter_frames=filter_frames,
-        split_long_videos=split_long_videos)
+        split_long_videos=split_long_videos, local_workers=local_workers)
     if gates is not None:
         g = gates(out[MAIN], out["frames"])
         out = {**out, MAIN: g["captions"],
