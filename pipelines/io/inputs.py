@@ -26,9 +26,9 @@ import apache_beam as beam
 from apache_beam.io import fileio
 from apache_beam.io.filesystems import FileSystems
 
-VIDEO_EXTENSIONS = (".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".mpeg", ".mpg", ".ts", ".ogg", ".ogv",
-                    ".flv", ".wmv", ".3gp")
-MANIFEST_EXTENSIONS = (".txt", ".lst", ".jsonl", ".json", ".parquet")
+from longreel.pipelines.io.input_kinds import (  # noqa: F401 - the extensions: where callers have found them
+    MANIFEST_EXTENSIONS, VIDEO_EXTENSIONS, is_glob, is_manifest_name)
+from longreel.pipelines.io.input_kinds import is_remote as _is_remote
 
 
 class InputError(ValueError):
@@ -53,10 +53,6 @@ def input_error_of(exc: BaseException) -> InputError | None:
 
 def _item(uri: str, license: str | None = None, attribution: str | None = None) -> dict:
     return {"uri": uri, "license": license, "attribution": attribution}
-
-
-def _is_remote(uri: str) -> bool:
-    return "://" in uri
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -97,10 +93,9 @@ def _first_video_in(directory: str) -> str | None:
 
 def plan_spec(index: int, spec: str) -> SpecPlan:
     """Classify one spec, with a check that costs O(1) calls (no listing of what it names)."""
-    low = spec.lower()
-    is_glob = any(c in spec for c in "*?[")
-    local_dir = not is_glob and not _is_remote(spec) and os.path.isdir(spec)
-    if not is_glob and low.endswith(MANIFEST_EXTENSIONS) and not local_dir:
+    glob = is_glob(spec)
+    local_dir = not glob and not _is_remote(spec) and os.path.isdir(spec)
+    if not glob and is_manifest_name(spec) and not local_dir:
         if not FileSystems.exists(spec):
             raise InputError(f"manifest {spec!r} does not exist")
         base = posixpath.dirname(spec) if _is_remote(spec) else os.path.dirname(os.path.abspath(spec))
@@ -109,7 +104,7 @@ def plan_spec(index: int, spec: str) -> SpecPlan:
         if _first_video_in(spec) is None:
             raise InputError(f"directory {spec!r} holds no video files ({', '.join(VIDEO_EXTENSIONS)})")
         return SpecPlan(index, spec, "directory", os.path.join(spec, "*"))
-    if not is_glob and not _is_remote(spec):
+    if not glob and not _is_remote(spec):
         # A single local path: kept even if missing, so that it turns into a reject with a reason.
         return SpecPlan(index, spec, "path", spec)
     if not FileSystems.match([spec], limits=[1])[0].metadata_list:
