@@ -10,7 +10,8 @@ The marginal cost per video is ``(T(N) - T(1)) / (N - 1)``, the fixed start-up `
 Targets: marginal / ffmpeg <= 1.2; start-up <= 3 s. The machine's load average is recorded at start and end
 (a shared machine: the three repeats run interleaved so that its noise hits both alike).
 
-    nice -n 10 python benchmarks/segment.py [--video PATH] [--copies 8] [--repeats 3] [--out benchmarks/results/segment.json]
+    nice -n 10 python benchmarks/segment.py [--video PATH] [--copies 8] [--repeats 3] [--workers N]
+                                            [--out benchmarks/results/segment.json]
 """
 from __future__ import annotations
 
@@ -53,6 +54,8 @@ def main() -> int:
     ap.add_argument("--video", help=f"video file (default: the sample video {DEFAULT_VIDEO})")
     ap.add_argument("--copies", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--workers", type=int, help="--workers for both longreel runs (default: the CLI's default, every "
+                                                "core; the single video is passed as a directory, so it gets them too)")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "segment.json"))
     a = ap.parse_args()
     if a.video is None:
@@ -84,6 +87,8 @@ def main() -> int:
         # measures ingest + segment, as before dedup.near_duplicates became the default (benchmarks/scale.py does too)
         longreel = [sys.executable, "-m", "longreel", "-q", "curate", "--set", "stages=[]", "--set", "segment.mode=materialize",
                     "--set", "segment.cut=copy", "--set", "dedup.near_duplicates=false"]
+        if a.workers:
+            longreel += ["--workers", str(a.workers)]
         t1, tn = [], []
         for r in range(a.repeats):  # interleaved so that machine noise hits both alike
             out = os.path.join(work, f"lr1_{r}")
@@ -112,6 +117,7 @@ def main() -> int:
         "video": os.path.basename(a.video),
         "copies": a.copies,
         "repeats": a.repeats,
+        "workers": a.workers or f"default: every core ({os.cpu_count()} here)",
         "command": "nice -n 10 python benchmarks/segment.py " + " ".join(sys.argv[1:]),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "ffmpeg": ff,
                     "shared": "yes: other jobs ran on this machine at the same time; see the load averages",
