@@ -62,4 +62,3 @@ def discard() -> None:
     if z is not None:
         z.terminate()
         z.wait()
-

@@ -583,3 +583,16 @@ def test_card_reads_shards_with_the_loaders_reader(tmp_path):
     assert got["samples"][0]["json"] == {"meta.json": {"video_id": "good"}}
     assert any("pickle-style" in e for e in got["errors"]) and any("not a regular file" in e for e in got["errors"])
     assert got["bytes"] == path.stat().st_size
+
+
+def test_importing_the_cards_libraries_ahead_leaves_matplotlib_headless():
+    """What a run of several workers imports in a thread before the card (see curate._card_imports_ahead)."""
+    import sys
+
+    import matplotlib
+
+    from longreel.pipelines.card.build import import_ahead
+
+    import_ahead()
+    assert matplotlib.get_backend().lower() == "agg"
+    assert {"datasets", "jinja2", "matplotlib.pyplot", "longreel.pipelines.card.plots"} <= set(sys.modules)
