@@ -594,8 +594,8 @@ def write_card(card: dict, out_dir: str, plots: bool = True) -> list[str]:
 def import_ahead() -> None:
     """Import what building a card imports on first use (datasets, matplotlib, jinja2, PyAV: about 0.7 s of a
     2-second card here). A local run of several workers calls this in a thread while its workers run
-    (:func:`longreel.pipelines.curate.run_curate`): the launcher's core is idle while the workers' zygote imports
-    torch, and the card then starts without that wait when the pipeline ends."""
+    (``longreel.pipelines.curate._card_imports_ahead``): the launcher's core is idle while the workers' zygote
+    imports torch, and the card then starts without that wait when the pipeline ends."""
     import matplotlib
     matplotlib.use("Agg", force=True)
     import av  # noqa: F401
