@@ -334,12 +334,14 @@ def worker_modules(cfg: CurateConfig) -> tuple[str, ...]:
     return tuple(mods)
 
 
-def _card_imports_ahead(cfg: CurateConfig, workers: int, remote: bool) -> threading.Thread | None:
+def _card_imports_ahead(cfg: CurateConfig, workers: int, remote: bool, runner=None) -> threading.Thread | None:
     """A thread importing the card's libraries while a local run's workers work (see
     :func:`longreel.pipelines.card.build.import_ahead`); None when the run makes no card, runs in this process
     (the thread would only take turns with it) or runs elsewhere."""
     if "card" not in cfg.stages or workers < 2 or remote:
         return None
+    if hasattr(runner, "preload_launcher_modules"):  # local forked workers: their zygote must not import these too
+        runner.preload_launcher_modules()
 
     def run():
         try:
@@ -375,7 +377,7 @@ def _run_locked(items: InputPlan | list[dict], out_dir: str, cfg: CurateConfig, 
     remote = names_runner(beam_args)
     build_curate(p, items, out_dir, cfg, command=command, handlers=handlers,
                  split_long_videos=workers > 1 or remote, local_workers=0 if remote else workers)
-    card_imports = _card_imports_ahead(cfg, workers, remote)
+    card_imports = _card_imports_ahead(cfg, workers, remote, p.runner)
     try:
         p.run().wait_until_finish()
     except Exception as e:

@@ -54,6 +54,7 @@ class ForkedWorkersRunner(FnApiRunner):
         super().__init__()
         self.preload = tuple(preload)
         self.pool: ForkedWorkerPool | None = None
+        self._launcher_modules_sent = False
 
     def start_zygote(self) -> None:
         """Start the zygote now (its imports overlap what the caller does before the run); idempotent."""
@@ -61,15 +62,27 @@ class ForkedWorkersRunner(FnApiRunner):
             self.pool = ForkedWorkerPool(self.preload)
             self.pool.start()
 
+    def preload_launcher_modules(self) -> None:
+        """Have the zygote import what this process has imported so far (:func:`launcher_modules`) now rather than
+        when the run starts: for a caller about to import what the workers do not need (the card's libraries, in a
+        thread, while the run goes), which the zygote would otherwise import too, on the path to the first bundle.
+        Once per run."""
+        if not self._launcher_modules_sent:
+            self.start_zygote()
+            self.pool.preload(launcher_modules())
+            self._launcher_modules_sent = True
+
     def run_pipeline(self, pipeline, options):
         quiet = _DropModeWarning()
         fn_log = logging.getLogger(FnApiRunner.__module__)
         fn_log.addFilter(quiet)
         self.start_zygote()
         pool, self.pool = self.pool, None
+        sent, self._launcher_modules_sent = self._launcher_modules_sent, False
         try:
             with pool:
-                pool.preload(launcher_modules())
+                if not sent:
+                    pool.preload(launcher_modules())
                 self._default_environment = ExternalEnvironment(pool.endpoint, capabilities=python_sdk_capabilities())
                 return super().run_pipeline(pipeline, options)
         finally:
