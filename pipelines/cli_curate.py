@@ -51,7 +51,8 @@ directories and manifests are listed by the pipeline's workers, not before the r
 cheap check per INPUT runs first (the manifest exists, the glob matches a first file).
 
 Where it runs: without a Beam --runner, on this machine with --workers processes (default:
-every core this process may use); --workers 1 runs in this one process. The outputs are
+every core this process may use; one for a single video file without captions, which has
+nothing to spread); --workers 1 runs in this one process. The outputs are
 the same bytes for any worker count. Beam options (--runner=DataflowRunner, FlinkRunner,
 SparkRunner, ... with their own options) pass through unchanged; --workers then does not
 apply.
