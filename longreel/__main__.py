@@ -1,5 +1,3 @@
-import sys
+from longreel.cli import console_main
 
-from longreel.cli import main
-
-sys.exit(main())
+console_main()
