@@ -118,7 +118,7 @@ def main() -> int:
         "copies": a.copies,
         "repeats": a.repeats,
         "workers": a.workers or f"default: every core ({os.cpu_count()} here)",
-        "command": "nice -n 10 python benchmarks/segment.py " + " ".join(sys.argv[1:]),
+        "command": "python benchmarks/segment.py " + " ".join(sys.argv[1:]), "nice": os.nice(0),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "ffmpeg": ff,
                     "shared": "yes: other jobs ran on this machine at the same time; see the load averages",
                     "load_average_start": [round(x, 2) for x in load_start],

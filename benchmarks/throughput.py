@@ -10,6 +10,9 @@ All in one run, on the 10-minute Big Buck Bunny (596 s, 1280x720 H.264, from the
   measures the CPU side), which is why the run is started through this file's ``--child`` mode (the CLI cannot be
   handed an answerer) rather than ``python -m longreel curate``; everything else is ``run_curate`` as the CLI
   calls it.
+* **curate on every core**: the same run with the worker count ``longreel curate`` picks for one video with a
+  caption stage (every core; ``--workers``), since ffmpeg's baseline decodes on every core too. The long video's
+  decode is cut into tasks the workers share; its decode passes are not counted (their log is in the workers).
 * **stage CPU**: the same run with stages added one at a time ([], +caption, +qra, +pack, +filter); a stage's CPU
   seconds are what adding it cost (user + system, the process and its decode workers).
 * **decode passes per video**: counted from the run's own ``longreel.decode`` log records (one per worker decode
@@ -81,10 +84,11 @@ class _PassCounter(logging.Handler):
             self.passes[os.path.realpath(str(record.args[0]))] += 1
 
 
-def child(out: str, stages: list[str], inputs: str, forked: bool = False) -> int:
-    """``run_curate`` as ``longreel curate INPUTS --out OUT --workers 1`` runs it, with the scripted answerer for
-    the filter; writes ``OUT/bench_child.json`` (decode passes per video, from the decode log). ``forked``: the one
-    worker forked from the zygote (``run_curate(in_process=False)``), not what ``--workers 1`` runs: an A/B only."""
+def child(out: str, stages: list[str], inputs: str, forked: bool = False, workers: int = 1) -> int:
+    """``run_curate`` as ``longreel curate INPUTS --out OUT --workers N`` runs it, with the scripted answerer for
+    the filter; writes ``OUT/bench_child.json`` (decode passes per video, from the decode log: counted for one
+    worker in this process only). ``forked``: the one worker forked from the zygote (``run_curate(in_process=False)``),
+    not what ``--workers 1`` runs: an A/B only. Exits as the ``longreel`` executable does (no interpreter teardown)."""
     from longreel.pipelines.config import CurateConfig
     from longreel.pipelines.curate import run_curate
     from longreel.pipelines.io.inputs import plan_inputs
@@ -105,25 +109,27 @@ def child(out: str, stages: list[str], inputs: str, forked: bool = False) -> int
     cfg = load_yaml(CurateConfig, None, sets)
     handlers = {"filter": ScriptedAnswerer(cfg.filter, default=cfg.filter.k // 2)} if "filter" in stages else None
     stats = run_curate(plan_inputs([inputs]), out, cfg, None, command="benchmarks/throughput.py --child",
-                       handlers=handlers, workers=1, in_process=not forked)
+                       handlers=handlers, workers=workers, in_process=workers == 1 and not forked)
     with open(os.path.join(out, "bench_child.json"), "w") as fh:
         json.dump({"decode_passes": dict(counter.passes), "totals": stats["totals"],
                    "frame_cache": (stats.get("run") or {}).get("frame_cache")}, fh)
-    return 0
+    from longreel.cli import exit_without_teardown
+    exit_without_teardown(0)
 
 
 FORKED_ONE_WORKER: list[str] = []  # ["--forked-one-worker"] when main() is given it
 
 
-def curate(video_dir: str, out: str, stages: list[str]) -> dict:
+def curate(video_dir: str, out: str, stages: list[str], workers: int = 1) -> dict:
     env = dict(os.environ)
     m = measured([sys.executable, os.path.abspath(__file__), "--child", out, "--stages", ",".join(stages),
-                  *FORKED_ONE_WORKER, video_dir], env=env, cwd=tempfile.gettempdir())
+                  "--workers", str(workers), *FORKED_ONE_WORKER, video_dir], env=env, cwd=tempfile.gettempdir())
     with open(os.path.join(out, "bench_child.json")) as fh:
         info = json.load(fh)
     with open(os.path.join(out, "stats.json")) as fh:
         stats = json.load(fh)
     m["stages"] = stages
+    m["workers"] = workers
     m["decode_passes_per_video"] = info["decode_passes"]
     m["frame_cache"] = info["frame_cache"]
     m["funnel"] = {s["stage"]: {"in": s["in"], "out": s["out"]} for s in stats["stages"]}
@@ -222,24 +228,28 @@ def main() -> int:
     ap.add_argument("--out", default=os.path.join(HERE, "results", "throughput.json"))
     ap.add_argument("--forked-one-worker", action="store_true",
                     help="A/B: run the one worker forked from the zygote (run_curate in_process=False), not in process")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="workers of the second full run (default: every core, what `longreel curate` picks for one "
+                         "video with a caption stage); 0 leaves that run out")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--stages", help=argparse.SUPPRESS)
     ap.add_argument("inputs", nargs="?", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        return child(a.child, [s for s in a.stages.split(",") if s], a.inputs, a.forked_one_worker)
+        return child(a.child, [s for s in a.stages.split(",") if s], a.inputs, a.forked_one_worker, a.workers or 1)
     if a.forked_one_worker:
         FORKED_ONE_WORKER.append("--forked-one-worker")
     if a.video is None:
         from longreel.testing.sample_videos import ensure_videos
         a.video = str(ensure_videos([DEFAULT_VIDEO]) / DEFAULT_VIDEO)
     from longreel.pipelines.media.ffmpeg_bin import ffmpeg_exe
+    from longreel.pipelines.zygote import default_workers
 
     ff = ffmpeg_exe()
     load_start = os.getloadavg()
     work = tempfile.mkdtemp(prefix="longreel-bench-throughput-")
     doc: dict = {"benchmark": "throughput", "video": os.path.basename(a.video),
-                 "command": "nice -n 10 python benchmarks/throughput.py " + " ".join(sys.argv[1:]),
+                 "command": "python benchmarks/throughput.py " + " ".join(sys.argv[1:]), "nice": os.nice(0),
                  "one_worker": "forked from the zygote" if a.forked_one_worker else "in process (as --workers 1)",
                  "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "ffmpeg": ff,
                              "shared": "yes: other jobs ran on this machine at the same time; see load_average",
@@ -257,6 +267,14 @@ def main() -> int:
         doc["ratio_wall_vs_ffmpeg"] = round(full["wall_s"] / ref["wall_s"], 3)
         doc["ratio_cpu_vs_ffmpeg"] = round(full["cpu_s"] / ref["cpu_s"], 3)
         doc["ratio_wall_vs_ffmpeg_1_thread"] = round(full["wall_s"] / ref1["wall_s"], 3)
+        n_default = default_workers() if a.workers is None else a.workers
+        if n_default > 1:
+            # ffmpeg decodes on every core by default, and so does `longreel curate` for this input: the same run
+            # with the CLI's worker count, its long video's decode cut into tasks the workers share
+            many = curate(vdir, os.path.join(work, "full_default_workers"), STAGE_STEPS[-1][1], n_default)
+            many["decode_passes_per_video"] = "not counted: the decode log is in the worker processes"
+            doc["curate_default_workers"] = {**many, "ratio_wall_vs_ffmpeg": round(many["wall_s"] / ref["wall_s"], 3),
+                                             "ratio_cpu_vs_ffmpeg": round(many["cpu_s"] / ref["cpu_s"], 3)}
         # The per-run fixed cost (imports, pipeline construction, start-up) apart: the same run on the first
         # seconds of the video (stream copy), and ffmpeg on those; the difference is what the rest of the video cost.
         sdir = os.path.join(work, "short_videos")

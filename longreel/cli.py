@@ -177,14 +177,14 @@ def console_main() -> None:
     the standard streams. Under a profiler or tracer (``python -m cProfile``, coverage) the normal exit is kept,
     since those write their results after the program returns.
     """
-    code = main()
-    if sys.getprofile() is not None or sys.gettrace() is not None:
-        sys.exit(code)
-    exit_without_teardown(code)
+    exit_without_teardown(main())
 
 
 def exit_without_teardown(code: int) -> None:
-    """``os._exit(code)`` after what a normal exit does that a caller can observe (see :func:`console_main`)."""
+    """``os._exit(code)`` after what a normal exit does that a caller can observe (see :func:`console_main`);
+    ``sys.exit(code)`` under a profiler or tracer."""
+    if sys.getprofile() is not None or sys.gettrace() is not None:
+        sys.exit(code)
     # The two calls the interpreter makes first when it exits; neither has a public name. threading's runs the
     # callbacks that tell thread pools to stop (concurrent.futures registers them) and joins the non-daemon threads:
     # joining them without those callbacks would wait forever on a pool's idle threads.
