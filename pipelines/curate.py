@@ -145,6 +145,7 @@ def build_curate(p: beam.Pipeline, items: InputPlan | list[dict], out_dir: str, 
     ]
     tables = {"videos": videos, "clips": clips}
     finishers = []
+    cached_videos = videos  # the videos as the stages reading the frame cache get them (see below)
 
     if "caption" in cfg.stages:
         from longreel.pipelines.stages.caption import add_caption_stage
@@ -165,6 +166,8 @@ def build_curate(p: beam.Pipeline, items: InputPlan | list[dict], out_dir: str, 
         rejects.append(cap["rejects"])
         counts.append(cap["counts"])
         tables.update(captions=cap["captions"], clip_facts=cap["facts"])
+        if cap["cache_ready"] is not None:  # long videos' entries are put together after the decode: wait for them
+            cached_videos = videos | "AfterFrameCache" >> beam.transforms.util.WaitOn(cap["cache_ready"])
     if "qra" in cfg.stages:
         from longreel.pipelines.stages.qra import add_qra_stage
         qra = add_qra_stage(p, spread(tables["captions"], "Captions"), tables["clip_facts"], videos, out_dir,
@@ -200,7 +203,7 @@ def build_curate(p: beam.Pipeline, items: InputPlan | list[dict], out_dir: str, 
         from longreel.pipelines.stages.passrate import add_filter_stage, finish_filter_stats
         from longreel.pipelines.stages.caption import filter_frames_dir, shares_filter_pass
         shared = shares_filter_pass(cfg.caption, cfg.filter)  # its uniform frames come from the caption's pass
-        flt = add_filter_stage(p, videos, spread(tables["qras"], "QRAs"), out_dir, cfg.filter,
+        flt = add_filter_stage(p, cached_videos, spread(tables["qras"], "QRAs"), out_dir, cfg.filter,
                                handler=handlers.get("filter"),
                                frames_dir=filter_frames_dir(out_dir, cfg.pack if "pack" in cfg.stages else None)
                                if shared else None, tables=sink)
@@ -212,7 +215,7 @@ def build_curate(p: beam.Pipeline, items: InputPlan | list[dict], out_dir: str, 
         finishers.append(lambda d: finish_filter_stats(d, k, prov))
     if "pack" in cfg.stages:
         from longreel.pipelines.stages.pack import add_pack_stage
-        pack = add_pack_stage(p, videos, tables["qras"], passrates, out_dir, cfg.pack, standalone=False,
+        pack = add_pack_stage(p, cached_videos, tables["qras"], passrates, out_dir, cfg.pack, standalone=False,
                               filter_rejects=flt["rejects"] if passrates is not None else None)
         rejects.append(pack["rejects"])
         counts.append(pack["counts"])

@@ -106,7 +106,9 @@ def chunked_run(shared_videos, tmp_path_factory):
 
 def test_a_long_video_is_decoded_in_chunks_and_its_cache_in_a_task_of_its_own(chunked_run, tmp_path):
     """A video of several chunks (``max_frames_per_call``) is spread over several decode tasks, so that workers
-    share it; its frame cache entry gets its own task. Facts and the cache entry are those of the one-pass decode."""
+    share it; planned without ``cache_in_chunks`` (as when the filter's uniform frames need a sparse pass too), its
+    frame cache entry gets its own task. Facts and the cache entry are those of the one-pass decode (the caption
+    stage here puts the entry together from its chunks' parts: tests/test_cache_parts.py)."""
     from longreel.pipelines.stages.caption import DecodeTask, plan_decode
 
     clips = read_table(str(chunked_run), "clips").to_pylist()

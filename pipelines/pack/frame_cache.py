@@ -146,11 +146,12 @@ def effective_max_pixels(vp, num_frames: int) -> int:
     return max_pixels
 
 
-def processor_resize(vp, frames: np.ndarray) -> np.ndarray:
+def processor_resize(vp, frames: np.ndarray, num_frames: int | None = None) -> np.ndarray:
     """Resize uint8 ``[T, H, W, 3]`` frames exactly as ``vp`` does inside its ``_preprocess``.
 
     The processor's own ``resize`` is called (smart-resize + torchvision bicubic with antialias on
-    uint8), ``_RESIZE_CHUNK`` frames at a time with the pixel cap of the whole video.
+    uint8), ``_RESIZE_CHUNK`` frames at a time with the pixel cap of the whole video: a video of ``num_frames``
+    frames (default: ``T``), so that the frames of one video can be resized in parts, each part as the whole.
     """
     import torch
     from transformers.image_utils import SizeDict
@@ -159,7 +160,7 @@ def processor_resize(vp, frames: np.ndarray) -> np.ndarray:
         raise ValueError(f"expected uint8 [T, H, W, 3], got {frames.dtype} {frames.shape}")
     n = frames.shape[0]
     size = dict(vp.size)
-    size["longest_edge"] = effective_max_pixels(vp, n)
+    size["longest_edge"] = effective_max_pixels(vp, num_frames or n)
     size = SizeDict(**size)
     factor = vp.patch_size * vp.merge_size
     out = None
@@ -283,17 +284,25 @@ class FrameCache:
     def store(self, video: dict, decoded) -> CacheEntry:
         """Resize the frames decoded at :meth:`plan`'s timestamps (full resolution, upright: one decode pass may
         have served other stages too) and write the entry."""
+        indices = self.plan(video)[0]
+        frames = decoded.frames
+        if frames.ndim != 4 or frames.shape[0] != len(indices):
+            raise CacheError("decode_failed", f"decoder returned {frames.shape} for {len(indices)} timestamps")
+        return self.store_resized(video, processor_resize(self.vp, frames), decoded.timestamps)
+
+    def store_resized(self, video: dict, resized: np.ndarray, decoded_timestamps: list[float]) -> CacheEntry:
+        """Write the entry from frames already resized by :func:`processor_resize` (with the whole video's frame
+        count), e.g. put together from parts that several decode passes resized (the same bytes as :meth:`store`:
+        the resize treats each frame alone)."""
         from longreel.pipelines.media.decode import displayed_size
 
         vp = self.vp
         total = int(video["n_frames"])
         indices, timestamps, fps = self.plan(video)
-        frames = decoded.frames
-        if frames.ndim != 4 or frames.shape[0] != len(indices):
-            raise CacheError("decode_failed", f"decoder returned {frames.shape} for {len(indices)} timestamps")
+        if resized.ndim != 4 or resized.shape[0] != len(indices) or len(decoded_timestamps) != len(indices):
+            raise CacheError("decode_failed", f"{resized.shape[0]} frames for {len(indices)} timestamps")
         rotation = int(video.get("rotation") or 0) % 360
         width, height = displayed_size(video)
-        resized = processor_resize(vp, frames)
         t, h, w, _ = resized.shape
         data = npy_bytes(resized)
         key = self.key(video["sha256"])
@@ -311,7 +320,7 @@ class FrameCache:
             "height": height,
             "frames_indices": indices,
             # ... and what was actually decoded and stored
-            "timestamps": [float(x) for x in decoded.timestamps],
+            "timestamps": [float(x) for x in decoded_timestamps],
             "requested_timestamps": timestamps,
             "rotation_applied": rotation,
             "num_frames": int(t),

@@ -58,6 +58,7 @@ CAPTION_STAGES = [STAGE_FACTS, STAGE_FILTER, STAGE_CAPTION]
 CAPTION_UNITS = {s: "clip" for s in CAPTION_STAGES}
 TIMING = "timing"                 # output tag of the model's latency per clip (-> stats.json["run"]["caption"])
 COMPUTE = "compute"               # output tag of the compute bill's counts per model call (-> stats.json extra)
+CACHE_PARTS = "cache_parts"       # output tag of a long video's frame cache frames, part by part (AssembleFrameCache)
 
 FACTS_MAX_PIXELS = 128 * 128      # the facts backend only measures: small frames are plenty (170x96 for 16:9)
 VLM_MAX_PIXELS = 448 * 448
@@ -149,6 +150,9 @@ class DecodeTask:
     video: dict
     clips: list[dict]
     cache: bool = False  # this task's decode pass also builds the video's frame cache entry (when there is a cache)
+    #: ``(k, n, lo, hi)``: this chunk is part k of n of a long video and its pass also decodes the frame cache's
+    #: frames timed in ``[lo, hi)`` (None: unbounded), which :class:`AssembleFrameCache` puts together
+    cache_part: tuple | None = None
 
 
 def shares_filter_pass(cfg: CaptionConfig, filter_cfg) -> bool:
@@ -168,14 +172,18 @@ def filter_frames_dir(out_dir: str, pack_cfg=None) -> str:
         FileSystems.join(out_dir, "frame_cache")
 
 
-def plan_decode(element, n_frames: int, mode: str, max_frames_per_call: int | None, frame_cache: bool = False):
+def plan_decode(element, n_frames: int, mode: str, max_frames_per_call: int | None, frame_cache: bool = False,
+                cache_in_chunks: bool = False):
     """``(video_id, {"videos": [...], "clips": [...]})`` -> DecodeTasks (or ``video_missing`` rejects).
 
     ``per_video``: consecutive clips in chunks of at most ``max_frames_per_call`` frames, so that a long video's
     decode spreads over the workers (a 10-minute film in one task kept one worker busy for most of a 2-worker run
     while the other sat idle: benchmarks/results/scale.json). ``frame_cache``: a video of one chunk builds its
-    frame cache entry in that chunk's pass (one decode); a longer video gets one more task for it, whose sparse
-    timestamps cost a few seeks, instead of riding on one chunk and making that chunk the slowest."""
+    frame cache entry in that chunk's pass (one decode). For a longer video, ``cache_in_chunks`` splits the entry's
+    frames among the chunks by time (chunk k takes those from its first clip's start to the next chunk's), so each
+    is decoded in a pass that runs over its stretch anyway; otherwise (the filter's uniform frames ride along too)
+    the video gets one more task for them, whose sparse timestamps cost a seek each: 5 CPU-s for the 64 frames of
+    the 10-minute Big Buck Bunny here, a third of decoding the whole film."""
     vid, groups = element
     clips = sorted(groups["clips"], key=lambda c: (c["index"], c["clip_id"]))
     videos = list(groups["videos"])
@@ -195,6 +203,13 @@ def plan_decode(element, n_frames: int, mode: str, max_frames_per_call: int | No
     chunks = [clips[i:i + per] for i in range(0, len(clips), per)]
     if frame_cache and len(chunks) == 1:
         yield DecodeTask(videos[0], chunks[0], cache=True)
+        return
+    if frame_cache and cache_in_chunks:
+        starts = [chunk[0]["start_s"] for chunk in chunks]
+        n = len(chunks)
+        for k, chunk in enumerate(chunks):
+            yield DecodeTask(videos[0], chunk, cache_part=(k, n, starts[k] if k else None,
+                                                           starts[k + 1] if k + 1 < n else None))
         return
     if frame_cache:
         yield DecodeTask(videos[0], [], cache=True)
@@ -362,6 +377,32 @@ class DecodeClipFrames(beam.DoFn):
         except CacheError:
             return None  # the pack stage rejects it with its reason
 
+    def _cache_part_request(self, video: dict, part: tuple):
+        """``(request, frames in the whole entry)`` of this chunk's share of the frame cache's frames (the request
+        is None when no frame falls in the chunk's stretch), or None when the video needs no entry."""
+        from longreel.pipelines.media.decode import FrameRequest
+
+        whole = self._cache_request(video)
+        if whole is None:
+            return None
+        _k, _n, lo, hi = part
+        mine = [t for t in whole.timestamps if (lo is None or t >= lo) and (hi is None or t < hi)]
+        return (FrameRequest(mine) if mine else None), len(whole.timestamps)
+
+    def _cache_part(self, video: dict, part: tuple, decoded, whole: int, failed: bool = False):
+        """The CACHE_PARTS element of a chunk: its share of the entry's frames, resized as the whole video's."""
+        import numpy as np
+
+        from longreel.pipelines.pack.frame_cache import processor_resize
+
+        frames, stamps = None, []
+        if decoded is not None and not failed:
+            frames = processor_resize(self.cache.vp, np.asarray(decoded.frames), num_frames=whole)
+            stamps = [float(t) for t in decoded.timestamps]
+        return TaggedOutput(CACHE_PARTS, (video["video_id"], {"k": part[0], "n": part[1], "video": video,
+                                                             "frames": frames, "timestamps": stamps,
+                                                             "failed": failed}))
+
     def _filter_request(self, video: dict):
         """The pass-rate filter's uniform frames when this video has no stored entry yet (else None)."""
         if self.store is None:
@@ -416,24 +457,35 @@ class DecodeClipFrames(beam.DoFn):
             decoded: list = [None] * len(clips)
             cache_req = self._cache_request(video) if task.cache else None
             filter_req = self._filter_request(video) if task.cache else None
+            part = self._cache_part_request(video, task.cache_part) if task.cache_part else None
+            part_req = part[0] if part else None
             if not clips:  # the per-video extras' own task (a long video's clips are decoded in other tasks)
                 self._store_extras(path, video, cache_req, filter_req)
                 return
-            if len(clips) > 1 or cache_req or filter_req:
+            if part and part_req is None:  # no frame of the entry in this chunk's stretch: an empty part
+                yield self._cache_part(video, task.cache_part, None, part[1])
+            if len(clips) > 1 or cache_req or filter_req or part_req:
+                extras = [(name, r) for name, r in (("cache", cache_req), ("filter", filter_req), ("part", part_req))
+                          if r]
                 try:
-                    reqs = [FrameRequest([t for s in stamps for t in s], *size)] + ([cache_req] if cache_req else [])
-                    reqs += [filter_req] if filter_req else []
+                    reqs = [FrameRequest([t for s in stamps for t in s], *size)] + [r for _, r in extras]
                     got = self._decode(path, reqs, video.get("rotation"))
+                    of = {name: got[1 + i] for i, (name, _) in enumerate(extras)}
                     d = got[0]
                     for i in range(len(clips)):  # copied out of the mapping: one clip's frames in memory at a time
                         decoded[i] = (np.array(d.frames[i * n:(i + 1) * n]), d.timestamps[i * n:(i + 1) * n],
                                       d.indices[i * n:(i + 1) * n], d.fps)
                     if cache_req:
-                        self._store(video, got[1])
+                        self._store(video, of["cache"])
                     if filter_req:
-                        self.store.store(video, filter_req, got[-1])
+                        self.store.store(video, filter_req, of["filter"])
+                    if part_req:
+                        yield self._cache_part(video, task.cache_part, of["part"], part[1])
                 except WorkerError:
-                    pass  # retried clip by clip below: only the clips in a damaged stretch are lost
+                    # retried clip by clip below: only the clips in a damaged stretch are lost; the frame cache
+                    # entry is then left to the pack stage, which decodes it again and rejects with a reason
+                    if part_req:
+                        yield self._cache_part(video, task.cache_part, None, part[1], failed=True)
             for i, c in enumerate(clips):
                 if decoded[i] is None:
                     try:
@@ -469,6 +521,39 @@ class DecodeClipFrames(beam.DoFn):
             return bad
         return {"clip": {k: clip[k] for k in ("clip_id", "video_id", "index", "start_s", "end_s")},
                 "facts": row, "frames": frames if self.keep_frames else None, "fps": float(fps)}
+
+
+class AssembleFrameCache(beam.DoFn):
+    """``(video_id, parts)`` -> ``video_id``, once the frame cache entry is written from the parts of the video's
+    frames its chunks decoded (:func:`plan_decode`'s ``cache_in_chunks``). An entry with a part missing or failed
+    is not written: the pack stage (and a filter on cached frames) then decodes it and rejects with the reason."""
+
+    def __init__(self, frame_cache):
+        self.frame_cache = frame_cache  # (PackConfig, cache_dir)
+
+    def setup(self):
+        self.cache = open_frame_cache(*self.frame_cache)
+
+    def process(self, element):
+        import numpy as np
+
+        from longreel.pipelines.pack.frame_cache import CacheError
+        from longreel.pipelines.stages.base import log
+
+        vid, parts = element
+        parts = sorted(parts, key=lambda part: part["k"])
+        if [part["k"] for part in parts] != list(range(parts[0]["n"])) or any(part["failed"] for part in parts):
+            log.warning("%s: frame cache entry of %s not written: a part of its frames was not decoded", STAGE_FACTS,
+                        vid)
+            return
+        frames = [part["frames"] for part in parts if part["frames"] is not None]
+        stamps = [t for part in parts for t in part["timestamps"]]
+        try:
+            self.cache.store_resized(parts[0]["video"], np.concatenate(frames), stamps)
+        except (CacheError, ValueError) as e:  # not this stage's output: the pack stage decodes and rejects
+            log.warning("%s: frame cache entry of %s not written: %s", STAGE_FACTS, vid, e)
+            return
+        yield vid
 
 
 class FilterClips(beam.DoFn):
@@ -616,16 +701,25 @@ class CaptionClips(beam.PTransform):
         grouped = ({"videos": videos | "KeyVideos" >> beam.Map(lambda v: (v["video_id"], v)),
                     "clips": clips | "KeyClips" >> beam.Map(lambda c: (c["video_id"], c))}
                    | "ClipsPerVideo" >> beam.CoGroupByKey())
+        # a long video's frame cache frames ride on its chunks' passes (when there are chunks), unless the filter's
+        # frames need a sparse pass of their own anyway (then the cache's frames go with them)
+        cache_in_chunks = self.frame_cache is not None and self.filter_frames is None and \
+            self._frames_per_task() is not None
         tasks = grouped | "PlanDecode" >> beam.FlatMap(
             plan_decode, cfg.frames.n, cfg.frames.decode, self._frames_per_task(),
-            self.frame_cache is not None or self.filter_frames is not None).with_outputs(
+            self.frame_cache is not None or self.filter_frames is not None, cache_in_chunks).with_outputs(
             REJECTS, main=MAIN)
         decoded = (tasks[MAIN]
                    | "SpreadTasks" >> self._spread()
                    | "DecodeAndMeasure" >> beam.ParDo(DecodeClipFrames(
                        cfg, self.budget, keep_frames=self.keep_frames, frame_cache=self.frame_cache,
                        filter_frames=self.filter_frames)
-                   ).with_outputs(REJECTS, main=MAIN))
+                   ).with_outputs(REJECTS, CACHE_PARTS, main=MAIN))
+        cache_ready = None
+        if cache_in_chunks:
+            cache_ready = (decoded[CACHE_PARTS]
+                           | "CachePartsPerVideo" >> beam.GroupByKey()
+                           | "AssembleFrameCache" >> beam.ParDo(AssembleFrameCache(self.frame_cache)))
         facts = decoded[MAIN] | "FactsRows" >> beam.Map(lambda el: el["facts"])
         filtered = decoded[MAIN] | "StaticBlackFilter" >> beam.ParDo(FilterClips(cfg)).with_outputs(
             REJECTS, main=MAIN)
@@ -647,7 +741,8 @@ class CaptionClips(beam.PTransform):
             timing_pairs("Captions", STAGE_CAPTION, rows[TIMING]),
             rows[COMPUTE],
         ) | "CaptionCounts" >> beam.Flatten()
-        return {MAIN: rows[MAIN], REJECTS: rejects, "facts": facts, "counts": counts, "frames": filtered[MAIN]}
+        return {MAIN: rows[MAIN], REJECTS: rejects, "facts": facts, "counts": counts, "frames": filtered[MAIN],
+                "cache_ready": cache_ready}
 
 
 def add_caption_stage(p, videos_pcoll, clips_pcoll, out_dir: str, cfg: CaptionConfig, handler=None,
@@ -661,9 +756,11 @@ def add_caption_stage(p, videos_pcoll, clips_pcoll, out_dir: str, cfg: CaptionCo
     decodes them into :func:`filter_frames_dir`, where the filter reads them (only with exact sampling on the
     default decoder, which is how the filter decodes; otherwise the filter decodes its own).
 
-    Returns ``{"captions", "facts", "rejects", "counts"}`` PCollections: the caller flattens ``rejects`` into its
-    rejects table and ``counts`` into its :class:`~longreel.pipelines.stats.WriteStats` (stage order: ``CAPTION_STAGES``,
-    units ``CAPTION_UNITS``).
+    Returns ``{"captions", "facts", "rejects", "counts", "cache_ready"}`` PCollections: the caller flattens
+    ``rejects`` into its rejects table and ``counts`` into its :class:`~longreel.pipelines.stats.WriteStats` (stage
+    order: ``CAPTION_STAGES``, units ``CAPTION_UNITS``). ``cache_ready`` (None unless long videos' frame cache
+    entries are put together from their chunks' parts) completes once those entries are written: a stage reading
+    the frame cache waits on it (``beam.transforms.util.WaitOn``).
 
     ``gates`` (optional): ``gates(captions, frames) -> {"captions", "rejects", "counts"}``, applied before the
     ``captions`` table is written (the embedding gates: their per-caption fields land in that table).
@@ -693,4 +790,5 @@ def add_caption_stage(p, videos_pcoll, clips_pcoll, out_dir: str, cfg: CaptionCo
                "counts": (out["counts"], g["counts"]) | "CaptionAndGateCounts" >> beam.Flatten()}
     write_table(out[MAIN], "WriteCaptions", out_dir, "captions", "caption", cfg.parquet_shards, tables)
     write_table(out["facts"], "WriteClipFacts", out_dir, "clip_facts", "clip_facts", cfg.parquet_shards, tables)
-    return {"captions": out[MAIN], "facts": out["facts"], "rejects": out[REJECTS], "counts": out["counts"]}
+    return {"captions": out[MAIN], "facts": out["facts"], "rejects": out[REJECTS], "counts": out["counts"],
+            "cache_ready": out["cache_ready"]}
