@@ -644,8 +644,10 @@ class CaptionClips(beam.PTransform):
     three stages ``clip_facts``, ``clip_filter`` and ``caption``, plus the model's latency per clip as
     ``run:caption`` pairs (``stats.json["run"]["caption"]``; no table holds wall-clock time).
 
-    ``frame_cache=(pack_cfg, cache_dir)``: each video is decoded in one pass (one task per video) that also builds
-    the pack stage's frame cache entry, so the pack stage and a pass-rate filter on cached frames decode nothing.
+    ``frame_cache=(pack_cfg, cache_dir)``: each video is decoded in one pass that also builds the pack stage's frame
+    cache entry, so the pack stage and a pass-rate filter on cached frames decode nothing. A long video cut into
+    chunks for several workers builds it in parts, one per chunk's pass (:class:`AssembleFrameCache`); the
+    ``cache_ready`` output completes once those entries are written.
 
     ``keep_frames``: keep the decoded frames of every clip the filter passes even for the facts captioner, and
     return them as ``"frames"`` (``{"clip", "facts", "frames", "fps"}`` per clip) for the embedding gates
