@@ -1,6 +1,7 @@
-"""A long video's frame cache entry from its chunks' passes (``plan_decode(cache_in_chunks=True)`` and
-``AssembleFrameCache``): each chunk decodes the entry's frames that fall in its stretch, and the parts make the
-same entry, byte for byte, as one pass over the whole video; without a sparse-seek task of its own."""
+"""A long video's frame cache entry (and the filter's uniform frames) from its chunks' passes
+(``plan_decode(cache_in_chunks=True)`` and ``AssembleFrameCache``): each chunk decodes the entry's frames that fall
+in its stretch, and the parts make the same entry, byte for byte, as one pass over the whole video; without a
+sparse-seek task of its own."""
 from __future__ import annotations
 
 import json
@@ -27,13 +28,14 @@ def _pack_cfg(cache_dir: Path) -> PackConfig:
     return load_yaml(PackConfig, None, ["max_frames=16", "max_pixels=50176", f"cache_dir={cache_dir}"])
 
 
-def _caption(run_dir: Path, dest: Path, pack_cfg: PackConfig, per_call: int) -> list[dict]:
+def _caption(run_dir: Path, dest: Path, pack_cfg: PackConfig | None, per_call: int, filter_cfg=None) -> list[dict]:
     from longreel.pipelines.runner import make_pipeline
 
     p = make_pipeline(None)
     v = p | "V" >> beam.Create(read_table(str(run_dir), "videos").to_pylist())
     c = p | "C" >> beam.Create(read_table(str(run_dir), "clips").to_pylist())
-    add_caption_stage(p, v, c, str(dest), caption_cfg(**{"frames.max_frames_per_call": per_call}), pack_cfg=pack_cfg)
+    add_caption_stage(p, v, c, str(dest), caption_cfg(**{"frames.max_frames_per_call": per_call}), pack_cfg=pack_cfg,
+                      filter_cfg=filter_cfg)
     p.run().wait_until_finish()
     return sorted(read_table(str(dest), "clip_facts").to_pylist(), key=lambda r: r["clip_id"])
 
@@ -69,6 +71,32 @@ def test_the_parts_make_the_entry_one_pass_makes(chunked_run, tmp_path):
     assert len(one) == 2 and one == parts  # the .npy and its .json, every byte
     meta = json.loads(next(v for k, v in parts.items() if k.endswith(".json")))
     assert meta["num_frames"] == 16  # frames from more than one part
+
+
+@pytest.mark.parametrize("with_pack", [True, False])
+def test_the_filters_uniform_frames_come_in_parts_too(chunked_run, tmp_path, with_pack, monkeypatch):
+    """The filter's uniform frames (stored as decoded, beside the frame cache) are put together from the chunks'
+    passes as well, with or without the frame cache in the same passes, and no task seeks to them on its own: the
+    stored files are those of one pass."""
+    from longreel.pipelines.filter_config import FilterConfig
+    from longreel.pipelines.stages.caption import DecodeClipFrames
+
+    def no_sparse_task(*_):
+        raise AssertionError("a task of sparse seeks ran")
+
+    monkeypatch.setattr(DecodeClipFrames, "_store_extras", no_sparse_task)
+
+    filter_cfg = load_yaml(FilterConfig, None, ["model=scripted", "n_frames=12", "max_pixels=50176"])
+    stored = {}
+    for name, per_call in (("one_pass", 256), ("parts", 16)):
+        pack_cfg = _pack_cfg(tmp_path / f"{name}_cache") if with_pack else None
+        facts = _caption(chunked_run, tmp_path / name, pack_cfg, per_call, filter_cfg)
+        assert len(facts) == 5
+        stored[name] = _files(tmp_path / (f"{name}_cache" if with_pack else f"{name}/frame_cache"))
+    names = sorted(stored["parts"])
+    assert sum(n.endswith(".frames.npy") for n in names) == 1
+    assert sum(n.endswith(".npy") for n in names) == (2 if with_pack else 1)
+    assert stored["one_pass"] == stored["parts"]
 
 
 def test_a_part_that_fails_leaves_no_entry_and_no_clip_lost(chunked_run, tmp_path, monkeypatch):

@@ -58,7 +58,7 @@ CAPTION_STAGES = [STAGE_FACTS, STAGE_FILTER, STAGE_CAPTION]
 CAPTION_UNITS = {s: "clip" for s in CAPTION_STAGES}
 TIMING = "timing"                 # output tag of the model's latency per clip (-> stats.json["run"]["caption"])
 COMPUTE = "compute"               # output tag of the compute bill's counts per model call (-> stats.json extra)
-CACHE_PARTS = "cache_parts"       # output tag of a long video's frame cache frames, part by part (AssembleFrameCache)
+CACHE_PARTS = "cache_parts"       # output tag of a long video's frame cache / filter frames, part by part (AssembleFrameCache)
 
 FACTS_MAX_PIXELS = 128 * 128      # the facts backend only measures: small frames are plenty (170x96 for 16:9)
 VLM_MAX_PIXELS = 448 * 448
@@ -151,7 +151,8 @@ class DecodeTask:
     clips: list[dict]
     cache: bool = False  # this task's decode pass also builds the video's frame cache entry (when there is a cache)
     #: ``(k, n, lo, hi)``: this chunk is part k of n of a long video and its pass also decodes the frame cache's
-    #: frames timed in ``[lo, hi)`` (None: unbounded), which :class:`AssembleFrameCache` puts together
+    #: frames (and the filter's uniform frames) timed in ``[lo, hi)`` (None: unbounded), which
+    #: :class:`AssembleFrameCache` puts together
     cache_part: tuple | None = None
 
 
@@ -179,11 +180,11 @@ def plan_decode(element, n_frames: int, mode: str, max_frames_per_call: int | No
     ``per_video``: consecutive clips in chunks of at most ``max_frames_per_call`` frames, so that a long video's
     decode spreads over the workers (a 10-minute film in one task kept one worker busy for most of a 2-worker run
     while the other sat idle: benchmarks/results/scale.json). ``frame_cache``: a video of one chunk builds its
-    frame cache entry in that chunk's pass (one decode). For a longer video, ``cache_in_chunks`` splits the entry's
-    frames among the chunks by time (chunk k takes those from its first clip's start to the next chunk's), so each
-    is decoded in a pass that runs over its stretch anyway; otherwise (the filter's uniform frames ride along too)
-    the video gets one more task for them, whose sparse timestamps cost a seek each: 5 CPU-s for the 64 frames of
-    the 10-minute Big Buck Bunny here, a third of decoding the whole film."""
+    frame cache entry (and the filter's uniform frames) in that chunk's pass (one decode). For a longer video,
+    ``cache_in_chunks`` splits those frames among the chunks by time (chunk k takes those from its first clip's start
+    to the next chunk's), so each is decoded in a pass that runs over its stretch anyway; otherwise the video gets
+    one more task for them, whose sparse timestamps cost a seek each: 5 CPU-s for the 64 frames of the 10-minute
+    Big Buck Bunny here, a third of decoding the whole film."""
     vid, groups = element
     clips = sorted(groups["clips"], key=lambda c: (c["index"], c["clip_id"]))
     videos = list(groups["videos"])
@@ -377,31 +378,38 @@ class DecodeClipFrames(beam.DoFn):
         except CacheError:
             return None  # the pack stage rejects it with its reason
 
-    def _cache_part_request(self, video: dict, part: tuple):
-        """``(request, frames in the whole entry)`` of this chunk's share of the frame cache's frames (the request
-        is None when no frame falls in the chunk's stretch), or None when the video needs no entry."""
+    def _part_requests(self, video: dict, part: tuple) -> list[tuple]:
+        """``(kind, request, frames in the whole entry)`` of this chunk's share of each per-video entry the video
+        still needs: ``cache`` (the frame cache's frames) and ``filter`` (the filter's uniform frames). The request
+        is None when none of the entry's frames falls in the chunk's stretch."""
         from longreel.pipelines.media.decode import FrameRequest
 
-        whole = self._cache_request(video)
-        if whole is None:
-            return None
         _k, _n, lo, hi = part
-        mine = [t for t in whole.timestamps if (lo is None or t >= lo) and (hi is None or t < hi)]
-        return (FrameRequest(mine) if mine else None), len(whole.timestamps)
+        out = []
+        for kind, whole in (("cache", self._cache_request(video)), ("filter", self._filter_request(video))):
+            if whole is not None:
+                mine = [t for t in whole.timestamps if (lo is None or t >= lo) and (hi is None or t < hi)]
+                out.append((kind, FrameRequest(mine, whole.width, whole.height) if mine else None,
+                            len(whole.timestamps)))
+        return out
 
-    def _cache_part(self, video: dict, part: tuple, decoded, whole: int, failed: bool = False):
-        """The CACHE_PARTS element of a chunk: its share of the entry's frames, resized as the whole video's."""
+    def _cache_part(self, video: dict, part: tuple, kind: str, decoded, whole: int, failed: bool = False):
+        """The CACHE_PARTS element of a chunk for one entry: its share of the entry's frames, for the frame cache
+        resized as the whole video's (the filter's are stored as decoded)."""
         import numpy as np
 
         from longreel.pipelines.pack.frame_cache import processor_resize
 
-        frames, stamps = None, []
+        frames, stamps, indices, fps = None, [], [], None
         if decoded is not None and not failed:
-            frames = processor_resize(self.cache.vp, np.asarray(decoded.frames), num_frames=whole)
-            stamps = [float(t) for t in decoded.timestamps]
-        return TaggedOutput(CACHE_PARTS, (video["video_id"], {"k": part[0], "n": part[1], "video": video,
-                                                             "frames": frames, "timestamps": stamps,
-                                                             "failed": failed}))
+            frames = np.array(decoded.frames)  # out of the worker's memory map
+            if kind == "cache":
+                frames = processor_resize(self.cache.vp, frames, num_frames=whole)
+            stamps, indices, fps = [float(t) for t in decoded.timestamps], [int(i) for i in decoded.indices], \
+                float(decoded.fps)
+        return TaggedOutput(CACHE_PARTS, ((video["video_id"], kind), {
+            "k": part[0], "n": part[1], "video": video, "frames": frames, "timestamps": stamps, "indices": indices,
+            "fps": fps, "failed": failed}))
 
     def _filter_request(self, video: dict):
         """The pass-rate filter's uniform frames when this video has no stored entry yet (else None)."""
@@ -457,16 +465,17 @@ class DecodeClipFrames(beam.DoFn):
             decoded: list = [None] * len(clips)
             cache_req = self._cache_request(video) if task.cache else None
             filter_req = self._filter_request(video) if task.cache else None
-            part = self._cache_part_request(video, task.cache_part) if task.cache_part else None
-            part_req = part[0] if part else None
+            parts = self._part_requests(video, task.cache_part) if task.cache_part else []
             if not clips:  # the per-video extras' own task (a long video's clips are decoded in other tasks)
                 self._store_extras(path, video, cache_req, filter_req)
                 return
-            if part and part_req is None:  # no frame of the entry in this chunk's stretch: an empty part
-                yield self._cache_part(video, task.cache_part, None, part[1])
-            if len(clips) > 1 or cache_req or filter_req or part_req:
-                extras = [(name, r) for name, r in (("cache", cache_req), ("filter", filter_req), ("part", part_req))
-                          if r]
+            for kind, req, whole in parts:
+                if req is None:  # no frame of the entry in this chunk's stretch: an empty part
+                    yield self._cache_part(video, task.cache_part, kind, None, whole)
+            parts = [(kind, req, whole) for kind, req, whole in parts if req is not None]
+            if len(clips) > 1 or cache_req or filter_req or parts:
+                extras = [(name, r) for name, r in (("cache", cache_req), ("filter", filter_req)) if r]
+                extras += [(f"part:{kind}", req) for kind, req, _ in parts]
                 try:
                     reqs = [FrameRequest([t for s in stamps for t in s], *size)] + [r for _, r in extras]
                     got = self._decode(path, reqs, video.get("rotation"))
@@ -479,13 +488,13 @@ class DecodeClipFrames(beam.DoFn):
                         self._store(video, of["cache"])
                     if filter_req:
                         self.store.store(video, filter_req, of["filter"])
-                    if part_req:
-                        yield self._cache_part(video, task.cache_part, of["part"], part[1])
+                    for kind, _, whole in parts:
+                        yield self._cache_part(video, task.cache_part, kind, of[f"part:{kind}"], whole)
                 except WorkerError:
-                    # retried clip by clip below: only the clips in a damaged stretch are lost; the frame cache
-                    # entry is then left to the pack stage, which decodes it again and rejects with a reason
-                    if part_req:
-                        yield self._cache_part(video, task.cache_part, None, part[1], failed=True)
+                    # retried clip by clip below: only the clips in a damaged stretch are lost; the entries are then
+                    # left to the stages that read them (pack, filter), which decode them and reject with a reason
+                    for kind, _, whole in parts:
+                        yield self._cache_part(video, task.cache_part, kind, None, whole, failed=True)
             for i, c in enumerate(clips):
                 if decoded[i] is None:
                     try:
@@ -524,34 +533,51 @@ class DecodeClipFrames(beam.DoFn):
 
 
 class AssembleFrameCache(beam.DoFn):
-    """``(video_id, parts)`` -> ``video_id``, once the frame cache entry is written from the parts of the video's
-    frames its chunks decoded (:func:`plan_decode`'s ``cache_in_chunks``). An entry with a part missing or failed
-    is not written: the pack stage (and a filter on cached frames) then decodes it and rejects with the reason."""
+    """``((video_id, kind), parts)`` -> ``video_id``, once the video's entry of that kind is written from the parts
+    of its frames the chunks decoded (:func:`plan_decode`'s ``cache_in_chunks``): ``cache``, the frame cache entry
+    (frames resized in the parts), or ``filter``, the filter's uniform frames (a ``DecodedFrameStore`` entry). An
+    entry with a part missing or failed is not written: the stage that reads it (pack, filter) then decodes the
+    video itself and rejects it with a reason if that fails too."""
 
-    def __init__(self, frame_cache):
-        self.frame_cache = frame_cache  # (PackConfig, cache_dir)
+    def __init__(self, frame_cache=None, filter_frames=None):
+        self.frame_cache = frame_cache  # (PackConfig, cache_dir) or None
+        self.filter_frames = filter_frames  # (FilterConfig, store_dir) or None
 
     def setup(self):
-        self.cache = open_frame_cache(*self.frame_cache)
+        from longreel.pipelines.pack.frame_cache import DecodedFrameStore
+
+        self.cache = open_frame_cache(*self.frame_cache) if self.frame_cache else None
+        self.store = DecodedFrameStore(self.filter_frames[1]) if self.filter_frames else None
 
     def process(self, element):
         import numpy as np
 
+        from longreel.pipelines.media.decode import DecodedFrames
         from longreel.pipelines.pack.frame_cache import CacheError
         from longreel.pipelines.stages.base import log
+        from longreel.pipelines.stages.passrate import uniform_request
 
-        vid, parts = element
+        (vid, kind), parts = element
         parts = sorted(parts, key=lambda part: part["k"])
         if [part["k"] for part in parts] != list(range(parts[0]["n"])) or any(part["failed"] for part in parts):
-            log.warning("%s: frame cache entry of %s not written: a part of its frames was not decoded", STAGE_FACTS,
-                        vid)
+            log.warning("%s: %s frames of %s not written: a part of them was not decoded", STAGE_FACTS, kind, vid)
             return
+        video = parts[0]["video"]
         frames = [part["frames"] for part in parts if part["frames"] is not None]
         stamps = [t for part in parts for t in part["timestamps"]]
         try:
-            self.cache.store_resized(parts[0]["video"], np.concatenate(frames), stamps)
-        except (CacheError, ValueError) as e:  # not this stage's output: the pack stage decodes and rejects
-            log.warning("%s: frame cache entry of %s not written: %s", STAGE_FACTS, vid, e)
+            if kind == "cache":
+                self.cache.store_resized(video, np.concatenate(frames), stamps)
+            else:
+                request = uniform_request(video, self.filter_frames[0])
+                joined = np.concatenate(frames)
+                if joined.shape[0] != len(request.timestamps):
+                    raise ValueError(f"{joined.shape[0]} frames for {len(request.timestamps)} timestamps")
+                self.store.store(video, request, DecodedFrames(
+                    frames=joined, timestamps=stamps, indices=[i for part in parts for i in part["indices"]],
+                    fps=next(part["fps"] for part in parts if part["fps"] is not None)))
+        except (CacheError, ValueError) as e:  # not this stage's output: the reading stage decodes and rejects
+            log.warning("%s: %s frames of %s not written: %s", STAGE_FACTS, kind, vid, e)
             return
         yield vid
 
@@ -703,9 +729,8 @@ class CaptionClips(beam.PTransform):
         grouped = ({"videos": videos | "KeyVideos" >> beam.Map(lambda v: (v["video_id"], v)),
                     "clips": clips | "KeyClips" >> beam.Map(lambda c: (c["video_id"], c))}
                    | "ClipsPerVideo" >> beam.CoGroupByKey())
-        # a long video's frame cache frames ride on its chunks' passes (when there are chunks), unless the filter's
-        # frames need a sparse pass of their own anyway (then the cache's frames go with them)
-        cache_in_chunks = self.frame_cache is not None and self.filter_frames is None and \
+        # a long video's frame cache and filter frames ride on its chunks' passes (when there are chunks)
+        cache_in_chunks = (self.frame_cache is not None or self.filter_frames is not None) and \
             self._frames_per_task() is not None
         tasks = grouped | "PlanDecode" >> beam.FlatMap(
             plan_decode, cfg.frames.n, cfg.frames.decode, self._frames_per_task(),
@@ -721,7 +746,8 @@ class CaptionClips(beam.PTransform):
         if cache_in_chunks:
             cache_ready = (decoded[CACHE_PARTS]
                            | "CachePartsPerVideo" >> beam.GroupByKey()
-                           | "AssembleFrameCache" >> beam.ParDo(AssembleFrameCache(self.frame_cache)))
+                           | "AssembleFrameCache" >> beam.ParDo(AssembleFrameCache(self.frame_cache,
+                                                                                 self.filter_frames)))
         facts = decoded[MAIN] | "FactsRows" >> beam.Map(lambda el: el["facts"])
         filtered = decoded[MAIN] | "StaticBlackFilter" >> beam.ParDo(FilterClips(cfg)).with_outputs(
             REJECTS, main=MAIN)
