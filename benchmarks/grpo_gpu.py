@@ -15,7 +15,9 @@ of each phase was vision-tower encoding:
 * ``plain``: ``mrsp.enabled=false``;
 * ``mrsp``: ``mrsp.enabled=true``, ``mrsp.vision=deferred`` (one tower pass per video per step feeds rollouts,
   old log-probs and the update's gradient; the tower's activations are held from rollout to update);
-* ``mrsp_recompute``: ``mrsp.vision=recompute`` (the update re-encodes each video once with grad).
+* ``mrsp_recompute``: ``mrsp.vision=recompute`` (the update re-encodes each video once with grad);
+* ``plain_native`` / ``mrsp_native``: as ``plain`` / ``mrsp`` with ``model.vision_attention=native`` (transformers'
+  per-block SDPA loop in the tower instead of :mod:`longreel.trainer.vision_attention`'s batched call).
 
     python benchmarks/grpo_gpu.py                          # on a GPU; writes benchmarks/results/grpo_gpu.json
     python benchmarks/grpo_gpu.py --geometry small --frames 8 --device cpu --out /tmp/g.json   # CPU smoke run
@@ -42,6 +44,9 @@ VARIANTS = {
     "plain": ["mrsp.enabled=false"],
     "mrsp": ["mrsp.enabled=true", "mrsp.vision=deferred"],
     "mrsp_recompute": ["mrsp.enabled=true", "mrsp.vision=recompute"],
+    # transformers' own vision attention (one SDPA call per two-frame block) instead of the batched default
+    "plain_native": ["mrsp.enabled=false", "model.vision_attention=native"],
+    "mrsp_native": ["mrsp.enabled=true", "mrsp.vision=deferred", "model.vision_attention=native"],
 }
 
 #: Qwen2-VL-2B's published geometry (its config.json), applied to a random init.
@@ -218,7 +223,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=2, help="measured steps per variant (after one warm-up step)")
     ap.add_argument("--checkpointing", action=argparse.BooleanOptionalAction, default=True,
                     help="gradient checkpointing in the update (needed for 1,024 frames on 80 GB)")
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--variants", default="plain,mrsp,mrsp_recompute", help=f"comma-separated, of {sorted(VARIANTS)}")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "grpo_gpu.json"))
     args = ap.parse_args(argv)

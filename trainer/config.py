@@ -21,6 +21,9 @@ class ModelConfig(ConfigModel):
                      choices=("auto", "float32", "bfloat16"))
     attn_implementation: str = cfg("sdpa", "Attention kernel passed to from_pretrained (sdpa, eager, "
                                            "flash_attention_2 on GPU).")
+    vision_attention: str = cfg("batched", "Vision tower attention on SDPA: batched (one SDPA call per run of "
+                                           "equal-length frames) or native (transformers' per-frame loop; same "
+                                           "values, slower).", choices=("batched", "native"))
     trust_remote_code: bool = cfg(False, "Allow model code shipped with the checkpoint (needed for NVILA). Opt-in.")
     gradient_checkpointing: bool = cfg(False, "Recompute activations in the backward pass to save memory.")
     freeze_vision: bool = cfg(False, "Do not train the vision tower (its parameters get requires_grad=False).")

@@ -29,6 +29,7 @@ from torch import Tensor
 
 from longreel.task.prompting import messages_for_qra
 from longreel.trainer.packed_responses import can_pack_responses, packed_response_logits
+from longreel.trainer.vision_attention import VISION_ATTENTION, use_batched_vision_attention
 
 __all__ = [
     "VideoTokenMismatch", "PromptInputs", "VideoEmbeds", "load_policy", "resolve_dtype", "resolve_device",
@@ -66,8 +67,12 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def load_policy(path: str, *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                attn_implementation: str | None = "sdpa", trust_remote_code: bool = False):
-    """Load ``(model, processor)`` from a local ``save_pretrained`` directory (nothing is downloaded)."""
+                attn_implementation: str | None = "sdpa", trust_remote_code: bool = False,
+                vision_attention: str = "batched"):
+    """Load ``(model, processor)`` from a local ``save_pretrained`` directory (nothing is downloaded).
+
+    ``vision_attention="batched"``: a Qwen2-VL-family tower on SDPA attends with one SDPA call per run of
+    equal-length frames (:mod:`longreel.trainer.vision_attention`); ``"native"``: transformers' per-frame loop."""
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     if not path or not os.path.isdir(path):
@@ -75,7 +80,11 @@ def load_policy(path: str, *, dtype: torch.dtype = torch.float32, device: torch.
     kwargs: dict[str, Any] = {"dtype": dtype, "local_files_only": True, "trust_remote_code": trust_remote_code}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
+    if vision_attention not in VISION_ATTENTION:
+        raise ValueError(f"vision_attention {vision_attention!r}: expected one of {VISION_ATTENTION}")
     model = AutoModelForImageTextToText.from_pretrained(path, **kwargs).to(device)
+    if vision_attention == "batched":
+        use_batched_vision_attention(model)
     processor = AutoProcessor.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
     return model, processor
 
