@@ -7,7 +7,9 @@ included, on the same benchmark-sized model (``mrsp.build_model``) and real fram
   reference encodes it again, the update re-encodes it with grad in every micro-batch);
 * ``mrsp``: ``mrsp.enabled=true``, ``mrsp.vision=deferred`` (the step's one encode per video serves everything;
   the reference encodes once);
-* ``mrsp_frozen``: ``model.freeze_vision=true`` (one tower pass per video per step, reference included).
+* ``mrsp_frozen``: ``model.freeze_vision=true`` (one tower pass per video per step, reference included);
+* ``plain_per_sequence`` / ``mrsp_per_sequence`` (for ``--checkpointing``): as ``plain`` / ``mrsp`` with the
+  log-prob passes' text path as it was before the packed row: under checkpointing, one full sequence per response.
 
 The text path is the same in all three: rollouts decoded with one copy of the prompt's K/V
 (``shared_prefix.sample_shared_prefix``), log-prob passes with the prompt run once per pass. Every variant trains from the same weights with
@@ -27,6 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,7 +40,29 @@ VARIANTS = {
     "plain": ["mrsp.enabled=false"],
     "mrsp": ["mrsp.enabled=true", "mrsp.vision=deferred"],
     "mrsp_frozen": ["mrsp.enabled=true", "model.freeze_vision=true"],
+    # with --checkpointing: the log-prob passes as before the packed row (N full sequences, the prompt N times)
+    "plain_per_sequence": ["mrsp.enabled=false"],
+    "mrsp_per_sequence": ["mrsp.enabled=true", "mrsp.vision=deferred"],
 }
+PER_SEQUENCE = ("plain_per_sequence", "mrsp_per_sequence")
+
+
+@contextmanager
+def text_path(name: str):
+    """For the ``*_per_sequence`` variants, the text decoder reported unable to take a 4D mask while their step
+    runs, so checkpointed log-prob passes fall back to one full sequence per response."""
+    from longreel.trainer import policy
+    from longreel.trainer.mrsp import reuse
+
+    if name not in PER_SEQUENCE:
+        yield
+        return
+    saved = policy.can_pack_responses, reuse.can_pack_responses
+    policy.can_pack_responses = reuse.can_pack_responses = lambda model: False
+    try:
+        yield
+    finally:
+        policy.can_pack_responses, reuse.can_pack_responses = saved
 
 
 def make_items(n_items: int, frames: int) -> list[dict]:
@@ -74,7 +99,8 @@ def make_trainer(name: str, model_dir: str, items: list[dict], args, work: Path)
         f"model.path={model_dir}", f"run.out_dir={work / name}", f"run.steps={args.steps + 1}", "run.save_every=0",
         "run.save_final=false", "run.progress=false", "run.tensorboard=false", "run.threads=1", "run.seed=0",
         f"data.batch_size={len(items)}", f"rollout.n={args.G}", f"rollout.max_new_tokens={args.max_new_tokens}",
-        "optim.lr=1e-4", f"optim.grad_accum={args.grad_accum}", f"grpo.beta={args.beta}", *VARIANTS[name]])
+        "optim.lr=1e-4", f"optim.grad_accum={args.grad_accum}", f"grpo.beta={args.beta}",
+        f"model.gradient_checkpointing={str(args.checkpointing).lower()}", *VARIANTS[name]])
     return GRPOTrainer(cfg, items=items)
 
 
@@ -93,7 +119,8 @@ def run_variants(names: list[str], model_dir: str, items: list[dict], args, work
         for _ in range(args.steps + 1):
             for name, trainer in trainers.items():
                 cpu0 = time.process_time()
-                m = trainer.step()
+                with text_path(name):
+                    m = trainer.step()
                 steps[name].append({k: m[k] for k in KEYS} | {"cpu_step": time.process_time() - cpu0})
                 print(f"[{name}] step {len(steps[name])}: {m['time_step']:.2f}s (rollout {m['time_rollout']:.2f}, "
                       f"logprob {m['time_logprob']:.2f}, update {m['time_update']:.2f})", file=sys.stderr,
@@ -119,7 +146,10 @@ def main(argv=None) -> int:
     ap.add_argument("--grad-accum", type=int, default=2, help="micro-batches per group in the update")
     ap.add_argument("--beta", type=float, default=0.05, help="KL coefficient (> 0 loads the reference model)")
     ap.add_argument("--steps", type=int, default=3, help="measured steps per variant (after one warm-up step)")
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--checkpointing", action=argparse.BooleanOptionalAction, default=False,
+                    help="gradient checkpointing in every variant (the GPU setting for long videos; the log-prob "
+                         "passes then run the prompt and its responses as one packed row)")
+    ap.add_argument("--variants", default="plain,mrsp,mrsp_frozen", help=f"comma-separated, of {sorted(VARIANTS)}")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "grpo_step.json"))
     args = ap.parse_args(argv)
     from mrsp import build_model
@@ -140,6 +170,7 @@ def main(argv=None) -> int:
         "config": {"frames": args.frames, "prompts_per_step": args.items, "G": args.G,
                    "max_new_tokens": args.max_new_tokens, "grad_accum": args.grad_accum, "beta": args.beta,
                    "measured_steps": args.steps, "warm_up_steps": 1, "threads": 1,
+                   "gradient_checkpointing": args.checkpointing,
                    "model": "benchmarks/mrsp.py build_model (Qwen2-VL random: text 4 layers / hidden 128; vision "
                             "depth 4 / width 128)", "video": "moviepy__bbb_full.mp4, 64-frame windows at 168x280"},
         "variants": results,

@@ -173,24 +173,87 @@ def test_sequence_logprobs_shared_prefix_equals_per_sequence(setup):
     assert masked_diff(reused, out[False][0], mask) <= TOL
 
 
-def test_gradient_checkpointing_falls_back_to_per_sequence(setup):
-    """transformers drops the K/V cache inside checkpointed layers in training mode: the per-sequence forward
-    runs there instead of a prefix-less (wrong) response pass."""
-    _, model, prompt, resp, mask, _ = setup
-    with torch.no_grad():
-        expected = sequence_logprobs(model, prompt, resp, mask, share_prompt=False)
+@pytest.fixture
+def checkpointed(setup):
+    """The setup's model with gradient checkpointing in training mode (no K/V cache in its layers)."""
+    model = setup[1]
     model.gradient_checkpointing_enable()
     model.train()
     try:
         assert not can_share_prompt(model)
-        with LanguageModelCalls(model) as calls, torch.no_grad():
-            got = sequence_logprobs(model, prompt, resp, mask)
-        assert calls.shapes == [(resp.shape[0], prompt.length + resp.shape[1])]
+        yield setup
     finally:
         model.gradient_checkpointing_disable()
         model.eval()
     assert can_share_prompt(model)
+
+
+def test_gradient_checkpointing_runs_prompt_and_responses_as_one_packed_row(checkpointed):
+    """Checkpointed layers drop the K/V cache, so under checkpointing the prompt and the responses go through the
+    decoder as ONE row (4D mask) instead of N full sequences: values and gradients (down to the vision tower)
+    equal the per-sequence path's."""
+    _, model, prompt, resp, mask, weights = checkpointed
+    n, t = resp.shape
+    out = {}
+    for share in (False, True):
+        model.zero_grad(set_to_none=True)
+        with LanguageModelCalls(model) as calls:
+            lp = sequence_logprobs(model, prompt, resp, mask, temperature=0.9, share_prompt=share)
+        (lp * weights * mask).sum().backward()
+        out[share] = lp.detach(), grads(model), calls.shapes
+    assert out[True][2] == [(1, prompt.length + n * (t - 1))]
+    assert out[False][2] == [(n, prompt.length + t)]
+    assert masked_diff(out[True][0], out[False][0], mask) <= TOL
+    assert max_grad_diff(out[True][1], out[False][1]) <= TOL
+    assert any(float(v.abs().max()) > 0 for k, v in out[True][1].items() if k.startswith("model.visual."))
+    with torch.no_grad():  # a single-token batch: the prompt's last logits predict it
+        one = sequence_logprobs(model, prompt, resp[:, :1], mask[:, :1], temperature=0.9)
+    assert masked_diff(one, out[False][0][:, :1], mask[:, :1]) <= TOL
+
+
+def test_gradient_checkpointing_packed_row_from_cached_features(checkpointed):
+    """The MR-SP update's path (reuse.response_logprobs on cached features) takes the packed row too; the
+    gradient reaches the features leaf as in the per-sequence forward."""
+    _, model, prompt, resp, mask, weights = checkpointed
+    n, t = resp.shape
+    f, pos = _features_and_positions(model, prompt)
+    out = {}
+    for share in (False, True):
+        model.zero_grad(set_to_none=True)
+        leaf = f.clone().requires_grad_(True)
+        with LanguageModelCalls(model) as calls:
+            lp = response_logprobs(model, prompt.input_ids, resp, mask, features=leaf, positions=pos,
+                                   temperature=0.7, share_prompt=share)
+        (lp * weights * mask).sum().backward()
+        out[share] = lp.detach(), grads(model), leaf.grad.clone(), calls.shapes
+    assert out[True][3] == [(1, prompt.length + n * (t - 1))]
+    assert masked_diff(out[True][0], out[False][0], mask) <= TOL
+    assert max_grad_diff(out[True][1], out[False][1]) <= TOL
+    assert float((out[True][2] - out[False][2]).abs().max()) <= TOL and float(out[True][2].abs().max()) > 0
+
+
+def test_gradient_checkpointing_without_a_4d_mask_attention_runs_per_sequence(checkpointed, monkeypatch):
+    from longreel.trainer import policy
+
+    _, model, prompt, resp, mask, _ = checkpointed
+    monkeypatch.setattr(policy, "can_pack_responses", lambda m: False)
+    with LanguageModelCalls(model) as calls, torch.no_grad():
+        got = sequence_logprobs(model, prompt, resp, mask)
+    assert calls.shapes == [(resp.shape[0], prompt.length + resp.shape[1])]
+    with torch.no_grad():
+        expected = sequence_logprobs(model, prompt, resp, mask, share_prompt=False)
     assert masked_diff(got, expected, mask) <= TOL
+
+
+def test_packed_row_mask_is_causal_prompt_then_block_responses():
+    key = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    m = packed_responses.packed_row_mask(2, key, torch.float32)[0, 0] == 0  # True = attend
+    assert m.shape == (2 + 6, 2 + 6)
+    assert m[:2].tolist() == [[True, False] + [False] * 6, [True, True] + [False] * 6]
+    assert m[2:, :2].all()  # every response token sees the whole prompt
+    assert m[2:, 2:].tolist() == [[True, False, False, False, False, False], [True, True, False, False, False, False],
+                                  [True, True, False, False, False, False], [False, False, False, True, False, False],
+                                  [False, False, False, True, False, False], [False, False, False, True, False, False]]
 
 
 class SavedKVBytes:

@@ -22,7 +22,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["can_pack_responses", "packed_attention_mask", "packed_positions", "packed_response_logits"]
+__all__ = ["can_pack_responses", "packed_attention_mask", "packed_positions", "packed_response_logits", "packed_row_mask",
+           "packed_row_positions", "packed_row_logits"]
 
 PACKABLE_ATTENTION = ("eager", "sdpa")
 
@@ -78,3 +79,41 @@ def packed_response_logits(model, cache, response_ids: Tensor, key_mask: Tensor,
     logits = model(input_ids=response_ids.reshape(1, -1), attention_mask=mask,
                    position_ids=packed_positions(position_ids), past_key_values=cache, use_cache=True).logits
     return logits.view(n, s, -1)
+
+
+# ---- the prompt and its packed responses as ONE row, no cache: the shared prompt under gradient checkpointing ----
+#
+# transformers' checkpointed decoder layers keep no K/V cache in training mode, so the cache-based paths above
+# cannot run there and every response used to carry its own copy of the prompt (N x the prompt's compute in the
+# update: the text decoder was 12.5-13.5 s of an 18 s GRPO step at 1,024 frames on an H100,
+# benchmarks/results/grpo_gpu.md). Here the prompt and the N packed responses form one row of Lp + N*S tokens
+# with a 4D mask (prompt causal; each response sees the whole prompt and its own earlier tokens), so the prompt
+# runs once and the layers checkpoint as usual. The price is one [L, L] additive mask (L = Lp + N*S) that the
+# layers share: 2 bytes x L^2 in bf16 (1.9 GB at L = 31k).
+
+
+def packed_row_mask(prefix_len: int, key_mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """Additive mask ``[1, 1, L, L]`` (``L = prefix_len + N*S``) for a ``prefix_len``-token prompt followed by the
+    ``N`` responses of :func:`packed_attention_mask` (``key_mask`` ``[N, S]``): the prompt's rows are causal and see
+    no response; the responses' rows are :func:`packed_attention_mask`'s."""
+    n, s = key_mask.shape
+    dev = key_mask.device
+    top = torch.full((prefix_len, prefix_len + n * s), torch.finfo(dtype).min, dtype=dtype, device=dev)
+    top[:, :prefix_len].triu_(1)  # 0 on and below the diagonal: causal within the prompt
+    return torch.cat([top[None, None], packed_attention_mask(key_mask, prefix_len, dtype)], dim=2)
+
+
+def packed_row_positions(prompt_positions: Tensor, response_positions: Tensor) -> Tensor:
+    """The row's position ids: the prompt's (``[3, 1, Lp]`` or ``[1, Lp]``) followed by the packed responses'
+    (``[3, N, S]`` or ``[N, S]``, see :func:`packed_positions`)."""
+    return torch.cat([prompt_positions, packed_positions(response_positions).to(prompt_positions.device)], dim=-1)
+
+
+def packed_row_logits(logits: Tensor, n: int, t: int) -> Tensor:
+    """Per-response logits ``[N, T, V]`` from the row's last ``1 + N*(T-1)`` positions ``[1, 1 + N*(T-1), V]``
+    (the prompt's last position, which predicts every response's first token, then the packed responses'
+    ``T - 1`` tokens each)."""
+    first = logits[:, :1].expand(n, -1, -1)
+    if t == 1:
+        return first
+    return torch.cat([first, logits[0, 1:].reshape(n, t - 1, -1)], dim=1)

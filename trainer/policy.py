@@ -28,7 +28,8 @@ import torch
 from torch import Tensor
 
 from longreel.task.prompting import messages_for_qra
-from longreel.trainer.packed_responses import can_pack_responses, packed_response_logits
+from longreel.trainer.packed_responses import (can_pack_responses, packed_response_logits, packed_row_logits,
+                                                packed_row_mask, packed_row_positions)
 from longreel.trainer.vision_attention import VISION_ATTENTION, use_batched_vision_attention
 
 __all__ = [
@@ -338,6 +339,28 @@ def shared_prefix_logprobs(model, prefix_inputs: Mapping[str, Any], response_ids
     return token_logprobs(torch.cat([first, rest], dim=1), response_ids, temperature)
 
 
+def _packed_row_logprobs(model, prompt: PromptInputs, video_embeds: VideoEmbeds, prompt_positions: Tensor,
+                         response_ids: Tensor, response_mask: Tensor, response_positions: Tensor,
+                         temperature: float) -> Tensor:
+    """:func:`sequence_logprobs` with the prompt run once under gradient checkpointing: the prompt and the ``N``
+    responses (all but their last token) as one row with a 4D mask (``longreel.trainer.packed_responses``).
+    ``prompt_positions`` ``[3, 1, Lp]``; ``response_positions`` ``[3, N, T]``. Returns ``[N, T]`` float32."""
+    n, t = response_ids.shape
+    dev = prompt.input_ids.device
+    rest = response_ids[:, :-1].to(dev)
+    dtype = model.get_input_embeddings().weight.dtype
+    kwargs: dict[str, Any] = dict(
+        input_ids=torch.cat([prompt.input_ids, rest.reshape(1, -1)], dim=1),
+        attention_mask=packed_row_mask(prompt.input_ids.shape[1], response_mask[:, :-1].to(dev), dtype),
+        position_ids=packed_row_positions(prompt_positions.to(dev), response_positions[..., :-1]),
+        video_grid_thw=prompt.video_grid_thw, mm_encoder_outputs=video_embeds.as_mm_encoder_outputs(1),
+        logits_to_keep=1 + n * (t - 1), use_cache=False, **prompt.extra)
+    if prompt.mm_token_type_ids is not None:
+        kwargs["mm_token_type_ids"] = torch.cat([prompt.mm_token_type_ids, rest.new_zeros(1, rest.numel())], dim=1)
+    logits = model(**kwargs).logits
+    return token_logprobs(packed_row_logits(logits, n, t), response_ids, temperature)
+
+
 def _mrope_positions(model, prompt: PromptInputs):
     """The prompt's M-RoPE positions (``longreel.trainer.positions.PromptPositions``), or ``None`` for a model
     without ``get_rope_index``."""
@@ -363,9 +386,10 @@ def sequence_logprobs(model, prompt: PromptInputs, response_ids: Tensor, respons
         video_embeds: precomputed vision features for this prompt (see ``VideoEmbeds``); when ``None`` the
             video is encoded here, once for all ``N`` sequences.
         share_prompt: run the prompt once and only the responses ``N`` times (:func:`shared_prefix_logprobs`;
-            equal to the per-sequence forward within fp32 rounding, tests/test_shared_prefix.py). Ignored (the
-            per-sequence forward runs) for a left-padded prompt, a model without M-RoPE ``get_rope_index``, or
-            gradient-checkpointed layers in training mode (:func:`can_share_prompt`).
+            equal to the per-sequence forward within fp32 rounding, tests/test_shared_prefix.py). Under
+            gradient-checkpointed layers in training mode (:func:`can_share_prompt`: no K/V cache) the prompt and
+            the responses run as one packed row instead (eager / sdpa attention). Ignored (the per-sequence
+            forward runs) for a left-padded prompt or a model without M-RoPE ``get_rope_index``.
     Returns:
         ``[N, T]`` float32 log-probs; entries at padding positions are meaningless (mask them).
     """
@@ -375,15 +399,19 @@ def sequence_logprobs(model, prompt: PromptInputs, response_ids: Tensor, respons
     else:
         check_video_features(prompt, video_embeds.features, model)
     positions = None
-    if share_prompt and bool(prompt.attention_mask.all()) and can_share_prompt(model):
+    cached = can_share_prompt(model)
+    if share_prompt and bool(prompt.attention_mask.all()) and (cached or can_pack_responses(model)):
         positions = _mrope_positions(model, prompt)
     if positions is not None:
+        resp_pos = positions.with_responses(n, t)[:, :, positions.length:].to(response_ids.device)
+        if not cached:  # checkpointed layers keep no cache: the prompt and its responses as one packed row
+            return _packed_row_logprobs(model, prompt, video_embeds, positions.prompt, response_ids, response_mask,
+                                        resp_pos, temperature)
         prefix: dict[str, Any] = dict(input_ids=prompt.input_ids, video_grid_thw=prompt.video_grid_thw,
                                       mm_encoder_outputs=video_embeds.as_mm_encoder_outputs(1),
                                       position_ids=positions.prompt.to(prompt.input_ids.device), **prompt.extra)
         if prompt.mm_token_type_ids is not None:
             prefix["mm_token_type_ids"] = prompt.mm_token_type_ids
-        resp_pos = positions.with_responses(n, t)[:, :, positions.length:].to(response_ids.device)
         return shared_prefix_logprobs(model, prefix, response_ids, response_mask, resp_pos, temperature=temperature)
     ids = torch.cat([prompt.input_ids.expand(n, -1), response_ids], dim=1)
     attn = torch.cat([prompt.attention_mask.expand(n, -1), response_mask.to(prompt.attention_mask.dtype)], dim=1)

@@ -19,7 +19,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from longreel.trainer.packed_responses import can_pack_responses, packed_response_logits
+from longreel.trainer.packed_responses import (can_pack_responses, packed_response_logits, packed_row_logits,
+                                               packed_row_mask, packed_row_positions)
 from longreel.trainer.positions import PromptPositions
 from longreel.trainer.policy import token_logprobs  # noqa: F401  (re-exported: one definition for every log-prob pass)
 
@@ -58,7 +59,8 @@ def response_logprobs(model, prompt_ids: Tensor, response_ids: Tensor, response_
         positions: the prompt's cached M-RoPE positions.
         share_prompt: run the prompt (video + question) once and only the ``N`` responses on top of its K/V
             cache (``longreel.trainer.policy.shared_prefix_logprobs``), instead of ``N`` full sequences; equal within
-            fp32 rounding. Falls back to the per-sequence forward under gradient checkpointing in training mode.
+            fp32 rounding. Under gradient checkpointing in training mode (no K/V cache) the prompt and the responses
+            run as one packed row with a 4D mask instead (eager / sdpa attention); otherwise per sequence.
     Entries at padding positions are meaningless (mask them). Grad follows the caller's grad mode.
     """
     from longreel.trainer.policy import can_share_prompt, shared_prefix_logprobs
@@ -68,6 +70,16 @@ def response_logprobs(model, prompt_ids: Tensor, response_ids: Tensor, response_
         prefix = dict(inputs_embeds=build_inputs_embeds(model, prompt_ids, features), position_ids=positions.prompt)
         resp_pos = positions.with_responses(n, t)[:, :, positions.length:]
         return shared_prefix_logprobs(model, prefix, response_ids, response_mask, resp_pos, temperature=temperature)
+    if share_prompt and can_pack_responses(model):
+        # checkpointed layers keep no K/V cache: the prompt and its responses as one packed row, the prompt once
+        rest = response_ids[:, :-1]
+        embeds = build_inputs_embeds(model, torch.cat([prompt_ids, rest.reshape(1, -1)], dim=1), features)
+        mask = packed_row_mask(positions.length, response_mask[:, :-1], embeds.dtype)
+        resp_pos = positions.with_responses(n, t)[:, :, positions.length:-1]
+        logits = model(inputs_embeds=embeds, attention_mask=mask,
+                       position_ids=packed_row_positions(positions.prompt, resp_pos),
+                       logits_to_keep=1 + n * (t - 1), use_cache=False).logits
+        return token_logprobs(packed_row_logits(logits, n, t), response_ids, temperature)
     ids = torch.cat([prompt_ids.expand(n, -1), response_ids], dim=1)
     attn = torch.cat([torch.ones_like(prompt_ids).expand(n, -1), response_mask.to(prompt_ids.dtype)], dim=1)
     embeds = build_inputs_embeds(model, ids, features)
