@@ -151,9 +151,8 @@ def test_prefill_logprobs_with_step_cache_equals_per_sequence(setup, vision):
     assert max_grad_diff(out[True][2], out[False][2]) <= TOL
 
 
-def test_sequence_logprobs_shared_prefix_equals_per_sequence(setup):
-    """The trainer's own path (policy.sequence_logprobs): values and gradients, the video encoded inside."""
-    _, model, prompt, resp, mask, weights = setup
+def _sequence_logprobs_both_ways(model, prompt, resp, mask, weights) -> dict:
+    """``{share_prompt: (log-probs, gradients, language-model call shapes)}`` of policy.sequence_logprobs."""
     out = {}
     for share in (False, True):
         model.zero_grad(set_to_none=True)
@@ -161,6 +160,13 @@ def test_sequence_logprobs_shared_prefix_equals_per_sequence(setup):
             lp = sequence_logprobs(model, prompt, resp, mask, temperature=0.9, share_prompt=share)
         (lp * weights * mask).sum().backward()
         out[share] = lp.detach(), grads(model), calls.shapes
+    return out
+
+
+def test_sequence_logprobs_shared_prefix_equals_per_sequence(setup):
+    """The trainer's own path (policy.sequence_logprobs): values and gradients, the video encoded inside."""
+    _, model, prompt, resp, mask, weights = setup
+    out = _sequence_logprobs_both_ways(model, prompt, resp, mask, weights)
     n, t = resp.shape
     assert out[True][2] == [(1, prompt.length), (1, n * (t - 1))]
     assert out[False][2] == [(n, prompt.length + t)]
@@ -194,13 +200,7 @@ def test_gradient_checkpointing_runs_prompt_and_responses_as_one_packed_row(chec
     equal the per-sequence path's."""
     _, model, prompt, resp, mask, weights = checkpointed
     n, t = resp.shape
-    out = {}
-    for share in (False, True):
-        model.zero_grad(set_to_none=True)
-        with LanguageModelCalls(model) as calls:
-            lp = sequence_logprobs(model, prompt, resp, mask, temperature=0.9, share_prompt=share)
-        (lp * weights * mask).sum().backward()
-        out[share] = lp.detach(), grads(model), calls.shapes
+    out = _sequence_logprobs_both_ways(model, prompt, resp, mask, weights)
     assert out[True][2] == [(1, prompt.length + n * (t - 1))]
     assert out[False][2] == [(n, prompt.length + t)]
     assert masked_diff(out[True][0], out[False][0], mask) <= TOL
