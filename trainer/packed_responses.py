@@ -109,10 +109,22 @@ def packed_row_positions(prompt_positions: Tensor, response_positions: Tensor) -
     return torch.cat([prompt_positions, packed_positions(response_positions).to(prompt_positions.device)], dim=-1)
 
 
-def packed_row_logits(logits: Tensor, n: int, t: int) -> Tensor:
-    """Per-response logits ``[N, T, V]`` from the row's last ``1 + N*(T-1)`` positions ``[1, 1 + N*(T-1), V]``
-    (the prompt's last position, which predicts every response's first token, then the packed responses'
-    ``T - 1`` tokens each)."""
+def packed_row_logits(model, row_inputs: dict, prefix_len: int, response_mask: Tensor, prompt_positions: Tensor,
+                      response_positions: Tensor) -> Tensor:
+    """Per-response logits ``[N, T, V]`` from ONE forward of the prompt followed by the ``N`` responses' first
+    ``T - 1`` tokens, packed (:func:`packed_row_mask`, :func:`packed_row_positions`).
+
+    ``row_inputs``: the row's own model inputs (``input_ids`` or ``inputs_embeds`` of length
+    ``prefix_len + N*(T-1)``, plus e.g. the prompt's video inputs); ``response_mask`` ``[N, T]``;
+    ``prompt_positions`` ``[3, 1, Lp]`` / ``[1, Lp]``; ``response_positions`` ``[3, N, T]`` / ``[N, T]``. The
+    prompt's last position predicts every response's first token, then each response its next ones.
+    """
+    n, t = response_mask.shape
+    dtype = model.get_input_embeddings().weight.dtype
+    dev = prompt_positions.device
+    logits = model(**row_inputs, attention_mask=packed_row_mask(prefix_len, response_mask[:, :-1].to(dev), dtype),
+                   position_ids=packed_row_positions(prompt_positions, response_positions[..., :-1]),
+                   logits_to_keep=1 + n * (t - 1), use_cache=False).logits
     first = logits[:, :1].expand(n, -1, -1)
     if t == 1:
         return first

@@ -28,8 +28,7 @@ import torch
 from torch import Tensor
 
 from longreel.task.prompting import messages_for_qra
-from longreel.trainer.packed_responses import (can_pack_responses, packed_response_logits, packed_row_logits,
-                                                packed_row_mask, packed_row_positions)
+from longreel.trainer.packed_responses import can_pack_responses, packed_response_logits, packed_row_logits
 from longreel.trainer.vision_attention import VISION_ATTENTION, use_batched_vision_attention
 
 __all__ = [
@@ -343,22 +342,18 @@ def _packed_row_logprobs(model, prompt: PromptInputs, video_embeds: VideoEmbeds,
                          response_ids: Tensor, response_mask: Tensor, response_positions: Tensor,
                          temperature: float) -> Tensor:
     """:func:`sequence_logprobs` with the prompt run once under gradient checkpointing: the prompt and the ``N``
-    responses (all but their last token) as one row with a 4D mask (``longreel.trainer.packed_responses``).
-    ``prompt_positions`` ``[3, 1, Lp]``; ``response_positions`` ``[3, N, T]``. Returns ``[N, T]`` float32."""
-    n, t = response_ids.shape
+    responses as one packed row (``packed_responses.packed_row_logits``). ``prompt_positions`` ``[3, 1, Lp]``;
+    ``response_positions`` ``[3, N, T]``. Returns ``[N, T]`` float32."""
     dev = prompt.input_ids.device
-    rest = response_ids[:, :-1].to(dev)
-    dtype = model.get_input_embeddings().weight.dtype
-    kwargs: dict[str, Any] = dict(
-        input_ids=torch.cat([prompt.input_ids, rest.reshape(1, -1)], dim=1),
-        attention_mask=packed_row_mask(prompt.input_ids.shape[1], response_mask[:, :-1].to(dev), dtype),
-        position_ids=packed_row_positions(prompt_positions.to(dev), response_positions[..., :-1]),
-        video_grid_thw=prompt.video_grid_thw, mm_encoder_outputs=video_embeds.as_mm_encoder_outputs(1),
-        logits_to_keep=1 + n * (t - 1), use_cache=False, **prompt.extra)
+    rest = response_ids[:, :-1].to(dev).reshape(1, -1)
+    row: dict[str, Any] = dict(input_ids=torch.cat([prompt.input_ids, rest], dim=1),
+                               video_grid_thw=prompt.video_grid_thw,
+                               mm_encoder_outputs=video_embeds.as_mm_encoder_outputs(1), **prompt.extra)
     if prompt.mm_token_type_ids is not None:
-        kwargs["mm_token_type_ids"] = torch.cat([prompt.mm_token_type_ids, rest.new_zeros(1, rest.numel())], dim=1)
-    logits = model(**kwargs).logits
-    return token_logprobs(packed_row_logits(logits, n, t), response_ids, temperature)
+        row["mm_token_type_ids"] = torch.cat([prompt.mm_token_type_ids, torch.zeros_like(rest)], dim=1)
+    logits = packed_row_logits(model, row, prompt.input_ids.shape[1], response_mask, prompt_positions.to(dev),
+                               response_positions)
+    return token_logprobs(logits, response_ids, temperature)
 
 
 def _mrope_positions(model, prompt: PromptInputs):

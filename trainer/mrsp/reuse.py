@@ -19,8 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from longreel.trainer.packed_responses import (can_pack_responses, packed_response_logits, packed_row_logits,
-                                               packed_row_mask, packed_row_positions)
+from longreel.trainer.packed_responses import can_pack_responses, packed_response_logits, packed_row_logits
 from longreel.trainer.positions import PromptPositions
 from longreel.trainer.policy import token_logprobs  # noqa: F401  (re-exported: one definition for every log-prob pass)
 
@@ -72,14 +71,11 @@ def response_logprobs(model, prompt_ids: Tensor, response_ids: Tensor, response_
         return shared_prefix_logprobs(model, prefix, response_ids, response_mask, resp_pos, temperature=temperature)
     if share_prompt and can_pack_responses(model):
         # checkpointed layers keep no K/V cache: the prompt and its responses as one packed row, the prompt once
-        rest = response_ids[:, :-1]
-        embeds = build_inputs_embeds(model, torch.cat([prompt_ids, rest.reshape(1, -1)], dim=1), features)
-        mask = packed_row_mask(positions.length, response_mask[:, :-1], embeds.dtype)
-        resp_pos = positions.with_responses(n, t)[:, :, positions.length:-1]
-        logits = model(inputs_embeds=embeds, attention_mask=mask,
-                       position_ids=packed_row_positions(positions.prompt, resp_pos),
-                       logits_to_keep=1 + n * (t - 1), use_cache=False).logits
-        return token_logprobs(packed_row_logits(logits, n, t), response_ids, temperature)
+        ids = torch.cat([prompt_ids, response_ids[:, :-1].reshape(1, -1)], dim=1)
+        logits = packed_row_logits(model, dict(inputs_embeds=build_inputs_embeds(model, ids, features)),
+                                   positions.length, response_mask, positions.prompt,
+                                   positions.with_responses(n, t)[:, :, positions.length:])
+        return token_logprobs(logits, response_ids, temperature)
     ids = torch.cat([prompt_ids.expand(n, -1), response_ids], dim=1)
     attn = torch.cat([torch.ones_like(prompt_ids).expand(n, -1), response_mask.to(prompt_ids.dtype)], dim=1)
     embeds = build_inputs_embeds(model, ids, features)
