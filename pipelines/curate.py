@@ -332,8 +332,11 @@ def worker_modules(cfg: CurateConfig) -> tuple[str, ...]:
     mods += [f"longreel.pipelines.stages.{s}" for s in ("caption", "qra", "blind", "pack") if s in cfg.stages]
     if "filter" in cfg.stages:
         mods.append("longreel.pipelines.stages.passrate")
-    if "pack" in cfg.stages:  # the frame cache's video processor (built in the caption's decode pass too)
-        mods += ["longreel.pipelines.pack.frame_cache", "transformers.models.qwen2_vl.video_processing_qwen2_vl"]
+    if "pack" in cfg.stages:  # the frame cache's sampling and resize (in the caption's decode pass too): torch, and
+        # the transformers processor only when a processor directory replaces the default (pack.frame_cache)
+        mods += ["longreel.pipelines.pack.frame_cache", "longreel.pipelines.media.qwen_vl_frames", "torch"]
+        if cfg.pack.processor:
+            mods.append("transformers.models.qwen2_vl.video_processing_qwen2_vl")
     return tuple(mods)
 
 

@@ -137,3 +137,28 @@ def test_default_token_counter_falls_back_to_bytes_with_a_warning(monkeypatch, c
         counter = build_counter(QRAConfig(), None)
     assert counter.name == "bytes" and counter([{"role": "user", "content": "abc"}]) == 3 + 8
     assert "SmolLM2 tokenizer is unavailable" in caplog.text and "gguf" in caplog.text
+
+
+def test_counting_tokenizer_is_the_auto_tokenizer_without_its_registry(counter):
+    """The counter loads SmolLM2's tokenizer through the generic fast class: the same class and the same chat-template
+    token ids as AutoTokenizer (load_tokenizer), and in a fresh interpreter neither torch nor the AutoTokenizer
+    registry gets imported on the way."""
+    import subprocess
+    import sys
+
+    from longreel.engines.local_models import load_tokenizer
+
+    auto = load_tokenizer("smollm2")
+    assert type(counter._tok).__name__ == type(auto).__name__
+    texts = ["Captions: a man walks.", "ünïcode 日本語 <|im_start|> tricky\n\n  spaces", "x" * 3000, ""]
+    for text in texts:
+        msgs = [{"role": "system", "content": "You write questions."}, {"role": "user", "content": text}]
+        want = auto.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+        want = want["input_ids"] if hasattr(want, "keys") else want
+        assert counter(msgs) == len(want)
+        assert counter._tok.encode(text) == auto.encode(text)
+    code = ("import sys\nfrom longreel.pipelines.qra.generate import TokenCounter\n"
+            "n = TokenCounter('smollm2')([{'role': 'user', 'content': 'hello'}])\n"
+            "print(n > 0, 'torch' in sys.modules, 'transformers.models.auto.tokenization_auto' in sys.modules)\n")
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert got.split() == ["True", "False", "False"]

@@ -58,6 +58,17 @@ def _versions() -> dict:
             "torchvision": version("torchvision").split("+")[0], "torch": version("torch").split("+")[0]}
 
 
+def frame_processor(processor: str | None = None, *, min_pixels: int | None = None, max_pixels: int | None = None):
+    """What the pipeline's stages sample and resize with: for the default processor (``processor`` None), the
+    rules of :mod:`longreel.pipelines.media.qwen_vl_frames`, which need torch but neither transformers nor
+    torchvision (seconds of import per worker); for a processor directory, the transformers processor
+    (:func:`load_video_processor`). Both give the same frames and cache keys for the same settings (tested)."""
+    if processor:
+        return load_video_processor(processor, min_pixels=min_pixels, max_pixels=max_pixels)
+    from longreel.pipelines.media.qwen_vl_frames import Qwen2VLFrames
+    return Qwen2VLFrames(min_pixels=min_pixels, max_pixels=max_pixels)
+
+
 def load_video_processor(processor: str | None = None, *, min_pixels: int | None = None,
                          max_pixels: int | None = None):
     """The target video processor: from a local processor/checkpoint dir, or Qwen2-VL's defaults.
@@ -90,7 +101,7 @@ def processor_params(vp) -> dict:
     """Everything about the processor that decides which frames are sampled and how they are resized."""
     size = {k: int(v) for k, v in dict(vp.size).items() if v is not None}
     resample = vp.resample
-    return {"class": type(vp).__name__, "patch_size": int(vp.patch_size), "merge_size": int(vp.merge_size),
+    return {"class": getattr(vp, "processor_class", None) or type(vp).__name__, "patch_size": int(vp.patch_size), "merge_size": int(vp.merge_size),
             "temporal_patch_size": int(vp.temporal_patch_size), "size": dict(sorted(size.items())),
             "resample": int(resample) if resample is not None else None,
             "cap_pixels_per_frame": bool(getattr(vp, "cap_pixels_per_frame", False)),
@@ -115,16 +126,19 @@ def cache_key(video_sha256: str, params: FrameParams, proc: dict, versions: dict
 
 
 def sample_indices(vp, total_frames: int, video_fps: float, params: FrameParams) -> list[int]:
-    """Source frame indices chosen by the processor's own ``sample_frames`` (fps-based, capped, even)."""
-    from transformers.video_utils import VideoMetadata
-
+    """Source frame indices chosen by the processor's ``sample_frames`` rule (fps-based, capped, even)."""
     if total_frames < 1 or not video_fps or video_fps <= 0:
         raise CacheError("too_few_frames", f"cannot sample from {total_frames} frames at {video_fps} fps")
-    meta = VideoMetadata(total_num_frames=int(total_frames), fps=float(video_fps),
-                         duration=total_frames / video_fps)
     try:
-        idx = vp.sample_frames(metadata=meta, fps=params.fps, num_frames=None, min_frames=params.min_frames,
-                               max_frames=params.max_frames, temporal_patch_size=vp.temporal_patch_size)
+        if hasattr(vp, "sample_frames"):
+            from transformers.video_utils import VideoMetadata
+            meta = VideoMetadata(total_num_frames=int(total_frames), fps=float(video_fps),
+                                 duration=total_frames / video_fps)
+            idx = vp.sample_frames(metadata=meta, fps=params.fps, num_frames=None, min_frames=params.min_frames,
+                                   max_frames=params.max_frames, temporal_patch_size=vp.temporal_patch_size)
+        else:  # the default processor's rules without transformers (media.qwen_vl_frames)
+            idx = vp.sample_indices(int(total_frames), float(video_fps), params.fps, params.min_frames,
+                                    params.max_frames)
     except (ValueError, ZeroDivisionError) as e:
         raise CacheError("too_few_frames", f"{total_frames} frames at {video_fps:.3f} fps: {e}") from None
     out = [int(i) for i in (idx.tolist() if hasattr(idx, "tolist") else idx)]
@@ -149,27 +163,32 @@ def effective_max_pixels(vp, num_frames: int) -> int:
 def processor_resize(vp, frames: np.ndarray, num_frames: int | None = None) -> np.ndarray:
     """Resize uint8 ``[T, H, W, 3]`` frames exactly as ``vp`` does inside its ``_preprocess``.
 
-    The processor's own ``resize`` is called (smart-resize + torchvision bicubic with antialias on
-    uint8), ``_RESIZE_CHUNK`` frames at a time with the pixel cap of the whole video: a video of ``num_frames``
-    frames (default: ``T``), so that the frames of one video can be resized in parts, each part as the whole.
+    The processor's ``resize`` (smart-resize + bicubic with antialias on uint8: the transformers processor's own
+    method, or the same rule of :class:`~longreel.pipelines.media.qwen_vl_frames.Qwen2VLFrames`), ``_RESIZE_CHUNK``
+    frames at a time with the pixel cap of the whole video: a video of ``num_frames`` frames (default: ``T``), so
+    that the frames of one video can be resized in parts, each part as the whole.
     """
     import torch
-    from transformers.image_utils import SizeDict
 
     if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[-1] != 3:
         raise ValueError(f"expected uint8 [T, H, W, 3], got {frames.dtype} {frames.shape}")
     n = frames.shape[0]
-    size = dict(vp.size)
-    size["longest_edge"] = effective_max_pixels(vp, num_frames or n)
-    size = SizeDict(**size)
+    max_pixels = effective_max_pixels(vp, num_frames or n)
+    light = not hasattr(vp, "sample_frames")
+    if not light:
+        from transformers.image_utils import SizeDict
+        size = SizeDict(**{**dict(vp.size), "longest_edge": max_pixels})
     factor = vp.patch_size * vp.merge_size
     out = None
     for s in range(0, n, _RESIZE_CHUNK):
         # a copy: the frames may be a read-only memory map of the decoder's output (torch wants writable memory)
-        chunk = torch.from_numpy(np.array(frames[s:s + _RESIZE_CHUNK])).permute(0, 3, 1, 2)
-        resized = vp.resize(videos=chunk.unsqueeze(0).contiguous(), size=size, resample=vp.resample,
-                            factor=factor, temporal_factor=vp.temporal_patch_size, cap_pixels_per_frame=False)
-        arr = resized[0].permute(0, 2, 3, 1).contiguous().numpy()
+        chunk = torch.from_numpy(np.array(frames[s:s + _RESIZE_CHUNK])).permute(0, 3, 1, 2).contiguous()
+        if light:
+            resized = vp.resize(chunk, max_pixels)
+        else:
+            resized = vp.resize(videos=chunk.unsqueeze(0), size=size, resample=vp.resample, factor=factor,
+                                temporal_factor=vp.temporal_patch_size, cap_pixels_per_frame=False)[0]
+        arr = resized.permute(0, 2, 3, 1).contiguous().numpy()
         if arr.dtype != np.uint8:
             raise RuntimeError(f"{type(vp).__name__}.resize returned {arr.dtype}, expected uint8")
         if out is None:

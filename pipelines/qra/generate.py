@@ -71,8 +71,8 @@ class TokenCounter:
         self.name = name
         self._tok = None
         if name != "bytes":
-            from longreel.engines.local_models import load_tokenizer
-            self._tok = load_tokenizer(name)
+            from longreel.engines.local_models import load_generic_tokenizer
+            self._tok = load_generic_tokenizer(name)
 
     def __call__(self, messages: list[dict]) -> int:
         if self._tok is None:

@@ -264,9 +264,9 @@ def decode_size(video: dict, budget: tuple[int, int, int]) -> tuple[int, int]:
 
 def open_frame_cache(pack_cfg, cache_dir: str):
     """The pack stage's :class:`~longreel.pipelines.pack.frame_cache.FrameCache` for ``pack_cfg`` (a PackConfig)."""
-    from longreel.pipelines.pack.frame_cache import FrameCache, FrameParams, load_video_processor
+    from longreel.pipelines.pack.frame_cache import FrameCache, FrameParams, frame_processor
 
-    vp = load_video_processor(pack_cfg.processor, min_pixels=pack_cfg.min_pixels, max_pixels=pack_cfg.max_pixels)
+    vp = frame_processor(pack_cfg.processor, min_pixels=pack_cfg.min_pixels, max_pixels=pack_cfg.max_pixels)
     return FrameCache(cache_dir, FrameParams(pack_cfg.fps, pack_cfg.max_frames, pack_cfg.min_frames), vp)
 
 

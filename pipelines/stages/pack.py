@@ -32,7 +32,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.pvalue import TaggedOutput
 
 from longreel.pipelines.pack.config import PackConfig
-from longreel.pipelines.pack.frame_cache import CacheError, FrameCache, FrameParams, load_video_processor
+from longreel.pipelines.pack.frame_cache import CacheError, FrameCache, FrameParams, frame_processor
 from longreel.pipelines.pack.shards import WriteWebDatasetShards, ensure_dir, sample_bytes
 from longreel.task.shard_format import SAMPLE_LAYOUT
 from longreel.pipelines.stages.base import Progress
@@ -109,8 +109,7 @@ class _CacheAndBuild(beam.DoFn):
 
     def setup(self):
         from longreel.pipelines.media.worker import IsolatedWorker
-        self.vp = load_video_processor(self.cfg.processor, min_pixels=self.cfg.min_pixels,
-                                       max_pixels=self.cfg.max_pixels)
+        self.vp = frame_processor(self.cfg.processor, min_pixels=self.cfg.min_pixels, max_pixels=self.cfg.max_pixels)
         self.cache = FrameCache(self.cache_dir, FrameParams(self.cfg.fps, self.cfg.max_frames, self.cfg.min_frames),
                                 self.vp)
         self.worker = IsolatedWorker(default_timeout=self.cfg.decode_timeout_s)
@@ -266,7 +265,7 @@ def _summary(shards: list[dict], frames: list[int], dataset: str) -> dict:
 def index_extra(cfg: PackConfig) -> dict:
     """What the index records about how the frames were made (no paths: byte-identical across locations)."""
     from longreel.pipelines.pack.frame_cache import _versions, processor_params
-    vp = load_video_processor(cfg.processor, min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels)
+    vp = frame_processor(cfg.processor, min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels)
     return {"frames": {"fps": cfg.fps, "max_frames": cfg.max_frames, "min_frames": cfg.min_frames},
             "processor": processor_params(vp), "versions": _versions()}
 

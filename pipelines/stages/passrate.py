@@ -135,7 +135,7 @@ def uniform_request(video: dict, cfg: FilterConfig):
 
 def frame_size(width: int, height: int, cfg: FilterConfig) -> tuple[int, int]:
     """(width, height) to decode at: the Qwen-VL processor's own rounding (``smart_resize``, factor 28)."""
-    from transformers.models.qwen2_vl.video_processing_qwen2_vl import smart_resize
+    from longreel.pipelines.media.qwen_vl_frames import smart_resize
 
     h, w = smart_resize(height, width, factor=28, min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels)
     return int(w), int(h)
@@ -165,9 +165,9 @@ class PrepareQuestions(beam.DoFn):
             from longreel.pipelines.pack.frame_cache import DecodedFrameStore
             self.store = DecodedFrameStore(self.frames_dir)
         if cfg.frame_source == "cache":
-            from longreel.pipelines.pack.frame_cache import FrameCache, FrameParams, load_video_processor
+            from longreel.pipelines.pack.frame_cache import FrameCache, FrameParams, frame_processor
 
-            vp = load_video_processor(self.processor_dir, min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels)
+            vp = frame_processor(self.processor_dir, min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels)
             self.cache = FrameCache(cfg.cache_dir, FrameParams(cfg.cache_fps, cfg.cache_max_frames,
                                                                cfg.cache_min_frames), vp)
 
