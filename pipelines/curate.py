@@ -12,9 +12,11 @@ files; the rules for a directory that holds another run are in :mod:`longreel.pi
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import os
 import shlex
+import sys
 import threading
 import time
 
@@ -340,6 +342,38 @@ def worker_modules(cfg: CurateConfig) -> tuple[str, ...]:
     return tuple(mods)
 
 
+def worker_warm_modules(cfg: CurateConfig) -> tuple[str, ...]:
+    """What the last stages of a run import (seconds on the path of its serial end), for :func:`_warm_imports`."""
+    mods = []
+    if "qra" in cfg.stages and (cfg.qra.context.tokenizer or cfg.qra.backend in ("template", "openai")):
+        mods.append("transformers.tokenization_utils_tokenizers")  # the prompt-token counter's tokenizer class
+    if "filter" in cfg.stages:
+        mods.append("rouge_score.rouge_scorer")  # open-ended answers' reward (longreel.task.rewards)
+    return tuple(mods)
+
+
+def _warm_imports(modules) -> threading.Thread | None:
+    """Import ``modules`` in a daemon thread of a run whose one worker is this process: it spends most of the run
+    waiting on its decode subprocesses, so the imports cost no wall time there instead of seconds on the serial
+    end of the run. Not for forked workers (measured: on two cores each worker's copy of the imports competes with
+    the other's decode and the first videos' probing, and the run got slower) nor in their zygote (its imports
+    delay every worker's first bundle). A failure is left to the stage that needs the module, which reports it."""
+    modules = [m for m in modules if m not in sys.modules]
+    if not modules:
+        return None
+
+    def run():
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - only a head start
+                log.debug("importing %s ahead failed", name, exc_info=True)
+
+    t = threading.Thread(target=run, name="warm-imports", daemon=True)
+    t.start()
+    return t
+
+
 def _card_imports_ahead(cfg: CurateConfig, workers: int, remote: bool, runner=None) -> threading.Thread | None:
     """A thread importing the card's libraries while a local run's workers work (see
     :func:`longreel.pipelines.card.build.import_ahead`); None when the run makes no card, runs in this process
@@ -384,6 +418,8 @@ def _run_locked(items: InputPlan | list[dict], out_dir: str, cfg: CurateConfig, 
     build_curate(p, items, out_dir, cfg, command=command, handlers=handlers,
                  split_long_videos=workers > 1 or remote, local_workers=0 if remote else workers)
     card_imports = _card_imports_ahead(cfg, workers, remote, p.runner)
+    if not remote and workers == 1 and not hasattr(p.runner, "preload_launcher_modules"):
+        _warm_imports(worker_warm_modules(cfg))  # this process is the worker
     try:
         p.run().wait_until_finish()
     except Exception as e:

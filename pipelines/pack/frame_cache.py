@@ -4,7 +4,9 @@ An entry holds the frames a Qwen2-VL-family video processor would feed its visio
 rescale/normalize: sampled with the processor's own ``sample_frames`` (fps-based, capped at
 ``max_frames``, a multiple of ``temporal_patch_size``) and resized with the processor's own ``resize``
 (smart-resize: both sides multiples of ``patch_size * merge_size``, pixel budget
-``[min_pixels, max_pixels]``). Later stages call the processor with
+``[min_pixels, max_pixels]``); for the default processor, the same rules through
+:mod:`longreel.pipelines.media.qwen_vl_frames`, which spares a pipeline worker the import of transformers and
+torchvision (:func:`frame_processor`). Later stages call the processor with
 ``do_sample_frames=False, do_resize=False`` and get the same ``pixel_values_videos`` and
 ``video_grid_thw`` as the on-the-fly path (``tests/test_pack_cache.py`` checks it exactly).
 
