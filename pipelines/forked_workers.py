@@ -5,8 +5,9 @@ Beam's local multi-process mode (``--direct_running_mode=multi_processing``) sta
 first DoFns of the caption stage, ``apache_beam.ml.inference.base`` (which pulls in torch and scipy) and what
 the frame cache needs: about 6-7 s of CPU per worker on this 2-core machine when that was still the transformers
 video processor (``python -X importtime``: caption stage 3.6 s, video processor +3 s, Beam 1.2 s; torch alone
-since :mod:`longreel.pipelines.media.qwen_vl_frames`), which the in-process 1-worker run pays once. With two workers that start-up came on top of the launcher's own, before any video was
-decoded (benchmarks/results/scale.json).
+since :mod:`longreel.pipelines.media.qwen_vl_frames`), which the in-process 1-worker run pays once. With two
+workers that start-up came on top of the launcher's own, before any video was decoded
+(benchmarks/results/scale.json).
 
 Here the workers speak the same portable Fn API, through Beam's ``EXTERNAL`` environment (the worker-pool
 protocol that Flink, Spark and Dataflow Runner v2 use), but the pool forks them from a *zygote*: one fresh

@@ -85,8 +85,9 @@ def sampling_json(params: GenerationParams, **extra: Any) -> str:
 def fit_pixels(width: int, height: int, max_pixels: int, multiple: int = 2, min_pixels: int = 0) -> tuple[int, int]:
     """The output size for a ``width`` x ``height`` frame: aspect kept, ``w * h <= max_pixels`` (and
     ``>= min_pixels``), both sides multiples of ``multiple`` (28 for Qwen-VL: patch 14 x merge 2). It is the Qwen
-    processors' own rule (``smart_resize``, :mod:`longreel.pipelines.media.qwen_vl_frames`), so frames resized here pass through them unchanged; the
-    floor of one ``multiple`` per side keeps a tiny frame from rounding to nothing."""
+    processors' own rule (``smart_resize``, :mod:`longreel.pipelines.media.qwen_vl_frames`), so frames resized here
+    pass through them unchanged; the floor of one ``multiple`` per side keeps a tiny frame from rounding to
+    nothing."""
     if width <= 0 or height <= 0:
         raise ValueError(f"bad frame size {width}x{height}")
     from longreel.pipelines.media.qwen_vl_frames import smart_resize

@@ -2,9 +2,9 @@
 
 The pipeline's CPU stages need three things from the Qwen2-VL video processor: the frames its ``sample_frames``
 picks, the size its ``smart_resize`` gives, and its resize. Importing ``Qwen2VLVideoProcessor`` to get them costs
-about 3.7 s of CPU (torchvision, torch's compiler stack that torchvision pulls in, most of transformers), paid by every
-worker process before its first decode: on the local runner it was the longest step before any video was read. Here
-the same rules use torch alone (1.2 s), with the calls the processor makes:
+about 3.7 s of CPU (torchvision, torch's compiler stack that torchvision pulls in, most of transformers), paid by
+every worker process before its first decode: on the local runner it was the longest step before any video was
+read. Here the same rules use torch alone (1.2 s), with the calls the processor makes:
 
 * indices: ``torch.arange(0, total, total / n).int()``, ``n`` from the fps rule, as ``sample_frames`` computes them
   (a float32 arange, which numpy does not reproduce bit for bit: hence torch rather than pure Python);
@@ -27,15 +27,15 @@ import math
 DEFAULTS = {"patch_size": 14, "merge_size": 2, "temporal_patch_size": 2,
             "size": {"shortest_edge": 100352, "longest_edge": 602112}, "resample": 3,  # PIL BICUBIC
             "cap_pixels_per_frame": True, "max_video_tokens": 128000, "do_convert_rgb": True}
-BICUBIC = 3
 
 
 def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = 56 * 56,
                  max_pixels: int = 14 * 14 * 4 * 1280) -> tuple[int, int]:
     """``(height, width)`` after Qwen2-VL's rule: both multiples of ``factor``, ``min_pixels <= h * w <=
     max_pixels``, aspect ratio kept as well as the rounding allows. Raises ValueError past an aspect ratio of 200."""
-    if max(height, width) / min(height, width) > 200:
-        raise ValueError(f"absolute aspect ratio must be smaller than 200, got {max(height, width) / min(height, width)}")
+    ratio = max(height, width) / min(height, width)
+    if ratio > 200:
+        raise ValueError(f"absolute aspect ratio must be smaller than 200, got {ratio}")
     h, w = round(height / factor) * factor, round(width / factor) * factor
     if h * w > max_pixels:
         shrink = math.sqrt((height * width) / max_pixels)

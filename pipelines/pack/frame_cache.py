@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
+from longreel.pipelines.media.qwen_vl_frames import Qwen2VLFrames
 from longreel.schemas.atomic import write_atomic
 
 #: bump when what an entry holds changes for the same parameters (sampling, resize call, layout)
@@ -67,7 +68,6 @@ def frame_processor(processor: str | None = None, *, min_pixels: int | None = No
     (:func:`load_video_processor`). Both give the same frames and cache keys for the same settings (tested)."""
     if processor:
         return load_video_processor(processor, min_pixels=min_pixels, max_pixels=max_pixels)
-    from longreel.pipelines.media.qwen_vl_frames import Qwen2VLFrames
     return Qwen2VLFrames(min_pixels=min_pixels, max_pixels=max_pixels)
 
 
@@ -103,7 +103,8 @@ def processor_params(vp) -> dict:
     """Everything about the processor that decides which frames are sampled and how they are resized."""
     size = {k: int(v) for k, v in dict(vp.size).items() if v is not None}
     resample = vp.resample
-    return {"class": getattr(vp, "processor_class", None) or type(vp).__name__, "patch_size": int(vp.patch_size), "merge_size": int(vp.merge_size),
+    return {"class": getattr(vp, "processor_class", None) or type(vp).__name__, "patch_size": int(vp.patch_size),
+            "merge_size": int(vp.merge_size),
             "temporal_patch_size": int(vp.temporal_patch_size), "size": dict(sorted(size.items())),
             "resample": int(resample) if resample is not None else None,
             "cap_pixels_per_frame": bool(getattr(vp, "cap_pixels_per_frame", False)),
@@ -132,15 +133,15 @@ def sample_indices(vp, total_frames: int, video_fps: float, params: FrameParams)
     if total_frames < 1 or not video_fps or video_fps <= 0:
         raise CacheError("too_few_frames", f"cannot sample from {total_frames} frames at {video_fps} fps")
     try:
-        if hasattr(vp, "sample_frames"):
+        if isinstance(vp, Qwen2VLFrames):  # the default processor's rules without transformers
+            idx = vp.sample_indices(int(total_frames), float(video_fps), params.fps, params.min_frames,
+                                    params.max_frames)
+        else:
             from transformers.video_utils import VideoMetadata
             meta = VideoMetadata(total_num_frames=int(total_frames), fps=float(video_fps),
                                  duration=total_frames / video_fps)
             idx = vp.sample_frames(metadata=meta, fps=params.fps, num_frames=None, min_frames=params.min_frames,
                                    max_frames=params.max_frames, temporal_patch_size=vp.temporal_patch_size)
-        else:  # the default processor's rules without transformers (media.qwen_vl_frames)
-            idx = vp.sample_indices(int(total_frames), float(video_fps), params.fps, params.min_frames,
-                                    params.max_frames)
     except (ValueError, ZeroDivisionError) as e:
         raise CacheError("too_few_frames", f"{total_frames} frames at {video_fps:.3f} fps: {e}") from None
     out = [int(i) for i in (idx.tolist() if hasattr(idx, "tolist") else idx)]
@@ -176,7 +177,7 @@ def processor_resize(vp, frames: np.ndarray, num_frames: int | None = None) -> n
         raise ValueError(f"expected uint8 [T, H, W, 3], got {frames.dtype} {frames.shape}")
     n = frames.shape[0]
     max_pixels = effective_max_pixels(vp, num_frames or n)
-    light = not hasattr(vp, "sample_frames")
+    light = isinstance(vp, Qwen2VLFrames)
     if not light:
         from transformers.image_utils import SizeDict
         size = SizeDict(**{**dict(vp.size), "longest_edge": max_pixels})
