@@ -243,20 +243,24 @@ def _zygote() -> None:
 
 
 def _run_worker(req: dict) -> None:
-    """The SDK harness of one worker, as Beam's embedded gRPC worker runs it; exits the process when the runner
-    closes the control channel."""
+    """The SDK harness of one worker, as Beam's worker processes run it; exits the process when the runner closes
+    the control channel.
+
+    Its output is flushed by size only, between elements (``data_buffer_time_limit_ms=0``, the default of Beam's
+    ``sdk_worker_main``). The time-based buffer that Beam's in-process gRPC workers use flushes from a timer thread
+    wherever the encoder is, and the FnApiRunner decodes each chunk on its own: an element cut in two is read as
+    garbage (a garbled length once made a 2-worker curate's launcher grow to 23 GB; tests/test_worker_flush.py)."""
     code = 0
     try:
         sys.stdin.close()
         from apache_beam.runners.portability.fn_api_runner.worker_handlers import (
-            DATA_BUFFER_TIME_LIMIT_MS, FNAPI_RUNNER_CAPABILITIES, STATE_CACHE_SIZE_MB)
+            FNAPI_RUNNER_CAPABILITIES, STATE_CACHE_SIZE_MB)
         from apache_beam.runners.worker import sdk_worker
 
         # the runner is in the parent process: connect over loopback whatever host name it put in the address
         control = "localhost:" + req["control"].rsplit(":", 1)[1]
         sdk_worker.SdkHarness(control, worker_id=req["worker_id"], state_cache_size=STATE_CACHE_SIZE_MB << 20,
-                              data_buffer_time_limit_ms=DATA_BUFFER_TIME_LIMIT_MS,
-                              runner_capabilities=FNAPI_RUNNER_CAPABILITIES).run()
+                              data_buffer_time_limit_ms=0, runner_capabilities=FNAPI_RUNNER_CAPABILITIES).run()
     except BaseException:  # noqa: BLE001 - the worker's process ends here whatever happened
         traceback.print_exc()
         code = 1
