@@ -67,16 +67,14 @@ def resolve_model(name: str) -> LocalModel:
     raise ModelNotFound(f"{name!r} is neither 'smollm2', a .gguf file nor a local model directory")
 
 
-@functools.lru_cache(maxsize=16)
-def weights_hash(directory: str, gguf_file: str | None = None) -> str:
-    """sha256 (first 16 hex digits) over the weight files' names and bytes: the cache key of what is derived from
-    local weights (a saved tokenizer, a dequantized copy). The revision recorded with outputs is
-    :func:`longreel.engines.base.weights_revision`."""
+def _weight_files(directory: str, gguf_file: str | None) -> list[str]:
     if gguf_file:
-        files = [os.path.join(directory, gguf_file)]
-    else:
-        files = sorted(f for pat in ("*.safetensors", "*.bin", "*.gguf", "config.json")
-                       for f in glob.glob(os.path.join(directory, pat)))
+        return [os.path.join(directory, gguf_file)]
+    return sorted(f for pat in ("*.safetensors", "*.bin", "*.gguf", "config.json")
+                  for f in glob.glob(os.path.join(directory, pat)))
+
+
+def _hash_files(files: list[str]) -> str:
     h = hashlib.sha256()
     for f in files:
         h.update(os.path.basename(f).encode() + b"\0")
@@ -84,6 +82,42 @@ def weights_hash(directory: str, gguf_file: str | None = None) -> str:
             for block in iter(lambda: fh.read(1 << 20), b""):
                 h.update(block)
     return h.hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=16)
+def weights_hash(directory: str, gguf_file: str | None = None) -> str:
+    """sha256 (first 16 hex digits) over the weight files' names and bytes: the cache key of what is derived from
+    local weights (a saved tokenizer, a dequantized copy). The revision recorded with outputs is
+    :func:`longreel.engines.base.weights_revision`.
+
+    Remembered across processes in :func:`cache_dir` under the files' stat stamp (path, size, mtime in ns, inode),
+    as git's index does for its blob hashes: every worker process that counts prompt tokens with a GGUF model's
+    tokenizer hashed the whole file again (0.05 s for SmolLM2's 100 MB from the page cache; seconds per process
+    for a generator's multi-GB GGUF). A file rewritten in place gets a new mtime, hence a new stamp; a memo that
+    cannot be read or written only costs the hash."""
+    from longreel.schemas.atomic import write_atomic
+
+    files = _weight_files(directory, gguf_file)
+    stamp = []
+    for f in files:
+        st = os.stat(f)
+        stamp.append([os.path.abspath(f), st.st_size, st.st_mtime_ns, st.st_ino])
+    memo = os.path.join(cache_dir(), "weights_hash",
+                        hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:32])
+    try:
+        with open(memo, encoding="ascii") as fh:
+            known = fh.read().strip()
+        if len(known) == 16 and all(c in "0123456789abcdef" for c in known):
+            return known
+    except (OSError, UnicodeDecodeError):
+        pass
+    digest = _hash_files(files)
+    try:
+        os.makedirs(os.path.dirname(memo), exist_ok=True)
+        write_atomic(memo, digest + "\n")
+    except OSError:
+        pass
+    return digest
 
 
 def cache_dir() -> str:
