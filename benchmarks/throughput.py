@@ -90,7 +90,13 @@ def child(out: str, stages: list[str], inputs: str, forked: bool = False, worker
     """``run_curate`` as ``longreel curate INPUTS --out OUT --workers N`` runs it, with the scripted answerer for
     the filter; writes ``OUT/bench_child.json`` (decode passes per video, from the decode log: counted for one
     worker in this process only). ``forked``: the one worker forked from the zygote (``run_curate(in_process=False)``),
-    not what ``--workers 1`` runs: an A/B only. Exits as the ``longreel`` executable does (no interpreter teardown)."""
+    not what ``--workers 1`` runs: an A/B only. Exits as the ``longreel`` executable does (no interpreter teardown).
+
+    A run that forks its workers starts their zygote first thing, as ``longreel curate`` does once it has read its
+    config, so that the zygote's imports overlap this process's."""
+    if workers > 1 or forked:
+        from longreel.pipelines import zygote
+        zygote.prestart()
     from longreel.pipelines.config import CurateConfig
     from longreel.pipelines.curate import run_curate
     from longreel.pipelines.io.inputs import plan_inputs
