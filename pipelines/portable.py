@@ -104,7 +104,13 @@ def relative_paths(paths: list[str]) -> list[str]:
 def preflight(beam_args: list[str], paths: list[str] = ()) -> None:
     """Fail fast (:class:`PortableSetupError`) where a run whose workers are processes of their own would hang or
     fail late. ``paths``: the command's input and output paths (a relative one would be resolved in the workers'
-    working directory, which is not this shell's)."""
+    working directory, which is not this shell's). Also refuses Beam's thread workers
+    (:func:`longreel.pipelines.runner.refuse_thread_workers`) before the run takes its output directory."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from longreel.pipelines.runner import refuse_thread_workers
+
+    refuse_thread_workers(PipelineOptions(list(beam_args)))
     runner = workers_elsewhere(beam_args)
     if runner is None:
         return

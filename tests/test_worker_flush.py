@@ -10,6 +10,7 @@ import time
 import typing
 
 import apache_beam as beam
+import pytest
 from apache_beam.coders import coder_impl
 from apache_beam.testing.util import assert_that, equal_to
 
@@ -72,3 +73,21 @@ def test_an_element_encoded_slowly_reaches_the_runner_whole():
                | beam.GroupByKey()
                | beam.MapTuple(lambda k, vs: (k, sorted(v[0] for v in vs))))
         assert_that(got, equal_to([("k0", [0, 2]), ("k1", [1, 3])]))
+
+
+def test_thread_workers_are_refused_with_a_reason():
+    from longreel.schemas.config import ConfigError
+
+    for args in (["--direct_running_mode=multi_threading"],
+                 ["--runner=DirectRunner", "--direct_running_mode=multi_threading", "--direct_num_workers=2"]):
+        with pytest.raises(ConfigError, match="multi_threading is not supported.*cut an element in two"):
+            make_pipeline(args, workers=2)
+
+
+def test_curate_refuses_thread_workers_before_taking_its_output_directory(tmp_path, capsys):
+    from longreel.cli import main
+
+    out = tmp_path / "out"
+    assert main(["curate", "--demo", "--out", str(out), "--direct_running_mode=multi_threading"]) == 2
+    assert "multi_threading is not supported" in capsys.readouterr().err
+    assert not out.exists()
