@@ -101,14 +101,30 @@ def relative_paths(paths: list[str]) -> list[str]:
     return [p for p in paths if p and "://" not in p and not os.path.isabs(p)]
 
 
+def refuse_thread_workers(options) -> None:
+    """A :class:`ConfigError` for Beam ``options`` with ``--direct_running_mode=multi_threading`` on a local runner
+    (:data:`LOCAL_RUNNERS`, or none named). Its SDK workers are threads that flush their output on a 1-second
+    timer, wherever the encoder is, and the FnApiRunner decodes each flushed chunk on its own: an element caught in
+    the middle is read as garbage, and the run fails or its launcher grows without bound (tests/test_worker_flush.py
+    shows it with a slow encoder).
+    The forked workers (the default) and ``multi_processing`` flush between elements."""
+    from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
+
+    runner = options.view_as(StandardOptions).runner
+    local = runner is None or runner.rsplit(".", 1)[-1] in LOCAL_RUNNERS
+    if local and options.view_as(DirectOptions).direct_running_mode == "multi_threading":
+        raise ConfigError("--direct_running_mode=multi_threading is not supported: Beam's thread workers flush their "
+                          "output on a timer and can cut an element in two, which the local runner then misreads; "
+                          "use --workers N (worker processes, the default) or "
+                          "--direct_running_mode=multi_processing")
+
+
 def preflight(beam_args: list[str], paths: list[str] = ()) -> None:
     """Fail fast (:class:`PortableSetupError`) where a run whose workers are processes of their own would hang or
     fail late. ``paths``: the command's input and output paths (a relative one would be resolved in the workers'
     working directory, which is not this shell's). Also refuses Beam's thread workers
-    (:func:`longreel.pipelines.runner.refuse_thread_workers`) before the run takes its output directory."""
+    (:func:`refuse_thread_workers`) before the run takes its output directory."""
     from apache_beam.options.pipeline_options import PipelineOptions
-
-    from longreel.pipelines.runner import refuse_thread_workers
 
     refuse_thread_workers(PipelineOptions(list(beam_args)))
     runner = workers_elsewhere(beam_args)

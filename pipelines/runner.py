@@ -16,6 +16,7 @@ import logging
 import apache_beam as beam
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, WorkerOptions
 
+from longreel.pipelines.portable import refuse_thread_workers
 from longreel.pipelines.zygote import default_workers  # noqa: F401 - where callers have found it
 
 log = logging.getLogger("longreel")
@@ -58,23 +59,6 @@ def make_pipeline(beam_args: list[str] | None = None, workers: int = 1, preload:
     runner = ForkedWorkersRunner(preload)
     runner.start_zygote()
     return beam.Pipeline(runner=runner, options=options)
-
-
-def refuse_thread_workers(options: PipelineOptions) -> None:
-    """A :class:`~longreel.schemas.config.ConfigError` for ``--direct_running_mode=multi_threading`` on a local
-    runner. Its SDK workers are threads that flush their output on a 1-second timer, wherever the encoder is, and
-    the FnApiRunner decodes each flushed chunk on its own: an element caught in the middle is read as garbage, and
-    the run fails or its launcher grows without bound (tests/test_worker_flush.py shows it with a slow encoder).
-    The forked workers (the default) and ``multi_processing`` flush between elements."""
-    from longreel.schemas.config import ConfigError
-
-    runner = options.view_as(StandardOptions).runner
-    local = runner is None or runner.rsplit(".", 1)[-1] in ("DirectRunner", "FnApiRunner", "SwitchingDirectRunner")
-    if local and options.view_as(DirectOptions).direct_running_mode == "multi_threading":
-        raise ConfigError("--direct_running_mode=multi_threading is not supported: Beam's thread workers flush their "
-                          "output on a timer and can cut an element in two, which the local runner then misreads; "
-                          "use --workers N (worker processes, the default) or "
-                          "--direct_running_mode=multi_processing")
 
 
 def _worker_provision(options: PipelineOptions):
