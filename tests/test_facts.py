@@ -100,3 +100,40 @@ def test_real_clips(shared_videos):
                           width=160, height=90).frames
     fm = F.clip_facts(movie)
     assert fm["n_cuts"] == 0 and fm["motion"] < fb["motion"]
+
+
+def test_the_shipped_colour_table_is_pixel_color_names_of_every_colour():
+    """``dominant_color`` names colours through the table shipped with the package: it must be exactly the
+    definition, for all 2**24 colours (regenerate with ``write_color_table`` after changing the rules)."""
+    table = F.color_table()
+    assert table.shape == (1 << 24,) and table.dtype == np.uint8
+    assert np.array_equal(table, F.build_color_table())
+    assert set(np.unique(table)) == set(range(len(F.COLOR_NAMES)))  # every name is reachable
+
+
+def test_dominant_colour_and_histograms_match_their_definitions_on_random_and_real_frames(shared_videos):
+    """The fast paths (table lookup; one small bincount per frame and channel) against the plain definitions."""
+    from longreel.pipelines.media.decode import decode_frames
+
+    def dominant_by_definition(frames):
+        counts = np.bincount(F.pixel_color_names(frames).ravel(), minlength=len(F.COLOR_NAMES))
+        return F.COLOR_NAMES[int(counts.argmax())]
+
+    def histograms_by_definition(frames, bins):
+        n = frames.shape[0]
+        q = (frames.reshape(n, -1, 3).astype(np.int64) * bins) >> 8
+        offs = q + np.arange(3) * bins + (np.arange(n) * 3 * bins)[:, None, None]
+        counts = np.bincount(offs.ravel(), minlength=n * 3 * bins).reshape(n, 3 * bins)
+        return counts / (frames.shape[1] * frames.shape[2])
+
+    rng = np.random.default_rng(7)
+    real = decode_frames(str(shared_videos / "moviepy__bbb_full.mp4"), [30.0 + 40 * i for i in range(8)],
+                         width=170, height=96).frames
+    cases = [rng.integers(0, 256, (3, 20, 30, 3), dtype=np.uint8), real, real[:1]]
+    cases += [np.clip(rng.normal(mu, 20, (2, 16, 16, 3)), 0, 255).astype(np.uint8) for mu in (10, 90, 160, 240)]
+    for frames in cases:
+        assert F.dominant_color(frames) == dominant_by_definition(frames)
+        for bins in (1, 7, 16, 256):
+            assert np.array_equal(F.histograms(frames, bins), histograms_by_definition(frames, bins))
+    with pytest.raises(ValueError, match="bins"):
+        F.histograms(real, 0)
