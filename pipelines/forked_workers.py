@@ -31,6 +31,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 
@@ -56,11 +57,14 @@ class ForkedWorkersRunner(FnApiRunner):
         self.preload = tuple(preload)
         self.pool: ForkedWorkerPool | None = None
         self._launcher_modules_sent = False
+        #: set when the run asks for its first worker: the graph is translated, and from then on this process
+        #: mostly waits on the workers (a caller's background work no longer delays the first bundle)
+        self.workers_started = threading.Event()
 
     def start_zygote(self) -> None:
         """Start the zygote now (its imports overlap what the caller does before the run); idempotent."""
         if self.pool is None:
-            self.pool = ForkedWorkerPool(self.preload)
+            self.pool = ForkedWorkerPool(self.preload, started=self.workers_started)
             self.pool.start()
 
     def preload_launcher_modules(self) -> None:
@@ -110,9 +114,11 @@ class ForkedWorkerPool:
     Use as a context manager around the run; on exit the zygote is told to stop (EOF on its stdin), waits for its
     workers (which end when the runner closes their control channel) and exits."""
 
-    def __init__(self, preload: tuple[str, ...] = (), stop_timeout_s: float = 60.0):
+    def __init__(self, preload: tuple[str, ...] = (), stop_timeout_s: float = 60.0,
+                 started: threading.Event | None = None):
         self._preload = tuple(preload)
         self.stop_timeout_s = stop_timeout_s
+        self.started = started if started is not None else threading.Event()  # set by the first StartWorker
         self.endpoint: str | None = None
         self._zygote: subprocess.Popen | None = None
         self._server = None
@@ -153,6 +159,7 @@ class ForkedWorkerPool:
                     pool._send({"worker_id": request.worker_id, "control": request.control_endpoint.url})
                 except OSError as e:
                     return beam_fn_api_pb2.StartWorkerResponse(error=f"worker pool: {e}")
+                pool.started.set()
                 return beam_fn_api_pb2.StartWorkerResponse()
 
             def StopWorker(self, request, context):

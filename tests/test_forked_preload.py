@@ -15,7 +15,7 @@ class _FakePool:
 
     sent: list = []
 
-    def __init__(self, preload=()):
+    def __init__(self, preload=(), started=None):
         pass
 
     def start(self):
@@ -60,3 +60,27 @@ def test_modules_sent_early_are_not_sent_again_by_the_run(runner, monkeypatch):
     with pytest.raises(_Stop):
         runner.run_pipeline(None, None)
     assert _FakePool.sent[-1] == ["longreel.a", "matplotlib_imported_later"]
+
+
+def test_the_card_imports_wait_until_the_run_asks_for_its_workers(runner, monkeypatch):
+    """The card's libraries are imported in a thread of the launcher, but only once the runner starts its first
+    worker: before that the launcher translates the graph, on the path to the first bundle."""
+    import threading
+
+    from longreel.pipelines import curate
+    from longreel.pipelines.card import build
+    from longreel.pipelines.config import CurateConfig
+    from longreel.schemas.config import load_yaml
+
+    called = threading.Event()
+    monkeypatch.setattr(build, "import_ahead", called.set)
+    cfg = load_yaml(CurateConfig, None, ["stages=[caption,qra,pack,card]"])
+    t = curate._card_imports_ahead(cfg, workers=2, remote=False, runner=runner)
+    assert t is not None and not called.wait(0.5)
+    runner.workers_started.set()
+    t.join(10)
+    assert called.is_set()
+    # no runner event to wait for (another runner): the imports start at once
+    t = curate._card_imports_ahead(cfg, workers=2, remote=False, runner=None)
+    t.join(10)
+    assert not t.is_alive()

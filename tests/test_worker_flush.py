@@ -67,12 +67,14 @@ def _blob(i: int) -> tuple[str, Blob]:
 
 def test_an_element_encoded_slowly_reaches_the_runner_whole():
     with make_pipeline(workers=2) as p:
+        assert not p.runner.workers_started.is_set()
         got = (p
                | beam.Create(range(4))
                | beam.Map(_blob).with_output_types(typing.Tuple[str, Blob])
                | beam.GroupByKey()
                | beam.MapTuple(lambda k, vs: (k, sorted(v[0] for v in vs))))
         assert_that(got, equal_to([("k0", [0, 2]), ("k1", [1, 3])]))
+    assert p.runner.workers_started.is_set()  # what the card's imports wait for (pipelines/curate.py)
 
 
 def test_thread_workers_are_refused_with_a_reason():
