@@ -63,6 +63,7 @@ GEOMETRIES = {
 }
 
 HEIGHT, WIDTH, FPS = 168, 280, 8.0
+PROFILE_ROWS = 30
 
 
 def build_policy(work: Path, geometry: str, device: str) -> str:
@@ -182,6 +183,7 @@ def run_variant(name: str, model_dir: str, frames: int, args, work: Path) -> dic
     if getattr(trainer, "ref", None) is not None:
         timer.attach(_tower(trainer.ref))
     _phase_wrap(trainer, timer)
+    profiled = _profile_last_update(trainer, args.steps + 1, cuda) if args.profile_update else None
     steps = []
     try:
         for _ in range(args.steps + 1):
@@ -208,7 +210,34 @@ def run_variant(name: str, model_dir: str, frames: int, args, work: Path) -> dic
     keys = sorted({k for s in measured for k in s})
     return {"median": {k: round(statistics.median(s.get(k, 0.0) for s in measured), 4) for k in keys},
             "steps": steps, "peak_gib": round(peak, 2) if peak is not None else None,
-            "overrides": VARIANTS[name]}
+            "overrides": VARIANTS[name], **({"update_profile": profiled} if profiled else {})}
+
+
+def _profile_last_update(trainer, calls: int, cuda: bool) -> list:
+    """Run the ``calls``-th ``_update`` (the last measured step's) under ``torch.profiler`` and fill the returned
+    list with its top operators by self device time (self CPU time without a GPU): what the update spends on."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn, seen, rows = trainer._update, [0], []
+
+    def wrapped(*a, **kw):
+        seen[0] += 1
+        if seen[0] != calls:
+            return fn(*a, **kw)
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with profile(activities=acts) as prof:
+            out = fn(*a, **kw)
+            if cuda:
+                torch.cuda.synchronize()
+        key = "self_device_time_total" if cuda else "self_cpu_time_total"
+        events = sorted(prof.key_averages(), key=lambda e: getattr(e, key, 0), reverse=True)[:PROFILE_ROWS]
+        rows.extend({"op": e.key, "calls": e.count, "self_ms": round(getattr(e, key, 0) / 1e3, 2),
+                     "self_cpu_ms": round(e.self_cpu_time_total / 1e3, 2)} for e in events)
+        return out
+
+    trainer._update = wrapped
+    return rows
 
 
 def main(argv=None) -> int:
@@ -224,6 +253,8 @@ def main(argv=None) -> int:
     ap.add_argument("--checkpointing", action=argparse.BooleanOptionalAction, default=True,
                     help="gradient checkpointing in the update (needed for 1,024 frames on 80 GB)")
     ap.add_argument("--variants", default="plain,mrsp,mrsp_recompute", help=f"comma-separated, of {sorted(VARIANTS)}")
+    ap.add_argument("--profile-update", action="store_true",
+                    help="profile the last measured step's update (torch.profiler): top operators per variant")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "grpo_gpu.json"))
     args = ap.parse_args(argv)

@@ -338,3 +338,20 @@ def test_frame_difference_patch_embed_is_a_build_parameter(tmp_path):
         build_tiny_qwen2vl(tmp_path / "bad", seed=0, temporal_patch_size=1, patch_embed="frame_difference")
     with pytest.raises(ValueError):
         build_tiny_qwen2vl(tmp_path / "bad2", seed=0, patch_embed="sobel")
+
+
+def test_a_model_that_would_drop_the_video_features_is_refused(tmp_path):
+    """transformers < 5.18 (or a remote-code model) takes ``mm_encoder_outputs`` into ``**kwargs`` and drops it:
+    the log-probs would ignore the video and the tower get no gradient, silently. load_policy refuses such a model."""
+    import torch
+
+    from longreel.trainer.policy import check_feature_injection, load_policy
+
+    class OldForward(torch.nn.Module):
+        def forward(self, input_ids=None, pixel_values_videos=None, **kwargs):
+            return input_ids
+
+    with pytest.raises(RuntimeError, match="mm_encoder_outputs"):
+        check_feature_injection(OldForward())
+    model, _ = load_policy(build_tiny_qwen2vl(tmp_path / "tiny"))  # today's Qwen2-VL takes it
+    check_feature_injection(model)

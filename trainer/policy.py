@@ -83,10 +83,29 @@ def load_policy(path: str, *, dtype: torch.dtype = torch.float32, device: torch.
     if vision_attention not in VISION_ATTENTION:
         raise ValueError(f"vision_attention {vision_attention!r}: expected one of {VISION_ATTENTION}")
     model = AutoModelForImageTextToText.from_pretrained(path, **kwargs).to(device)
+    check_feature_injection(model)
     if vision_attention == "batched":
         use_batched_vision_attention(model)
     processor = AutoProcessor.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
     return model, processor
+
+
+def check_feature_injection(model) -> None:
+    """Raise unless ``model.forward`` takes ``mm_encoder_outputs``, the keyword every log-prob and rollout pass here
+    hands the vision features through (transformers >= 5.18 for the Qwen-VL family).
+
+    An older transformers, or a remote-code model without it, takes the keyword into ``**kwargs`` and drops it: the
+    text decoder then reads the placeholder tokens' own embeddings, the log-probs ignore the video and the tower
+    gets no gradient, with no error. transformers 5.17 on a GPU machine did exactly that."""
+    import inspect
+
+    import transformers
+
+    if "mm_encoder_outputs" not in inspect.signature(type(model).forward).parameters:
+        raise RuntimeError(
+            f"{type(model).__name__}.forward (transformers {transformers.__version__}) takes no mm_encoder_outputs: "
+            "it would drop the precomputed video features silently. Install the locked transformers "
+            "(requirements/main.txt; >= 5.18 for Qwen-VL models).")
 
 
 def video_token_id(model_or_config) -> int:
