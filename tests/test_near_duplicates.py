@@ -112,3 +112,4 @@ def test_the_workers_signature_decoders_give_one_decoders_hashes(tmp_path, share
                             height=V.DECODE_H, rotation=info["rotation"], threads=True)
         assert got == V.signature(one.frames), path.name
         assert len(set(got)) > 1  # real, differing frames (not n copies of one)
+    assert _signature(str(rotated), 3.0, 0) == {"signature": []}

@@ -181,9 +181,9 @@ def write_color_table(path: str | os.PathLike = COLOR_TABLE_FILE) -> None:
 
 @functools.lru_cache(maxsize=1)
 def color_table() -> np.ndarray:
-    """The shipped :func:`build_color_table` (16 MiB in memory, 0.25 MB on disk, loaded once per process).
+    """The shipped :func:`build_color_table` (16 MiB in memory, 0.3 MB on disk, loaded once per process).
 
-    Naming colours through a table is 14x faster than the float arithmetic of :func:`pixel_color_names` (which
+    Naming colours through a table is 12x faster than the float arithmetic of :func:`pixel_color_names` (which
     stays the definition) and was most of the clip facts' CPU time; building the table costs ~5 s, too much for
     every worker process, so it ships with the package."""
     try:

@@ -42,6 +42,8 @@ def _signature(path: str, duration_s: float, n: int, rotation: int | None = 0) -
 
     times = videodup.signature_times(duration_s, n)
     shares = [times[i::SIGNATURE_DECODERS] for i in range(SIGNATURE_DECODERS) if times[i::SIGNATURE_DECODERS]]
+    if not shares:  # n = 0: nothing to decode
+        return {"signature": []}
 
     def decode(share: list[float]) -> np.ndarray:
         return decode_frames(path, share, width=videodup.DECODE_W, height=videodup.DECODE_H, rotation=rotation,
