@@ -265,8 +265,15 @@ def main(argv=None) -> int:
     work = Path(tempfile.mkdtemp(prefix="grpo-gpu-bench-"))
     t0 = time.time()
     out = Path(args.out)
+    import transformers
+
     doc = {"benchmark": "grpo_gpu", "geometry": args.geometry, "geometry_config": GEOMETRIES[args.geometry],
-           "config": {k: v for k, v in vars(args).items() if k not in ("out",)}, "results": {}, "speedup": {}}
+           "config": {k: v for k, v in vars(args).items() if k not in ("out",)}, "results": {}, "speedup": {},
+           # The stack is part of the result: transformers 5.17 silently dropped the vision features (grpo_gpu.md).
+           "host": {"python": platform.python_version(), "torch": torch.__version__,
+                    "transformers": transformers.__version__,
+                    "device": torch.cuda.get_device_name(0) if args.device == "cuda" else platform.processor(),
+                    "cpus": os.cpu_count()}}
     try:
         model_dir = build_policy(work, args.geometry, args.device)
         doc["parameters"] = json.loads((Path(model_dir) / "bench_params.json").read_text())["parameters"]
@@ -288,9 +295,6 @@ def main(argv=None) -> int:
             out.write_text(json.dumps(doc, indent=1) + "\n")  # after each size: a time-out keeps what finished
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    doc["host"] = {"python": platform.python_version(), "torch": torch.__version__,
-                   "device": torch.cuda.get_device_name(0) if args.device == "cuda" else platform.processor(),
-                   "cpus": os.cpu_count()}
     doc["wall_seconds"] = round(time.time() - t0, 1)
     out.write_text(json.dumps(doc, indent=1) + "\n")
     print(json.dumps(doc["speedup"]), file=sys.stderr)
