@@ -309,6 +309,31 @@ def test_card_build_is_byte_deterministic_including_plots(run, card_dir, tmp_pat
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def test_card_reads_each_shard_once_and_without_digests(run, monkeypatch):
+    """The card needs the shards' JSON members and .npy headers: ``read_shard(hashes=False)`` gives the same
+    samples as the hashed read the verifier uses, minus the digests, and one card reads each shard once."""
+    from longreel.pipelines.card import shardread
+    from longreel.pipelines.card.shardread import join, list_indexes, read_index, read_shard
+    urls = [join(p, sh["url"]) for p in list_indexes(os.path.join(run[0], "shards"))
+            for sh in read_index(p)["shardlist"]]
+    assert len(urls) >= 2
+    for url in urls:
+        full, light = read_shard(url), read_shard(url, hashes=False)
+        assert light["sha256"] is None and full["sha256"] == hashlib.sha256(open(url, "rb").read()).hexdigest()
+        assert light["bytes"] == full["bytes"] and light["errors"] == full["errors"] == []
+        assert [s["sha256"] for s in light["samples"]] == [{} for _ in full["samples"]]
+        assert all(s["sha256"] for s in full["samples"])
+        strip = [{k: v for k, v in s.items() if k != "sha256"} for s in full["samples"]]
+        assert [{k: v for k, v in s.items() if k != "sha256"} for s in light["samples"]] == strip
+    reads = []
+    real = shardread.read_shard
+    monkeypatch.setattr(shardread, "read_shard", lambda url, **kw: reads.append((url, kw)) or real(url, **kw))
+    card = collect(run[0])
+    assert sorted(u for u, _ in reads) == sorted(urls), "each shard read exactly once per card"
+    assert all(kw == {"hashes": False} for _, kw in reads)
+    assert claims_by_id(card)["hf/configs"][0]["features"]
+
+
 def test_verify_passes_on_untouched_card_and_shards(run, card_dir):
     rep = verify(card_dir, os.path.join(run[0], "shards"))
     assert rep.ok, rep.table()

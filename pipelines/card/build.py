@@ -162,14 +162,29 @@ PASS_RATE_PROVENANCE = ("backend", "answerer", "answerer_revision", "k", "temper
                         "max_new_tokens", "prompt_hash", "pass_threshold", "policy")
 
 
-def _released_from_shards(indexes: list[tuple[str, dict]]) -> list[dict]:
+class ShardSamples:
+    """The samples of each shard, read once per card and without digests: the released distributions and the
+    features both read them, and the card needs their JSON members and ``.npy`` headers, not hashes (the verifier
+    reads its own, hashed). One instance per card: a shard rewritten between two cards is read again."""
+
+    def __init__(self):
+        self._samples: dict[str, list[dict]] = {}
+
+    def __call__(self, url: str) -> list[dict]:
+        if url not in self._samples:
+            from longreel.pipelines.card.shardread import read_shard
+            self._samples[url] = read_shard(url, hashes=False)["samples"]
+        return self._samples[url]
+
+
+def _released_from_shards(indexes: list[tuple[str, dict]], samples_of: ShardSamples) -> list[dict]:
     """Sample descriptors (JSON members + cached frames from the npy header) read back from the shards."""
-    from longreel.pipelines.card.shardread import join, read_shard, sample_descriptor
+    from longreel.pipelines.card.shardread import join, sample_descriptor
     samples = []
     for path, doc in indexes:
         split = doc.get("longreel", {}).get("split") or doc["name"].rsplit("-", 1)[-1]
         for sh in doc["shardlist"]:
-            for s in read_shard(join(path, sh["url"]))["samples"]:
+            for s in samples_of(join(path, sh["url"])):
                 samples.append(sample_descriptor(split, s))
     return samples
 
@@ -183,7 +198,8 @@ def _features_yaml_for_kind(kind: str) -> list:
 FEATURE_SAMPLES = 256
 
 
-def shard_features(indexes: list[tuple[str, dict]], max_samples: int = FEATURE_SAMPLES) -> list | None:
+def shard_features(indexes: list[tuple[str, dict]], max_samples: int = FEATURE_SAMPLES,
+                   samples_of: ShardSamples | None = None) -> list | None:
     """The features the ``datasets`` WebDataset builder infers, from the JSON members of up to ``max_samples``
     samples (whole shards, every split in turn; promoted across samples, so optional fields that are null in one
     sample and set in another type correctly) and the ``.npy`` headers (an array of the same dtype and rank
@@ -193,7 +209,8 @@ def shard_features(indexes: list[tuple[str, dict]], max_samples: int = FEATURE_S
     import pyarrow as pa
     from datasets.features.features import cast_to_python_objects
 
-    from longreel.pipelines.card.shardread import join, read_shard
+    from longreel.pipelines.card.shardread import join
+    samples_of = samples_of or ShardSamples()
     tables = []
     order = [(path, sh) for i in range(max((len(d["shardlist"]) for _, d in indexes), default=0))
              for path, d in indexes if i < len(d["shardlist"]) for sh in [d["shardlist"][i]]]
@@ -201,7 +218,7 @@ def shard_features(indexes: list[tuple[str, dict]], max_samples: int = FEATURE_S
         if len(tables) >= max_samples:
             break
         url = join(path, sh["url"])
-        for s in read_shard(url)["samples"]:
+        for s in samples_of(url):
             ex = {}
             for name in sorted(s["members"]):
                 if name in s["json"]:
@@ -228,7 +245,8 @@ def collect(run_dir: str, shards: str | None = None, *, name: str | None = None,
     stats, config, tables = _load_run(run_dir)
     indexes = _load_indexes(shards if shards is not None else os.path.join(run_dir, "shards"))
     dataset = name or next((d.get("longreel", {}).get("dataset") for _, d in indexes), None) or "longreel"
-    dist, dist_source = _distributions(stats, tables, indexes)
+    samples_of = ShardSamples()
+    dist, dist_source = _distributions(stats, tables, indexes, samples_of)
     videos = sorted(tables["videos"], key=lambda v: v["video_id"])
     c = Claims()
     _identity_claims(c, dataset, pretty_name, dist, tables, videos)
@@ -241,7 +259,7 @@ def collect(run_dir: str, shards: str | None = None, *, name: str | None = None,
     _quality_claims(c, stats, dist)
     _distribution_claims(c, dist, dist_source)
     splits = _release_claims(c, indexes)
-    _hf_claims(c, tables, indexes, splits, dataset, data_prefix, tables_prefix, features)
+    _hf_claims(c, tables, indexes, splits, dataset, data_prefix, tables_prefix, features, samples_of)
     return {"card_schema": CARD_SCHEMA, "claims": c.items}
 
 
@@ -274,7 +292,7 @@ def _load_indexes(shards: str) -> list[tuple[str, dict]]:
     return indexes
 
 
-def _distributions(stats: dict, tables: dict, indexes: list) -> tuple[dict, dict]:
+def _distributions(stats: dict, tables: dict, indexes: list, samples_of: ShardSamples) -> tuple[dict, dict]:
     """The distributions the pipeline computed, completed here from the tables and shards with the same
     functions; and where each came from."""
     dist = (stats.get("distributions") or {}).get("sections", {})
@@ -289,7 +307,7 @@ def _distributions(stats: dict, tables: dict, indexes: list) -> tuple[dict, dict
     if indexes:
         released = [s for s, spec in D.SECTIONS.items() if spec["table"] in ("pack_samples", "shards")]
         if any(s not in dist for s in released):
-            computed = D.distributions_from_rows({"pack_samples": _released_from_shards(indexes),
+            computed = D.distributions_from_rows({"pack_samples": _released_from_shards(indexes, samples_of),
                                                   "shards": [dict(sh) for _, d in indexes for sh in d["shardlist"]]})
             for s in released:
                 if s not in dist and s in computed["sections"]:
@@ -484,13 +502,13 @@ def _release_claims(c: Claims, indexes: list) -> list[str]:
 
 
 def _hf_claims(c: Claims, tables: dict, indexes: list, splits: list[str], dataset: str, data_prefix: str,
-               tables_prefix: str, features: bool) -> None:
+               tables_prefix: str, features: bool, samples_of: ShardSamples) -> None:
     """Hugging Face configs and features."""
     configs = []
     if indexes:
         configs.append({"config_name": "default",
                         "data_files": [{"split": sp, "path": f"{data_prefix}{dataset}-{sp}-*.tar"} for sp in splits],
-                        "features": shard_features(indexes) if features else None,
+                        "features": shard_features(indexes, samples_of=samples_of) if features else None,
                         "splits": [{"name": sp, "num_bytes": claims_split(c, sp)["bytes"],
                                     "num_examples": claims_split(c, sp)["samples"]} for sp in splits]})
     # The `datasets` library picks one builder for all the configs of a repository, so the parquet stage tables

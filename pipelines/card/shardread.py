@@ -87,9 +87,13 @@ def npy_header(data_head: bytes) -> dict:
     return {"shape": list(header["shape"]), "dtype": str(header["descr"]), "fortran_order": header["fortran_order"]}
 
 
-def read_shard(url: str) -> dict:
+def read_shard(url: str, *, hashes: bool = True) -> dict:
     """Stream one shard: ``{"bytes", "sha256", "samples": [{"key", "members": {name: size}, "sha256": {name: hex},
     "json": {name: obj}, "npy": {name: header}, "errors": [...]}]}``.
+
+    ``hashes=False`` skips every digest (the shard's ``sha256`` is None, the samples' ``sha256`` empty): the card
+    reads shards for their JSON members and ``.npy`` headers only, and hashing a frame-cache shard twice over (the
+    stream and each member) was most of its cost; the verifier, which checks digests, keeps them.
 
     The tar is parsed by the trainer loader's own reader (:func:`longreel.task.shard_reader.iter_tar_samples`), so
     what the card counts is what training reads: a member that reader refuses (unsafe name, link, pickle-style or
@@ -99,7 +103,7 @@ def read_shard(url: str) -> dict:
     errors: list[str] = []
     seen: set[str] = set()
     with open_bytes(url) as raw:
-        counted = shard_reader.CountingReader(raw, hashlib.sha256())
+        counted = shard_reader.CountingReader(raw, hashlib.sha256() if hashes else None)
         try:
             for item in shard_reader.iter_tar_samples(counted, url):
                 if isinstance(item, shard_reader.ShardError):
@@ -108,20 +112,22 @@ def read_shard(url: str) -> dict:
                 if item.key in seen:
                     errors.append(f"sample {item.key!r} appears twice (members not contiguous)")
                 seen.add(item.key)
-                samples.append(_describe(item))
+                samples.append(_describe(item, hashes))
         except shard_reader.ShardError as e:
             errors.append(f"not a readable tar: {e}")
         while counted.read(CHUNK):  # the tar end blocks and padding count in the shard's bytes and hash
             pass
-    return {"url": url, "bytes": counted.n, "sha256": counted.h.hexdigest(), "samples": samples, "errors": errors}
+    return {"url": url, "bytes": counted.n, "sha256": counted.h.hexdigest() if hashes else None, "samples": samples,
+            "errors": errors}
 
 
-def _describe(raw) -> dict:
-    """Sizes and sha256 of a sample's members, its JSON members parsed, its ``.npy`` headers."""
+def _describe(raw, hashes: bool = True) -> dict:
+    """Sizes (and sha256) of a sample's members, its JSON members parsed, its ``.npy`` headers."""
     s = {"key": raw.key, "members": {}, "sha256": {}, "json": {}, "npy": {}, "errors": []}
     for ext, data in raw.members.items():
         s["members"][ext] = len(data)
-        s["sha256"][ext] = hashlib.sha256(data).hexdigest()
+        if hashes:
+            s["sha256"][ext] = hashlib.sha256(data).hexdigest()
         if ext.endswith(".json"):
             try:
                 s["json"][ext] = json.loads(bytes(data))
