@@ -266,7 +266,7 @@ def run_curate(items: InputPlan | list[dict], out_dir: str, cfg: CurateConfig, b
     or not; ``overwrite``: remove the previous run's files first), and ``_SUCCESS.json`` is written last. The CLI's
     default is ``error``; a caller of this function names its directory, so the default here is ``overwrite``.
     """
-    from longreel.pipelines.io.run_dir import RunIdentity, RunLock, digest_inputs, prepare, write_marker
+    from longreel.pipelines.io.run_dir import FileDigests, RunIdentity, RunLock, digest_inputs, prepare, write_marker
     from longreel.schemas.config import to_dict
 
     if isinstance(items, InputPlan):  # the inputs are listed by the job: their count is known after it
@@ -275,15 +275,15 @@ def run_curate(items: InputPlan | list[dict], out_dir: str, cfg: CurateConfig, b
         digest, count = digest_inputs(items), len(items)
     ident = RunIdentity(config=to_dict(cfg), config_hash=config_hash(cfg), stages=list(cfg.stages),
                         inputs_digest=digest, n_inputs=count)
-    with _undo_on_input_error(out_dir), RunLock(out_dir, command):
+    with _undo_on_input_error(out_dir), RunLock(out_dir, command), FileDigests(out_dir) as digests:
         action, old = prepare(out_dir, ident, if_exists)
         with _undo_on_input_error(out_dir, fresh=action == "fresh"):
-            stats = _run_locked(items, out_dir, cfg, beam_args, command, handlers, workers, in_process)
+            stats = _run_locked(items, out_dir, cfg, beam_args, command, handlers, workers, in_process, digests)
         ident.n_inputs = stats["inputs"]
         steps = [{"step": "curate", "config_hash": ident.config_hash}]
         if action == "resume" and old:  # steps run alone since (e.g. a caption pass) whose outputs are still there
             steps += [s for s in old.get("steps") or [] if s.get("step") not in {"curate", *cfg.stages}]
-        write_marker(out_dir, ident, steps)
+        write_marker(out_dir, ident, steps, digests)
     return stats
 
 
@@ -411,7 +411,7 @@ def _describe_inputs(items: InputPlan | list[dict]) -> str:
 
 
 def _run_locked(items: InputPlan | list[dict], out_dir: str, cfg: CurateConfig, beam_args, command, handlers,
-                workers: int = 1, in_process: bool = True) -> dict:
+                workers: int = 1, in_process: bool = True, digests=None) -> dict:
     import json
 
     command = reproduction_command(command)
@@ -439,6 +439,8 @@ def _run_locked(items: InputPlan | list[dict], out_dir: str, cfg: CurateConfig, 
     with FileSystems.open(FileSystems.join(out_dir, "stats.json")) as fh:
         stats = json.loads(fh.read())
     log.info("curate: pipeline done in %.1f s: %s", time.monotonic() - t0, stats.get("totals"))
+    if digests is not None:
+        digests.start()  # the marker's hashing of the pipeline's files overlaps the card
     if "card" in cfg.stages:
         if card_imports is not None:
             card_imports.join()

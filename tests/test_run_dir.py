@@ -261,3 +261,34 @@ def test_card_verify_checks_the_marker_next_to_the_card(tmp_path, copy_video, ca
     shutil.copytree(card, copy)  # a card away from its run: no marker to check, unless named
     assert main(["card", "verify", str(copy), shards, "--no-loader"]) == 0
     assert main(["card", "verify", str(copy), shards, "--no-loader", "--marker", str(out)]) == 1
+
+
+def test_marker_digests_hashed_ahead_equal_a_fresh_hash_and_a_changed_file_is_hashed_again(tmp_path):
+    """``FileDigests`` hashes the run's files in a thread while the card is built; the marker must still say what
+    is on disk: the same document as hashing at the end, and a file rewritten after its early hash (same size,
+    new content) is hashed again."""
+    from longreel.pipelines.io.run_dir import FileDigests, RunIdentity, write_marker
+    out = tmp_path / "run"
+    (out / "shards").mkdir(parents=True)
+    (out / "stats.json").write_text('{"n": 1}')
+    (out / "videos-00000-of-00001.parquet").write_bytes(os.urandom(3 << 20))
+    (out / "shards" / "x-000000.tar").write_bytes(os.urandom(5 << 20))
+    ident = RunIdentity(config={}, config_hash="h", stages=[], inputs_digest="d", n_inputs=1)
+    plain = write_marker(str(out), ident, [])
+    (out / "_SUCCESS.json").unlink()
+    with FileDigests(str(out)) as digests:
+        digests.start()
+        assert digests.get("stats.json") == (8, hashlib.sha256(b'{"n": 1}').hexdigest())
+        ahead = write_marker(str(out), ident, [], digests)
+    assert ahead == plain
+    (out / "_SUCCESS.json").unlink()
+    with FileDigests(str(out)) as digests:
+        digests.start()
+        digests.get("shards/x-000000.tar")  # hashed before the rewrite
+        time.sleep(0.01)
+        (out / "shards" / "x-000000.tar").write_bytes(os.urandom(5 << 20))
+        assert digests.get("shards/x-000000.tar") is None
+        after = write_marker(str(out), ident, [], digests)
+    tar = {f["path"]: f for f in after["files"]}["shards/x-000000.tar"]
+    assert tar["sha256"] == hashlib.sha256((out / "shards" / "x-000000.tar").read_bytes()).hexdigest()
+    assert tar["sha256"] != {f["path"]: f for f in plain["files"]}["shards/x-000000.tar"]["sha256"]

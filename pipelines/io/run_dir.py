@@ -448,14 +448,78 @@ def read_marker(out_dir: str) -> dict | None:
     return _read(out_dir, open_file=_open_read)
 
 
-def write_marker(out_dir: str, ident: RunIdentity, steps: list[dict]) -> dict:
-    """Hash every file of the run and write ``_SUCCESS.json`` last (atomically); return the document."""
+def _marker_listed(rel: str) -> bool:
+    return rel != MARKER_NAME and not _TEMP.fullmatch(rel.rsplit("/", 1)[-1])
+
+
+class FileDigests:
+    """The sha256 of a local run's files, hashed in background threads from :meth:`start` on.
+
+    Why: the marker hashes every file of the run (a frame cache and its shards are hundreds of MB), and that ran on
+    one core after the card, at the very end of every run. Started when the pipeline is done, the hashing (hashlib
+    releases the GIL) runs on the other cores while the card is built. :meth:`get` hands :func:`write_marker` a
+    digest only if the file's size and mtime are what they were before it was hashed; anything else (a file
+    written since, one the threads did not reach) is hashed again there, so the marker says what is on disk.
+    Remote directories are not pre-hashed (their reads are the slow part, and they stay in the marker's loop)."""
+
+    def __init__(self, out_dir: str, threads: int = 1):
+        self.out_dir, self.threads = out_dir, threads
+        self._pool = None
+        self._futures: dict = {}
+
+    def start(self) -> None:
+        if _remote(self.out_dir) or self._pool is not None:
+            return
+        from concurrent.futures import ThreadPoolExecutor
+        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="marker-digest")
+        self._futures = {rel: self._pool.submit(self._hash, rel) for rel in owned_files(self.out_dir)
+                         if _marker_listed(rel)}
+
+    def _path(self, rel: str) -> str:
+        return os.path.join(self.out_dir, *rel.split("/"))
+
+    def _hash(self, rel: str) -> tuple:
+        st = os.stat(self._path(rel))
+        with open(self._path(rel), "rb") as fh:
+            n, digest = sha256_of(fh)
+        return st.st_size, st.st_mtime_ns, n, digest
+
+    def get(self, rel: str) -> tuple[int, str] | None:
+        """``(bytes, sha256)`` of ``rel`` if it was hashed and has not changed since; else None."""
+        fut = self._futures.get(rel)
+        if fut is None:
+            return None
+        try:
+            size, mtime, n, digest = fut.result()
+            st = os.stat(self._path(rel))
+        except OSError:
+            return None
+        return (n, digest) if (st.st_size, st.st_mtime_ns) == (size, mtime) and n == size else None
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def __enter__(self) -> "FileDigests":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def write_marker(out_dir: str, ident: RunIdentity, steps: list[dict], digests: FileDigests | None = None) -> dict:
+    """Hash every file of the run (or take ``digests``' hash of a file unchanged since) and write
+    ``_SUCCESS.json`` last (atomically); return the document."""
     files = []
     for rel in owned_files(out_dir):
-        if rel == MARKER_NAME or _TEMP.fullmatch(rel.rsplit("/", 1)[-1]):
+        if not _marker_listed(rel):
             continue
-        with _open_read(_join(out_dir, *rel.split("/"))) as fh:
-            n, digest = sha256_of(fh)
+        known = digests.get(rel) if digests is not None else None
+        if known is None:
+            with _open_read(_join(out_dir, *rel.split("/"))) as fh:
+                known = sha256_of(fh)
+        n, digest = known
         files.append({"path": rel, "bytes": n, "sha256": digest})
     doc = {"kind": MARKER_KIND, "schema_version": MARKER_VERSION, "config_hash": ident.config_hash,
            "stages": list(ident.stages), "inputs": {"count": ident.n_inputs, "sha256": ident.inputs_digest},
