@@ -292,3 +292,20 @@ def test_marker_digests_hashed_ahead_equal_a_fresh_hash_and_a_changed_file_is_ha
     tar = {f["path"]: f for f in after["files"]}["shards/x-000000.tar"]
     assert tar["sha256"] == hashlib.sha256((out / "shards" / "x-000000.tar").read_bytes()).hexdigest()
     assert tar["sha256"] != {f["path"]: f for f in plain["files"]}["shards/x-000000.tar"]["sha256"]
+
+
+def test_marker_digests_catch_an_atomic_rewrite_of_equal_size(tmp_path):
+    """A file replaced by rename (how the card writes) keeps its size and may keep its mtime tick: the new inode
+    still sends it back to be hashed."""
+    from longreel.pipelines.io.run_dir import FileDigests
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "stats.json").write_bytes(b"a" * 64)
+    with FileDigests(str(out)) as digests:
+        digests.start()
+        assert digests.get("stats.json") == (64, hashlib.sha256(b"a" * 64).hexdigest())  # hashed before the rewrite
+        st = os.stat(out / "stats.json")
+        (out / "new").write_bytes(b"b" * 64)
+        os.utime(out / "new", ns=(st.st_atime_ns, st.st_mtime_ns))  # the same size and mtime as the old file
+        os.replace(out / "new", out / "stats.json")
+        assert digests.get("stats.json") is None

@@ -458,7 +458,7 @@ class FileDigests:
     Why: the marker hashes every file of the run (a frame cache and its shards are hundreds of MB), and that ran on
     one core after the card, at the very end of every run. Started when the pipeline is done, the hashing (hashlib
     releases the GIL) runs on the other cores while the card is built. :meth:`get` hands :func:`write_marker` a
-    digest only if the file's size and mtime are what they were before it was hashed; anything else (a file
+    digest only if the file's size, times and inode are what they were before it was hashed; anything else (a file
     written since, one the threads did not reach) is hashed again there, so the marker says what is on disk.
     Remote directories are not pre-hashed (their reads are the slow part, and they stay in the marker's loop)."""
 
@@ -478,11 +478,17 @@ class FileDigests:
     def _path(self, rel: str) -> str:
         return os.path.join(self.out_dir, *rel.split("/"))
 
+    @staticmethod
+    def _identity(st: os.stat_result) -> tuple:
+        # ctime and the inode too: an atomic rewrite (a new inode renamed over the name) or a write within the
+        # filesystem's timestamp tick that keeps the size still changes one of them
+        return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino
+
     def _hash(self, rel: str) -> tuple:
         st = os.stat(self._path(rel))
         with open(self._path(rel), "rb") as fh:
             n, digest = sha256_of(fh)
-        return st.st_size, st.st_mtime_ns, n, digest
+        return self._identity(st), n, digest
 
     def get(self, rel: str) -> tuple[int, str] | None:
         """``(bytes, sha256)`` of ``rel`` if it was hashed and has not changed since; else None."""
@@ -490,11 +496,11 @@ class FileDigests:
         if fut is None:
             return None
         try:
-            size, mtime, n, digest = fut.result()
+            before, n, digest = fut.result()
             st = os.stat(self._path(rel))
         except OSError:
             return None
-        return (n, digest) if (st.st_size, st.st_mtime_ns) == (size, mtime) and n == size else None
+        return (n, digest) if self._identity(st) == before and n == before[0] else None
 
     def close(self) -> None:
         if self._pool is not None:
