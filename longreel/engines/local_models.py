@@ -12,6 +12,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import threading
 from dataclasses import dataclass
 
 
@@ -154,14 +155,25 @@ def load_tokenizer(name: str):
 GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
 
-@functools.lru_cache(maxsize=8)
+_GENERIC_TOKENIZER_LOCK = threading.Lock()
+
+
 def load_generic_tokenizer(name: str):
     """The tokenizer of ``name`` (as :func:`load_tokenizer` gives it) loaded through the generic fast-tokenizer
-    class when its files say that is its class, else :func:`load_tokenizer`'s result.
+    class when its files say that is its class, else :func:`load_tokenizer`'s result; one object per name and
+    process.
 
     Why: ``AutoTokenizer`` imports transformers' whole tokenizer registry (about 1.7 s more than the generic class,
     torch included), which the QRA stage's prompt-token counting paid in every worker for a ``tokenizer.json`` and
-    a chat template. Same class, same files, same token ids (tested)."""
+    a chat template. Same class, same files, same token ids (tested). Thread-safe: a local run loads it ahead in a
+    background thread (:func:`longreel.pipelines.curate.warm_tail`) while the stage's setup may already ask for
+    it; the second caller waits for the first load instead of doing it again."""
+    with _GENERIC_TOKENIZER_LOCK:
+        return _cached_generic_tokenizer(name)
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_generic_tokenizer(name: str):
     m = resolve_model(name)
     directory = m.directory
     if m.gguf_file:

@@ -30,9 +30,11 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 
@@ -275,14 +277,23 @@ def _reason(worker_reason: str) -> str:
         worker_reason if worker_reason in ("not_a_video", "no_video_stream") else "decode_failed")
 
 
+def _run_quietly(fn) -> None:
+    try:
+        fn()
+    except Exception:  # noqa: BLE001 - a head start only: the stage that needs it loads it again and reports
+        logging.getLogger("longreel").debug("after-decode warm-up failed", exc_info=True)
+
+
 class DecodeClipFrames(beam.DoFn):
     """DecodeTask -> one element per clip ``{"clip", "facts", "frames" (or None), "timestamps", "indices", "fps"}``."""
 
     def __init__(self, cfg: CaptionConfig, budget: tuple[int, int, int], keep_frames: bool, frame_cache=None,
-                 filter_frames=None):
+                 filter_frames=None, after_decode=None):
         self.cfg, self.budget, self.keep_frames = cfg, budget, keep_frames
         self.frame_cache = frame_cache  # (PackConfig, cache_dir) or None: see CaptionClips
         self.filter_frames = filter_frames  # (FilterConfig, store_dir) or None: see CaptionClips
+        self.after_decode = after_decode  # see CaptionClips
+        self._after_started = False
 
     def setup(self):
         from longreel.pipelines.media.worker import IsolatedWorker
@@ -297,6 +308,14 @@ class DecodeClipFrames(beam.DoFn):
         self.remote: tuple[str, str, str] | None = None  # (uri, sha256, local copy) of the last remote video
         self.progress = Progress(STAGE_FACTS, "clips decoded")
         self.decode_s = 0.0
+
+    def finish_bundle(self):
+        # A local runner gives each worker one bundle of this stage: its end is where this worker's share of the
+        # decoding is done and it waits for the other workers' shares.
+        if self.after_decode is not None and not self._after_started:
+            self._after_started = True
+            threading.Thread(target=_run_quietly, args=(self.after_decode,), name="after-decode",
+                             daemon=True).start()
 
     def teardown(self):
         if self.progress.n:
@@ -684,9 +703,10 @@ class CaptionClips(beam.PTransform):
     """
 
     def __init__(self, cfg: CaptionConfig, handler=None, frame_cache=None, keep_frames: bool = False,
-                 filter_frames=None, split_long_videos: bool = True, local_workers: int = 0):
+                 filter_frames=None, split_long_videos: bool = True, local_workers: int = 0, after_decode=None):
         super().__init__()
         self.cfg = cfg
+        self.after_decode = after_decode
         self.frame_cache = frame_cache
         self.keep_frames = keep_frames or cfg.backend != "facts"
         self.filter_frames = filter_frames
@@ -740,7 +760,7 @@ class CaptionClips(beam.PTransform):
                    | "SpreadTasks" >> self._spread()
                    | "DecodeAndMeasure" >> beam.ParDo(DecodeClipFrames(
                        cfg, self.budget, keep_frames=self.keep_frames, frame_cache=self.frame_cache,
-                       filter_frames=self.filter_frames)
+                       filter_frames=self.filter_frames, after_decode=self.after_decode)
                    ).with_outputs(REJECTS, CACHE_PARTS, main=MAIN))
         cache_ready = None
         if cache_in_chunks:
@@ -775,7 +795,7 @@ class CaptionClips(beam.PTransform):
 
 def add_caption_stage(p, videos_pcoll, clips_pcoll, out_dir: str, cfg: CaptionConfig, handler=None,
                       pack_cfg=None, filter_cfg=None, gates=None, split_long_videos: bool = True,
-                      tables=None, local_workers: int = 0) -> dict:
+                      tables=None, local_workers: int = 0, after_decode=None) -> dict:
     """Add captioning to pipeline ``p``; write ``captions-*`` and ``clip_facts-*`` Parquet tables under ``out_dir``.
 
     ``pack_cfg`` (a PackConfig, when the run packs too): the caption's decode pass also builds the frame cache
@@ -797,6 +817,9 @@ def add_caption_stage(p, videos_pcoll, clips_pcoll, out_dir: str, cfg: CaptionCo
     ``tables``: a :class:`~longreel.pipelines.io.parquet_sink.TableSink` that writes the run's tables together.
     ``local_workers``: the worker count of a local multi-worker run (Beam's FnApiRunner, which gives each worker a
     fixed share of a stage): its decode tasks are dealt out by estimated cost. 0 for any other runner.
+    ``after_decode`` (a picklable callable, or None): run once per worker, in a background thread, when the worker's
+    decode bundle ends: the caller loads there what later stages load in their setup, while this worker waits for
+    the other workers' decoding instead of on the run's serial end.
     """
     from longreel.pipelines.io.parquet_sink import write_table
 
@@ -810,7 +833,7 @@ def add_caption_stage(p, videos_pcoll, clips_pcoll, out_dir: str, cfg: CaptionCo
         filter_frames = (filter_cfg, filter_frames_dir(out_dir, pack_cfg))
     out = {"videos": videos_pcoll, "clips": clips_pcoll} | "CaptionClips" >> CaptionClips(
         cfg, handler, frame_cache, keep_frames=gates is not None, filter_frames=filter_frames,
-        split_long_videos=split_long_videos, local_workers=local_workers)
+        split_long_videos=split_long_videos, local_workers=local_workers, after_decode=after_decode)
     if gates is not None:
         g = gates(out[MAIN], out["frames"])
         out = {**out, MAIN: g["captions"],

@@ -59,13 +59,32 @@ def build_backend(cfg: QRAConfig):
     raise ValueError(f"unknown qra backend {cfg.backend!r}")
 
 
+def counter_tokenizer(cfg: QRAConfig) -> str | None:
+    """The name of the local tokenizer :func:`build_counter` loads for ``cfg`` (None: the backend counts)."""
+    if cfg.context.tokenizer:
+        return cfg.context.tokenizer
+    return "smollm2" if cfg.backend in ("template", "openai") else None
+
+
+def warm_up(cfg: QRAConfig) -> None:
+    """Load ahead, in this process, the one slow model-free thing the stage's setup loads: the prompt-token
+    counter's tokenizer (about 0.6 s with its transformers import). A failure is left to the stage's own setup,
+    which reports it or falls back (see :func:`build_counter`)."""
+    name = counter_tokenizer(cfg)
+    if name and name != "bytes":
+        from longreel.engines.local_models import load_generic_tokenizer
+        try:
+            load_generic_tokenizer(name)
+        except Exception:  # noqa: BLE001 - only a head start
+            log.debug("qra: loading the %s tokenizer ahead failed", name, exc_info=True)
+
+
 def build_counter(cfg: QRAConfig, backend):
     """The prompt-token counter: the configured tokenizer, else the backend's own model tokenizer."""
     from longreel.pipelines.qra.generate import TokenCounter
 
-    name = cfg.context.tokenizer
-    if name:
-        return TokenCounter(name)
+    if cfg.context.tokenizer:
+        return TokenCounter(cfg.context.tokenizer)
     if backend is not None and cfg.backend in ("transformers", "vllm"):
         return None  # the backend counts with its own tokenizer and chat template
     if backend is not None:  # openai: the served model's tokenizer is not local unless configured
