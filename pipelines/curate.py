@@ -367,16 +367,18 @@ def warm_tail(cfg: CurateConfig) -> None:
     loader's lock: its lazy top-level module is not safe to import from two threads at once (a ``from transformers
     import PreTrainedTokenizerFast`` in the QRA stage's setup, while this thread imported a transformers module,
     raised ImportError, and the stage fell back to counting bytes)."""
-    for name in worker_warm_modules(cfg):
-        if name.split(".")[0] == "transformers":
-            continue
+    _import_quietly([m for m in worker_warm_modules(cfg) if m.split(".")[0] != "transformers"])
+    if "qra" in cfg.stages:
+        from longreel.pipelines.stages.qra import warm_up
+        warm_up(cfg.qra)
+
+
+def _import_quietly(modules) -> None:
+    for name in modules:
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - only a head start: the stage imports it again and reports
             log.debug("importing %s ahead failed", name, exc_info=True)
-    if "qra" in cfg.stages:
-        from longreel.pipelines.stages.qra import warm_up
-        warm_up(cfg.qra)
 
 
 def _warm_imports(modules) -> threading.Thread | None:
@@ -389,14 +391,7 @@ def _warm_imports(modules) -> threading.Thread | None:
     if not modules:
         return None
 
-    def run():
-        for name in modules:
-            try:
-                importlib.import_module(name)
-            except Exception:  # noqa: BLE001 - only a head start
-                log.debug("importing %s ahead failed", name, exc_info=True)
-
-    t = threading.Thread(target=run, name="warm-imports", daemon=True)
+    t = threading.Thread(target=_import_quietly, args=(modules,), name="warm-imports", daemon=True)
     t.start()
     return t
 

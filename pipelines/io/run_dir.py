@@ -476,7 +476,7 @@ class FileDigests:
                          if _marker_listed(rel)}
 
     def _path(self, rel: str) -> str:
-        return os.path.join(self.out_dir, *rel.split("/"))
+        return _join(self.out_dir, *rel.split("/"))
 
     @staticmethod
     def _identity(st: os.stat_result) -> tuple:

@@ -292,7 +292,7 @@ class DecodeClipFrames(beam.DoFn):
         self.cfg, self.budget, self.keep_frames = cfg, budget, keep_frames
         self.frame_cache = frame_cache  # (PackConfig, cache_dir) or None: see CaptionClips
         self.filter_frames = filter_frames  # (FilterConfig, store_dir) or None: see CaptionClips
-        self.after_decode = after_decode  # see CaptionClips
+        self.after_decode = after_decode  # see add_caption_stage
         self._after_started = False
 
     def setup(self):
