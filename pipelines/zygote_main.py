@@ -5,7 +5,11 @@
 A module of its own so that the filter is set before anything imports Beam (the worker modules import it at the
 top, so a filter set inside them would come too late), and so that :mod:`longreel.pipelines.zygote`, which the
 worker modules import, does not import them back."""
+import gc
 import logging
+
+# The zygote only imports, then forks: no collection in it can free anything worth the time (see _zygote)
+gc.disable()
 
 # Beam warns at import that optional GCP client libraries are absent: true of every local run, and a line that a
 # quiet (-q) run of several workers printed each time
