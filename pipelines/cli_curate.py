@@ -10,7 +10,7 @@ import sys
 import yaml
 
 from longreel.pipelines.config import CurateConfig
-from longreel.pipelines import zygote
+from longreel.pipelines import heap, zygote
 from longreel.pipelines.io.input_kinds import is_glob, is_remote, names_one_local_file
 from longreel.pipelines.zygote import default_workers
 from longreel.schemas.config import ConfigError, describe, load_yaml
@@ -116,7 +116,8 @@ def main(args, beam_args: list[str]) -> int:
     if _forks_local_workers(beam_args, workers):  # its imports then overlap this process's (Beam's, the stages')
         zygote.prestart()
     try:
-        return _run(args, beam_args, cfg, workers)
+        with heap.paused():  # start-up without collections; the run turns them back on (see _run_locked)
+            return _run(args, beam_args, cfg, workers)
     finally:
         zygote.discard()  # unless the run adopted it
 

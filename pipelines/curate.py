@@ -24,6 +24,7 @@ import time
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
+from longreel.pipelines import heap
 from longreel.pipelines.config import CurateConfig
 from longreel.pipelines.io.inputs import InputError, InputPlan, ReadInputs, input_error_of
 from longreel.pipelines.io.parquet_sink import TableSink, write_table
@@ -434,8 +435,6 @@ def _describe_inputs(items: InputPlan | list[dict]) -> str:
 
 def _run_locked(items: InputPlan | list[dict], out_dir: str, cfg: CurateConfig, beam_args, command, handlers,
                 workers: int = 1, in_process: bool = True, digests=None) -> dict:
-    import json
-
     command = reproduction_command(command)
 
     with FileSystems.create(FileSystems.join(out_dir, "config.yaml")) as fh:
@@ -450,6 +449,15 @@ def _run_locked(items: InputPlan | list[dict], out_dir: str, cfg: CurateConfig, 
     card_imports = _card_imports_ahead(cfg, workers, remote, p.runner)
     if not remote and workers == 1 and not hasattr(p.runner, "preload_launcher_modules"):
         _warm_imports(worker_warm_modules(cfg))  # this process is the worker
+    # the run's collections (this process's are the runner's and, with one worker, the stages') skip what start-up
+    # made; the CLI turns collections off until here (longreel.pipelines.heap)
+    with heap.frozen():
+        return _run_and_card(p, out_dir, cfg, command, t0, card_imports, digests)
+
+
+def _run_and_card(p, out_dir: str, cfg: CurateConfig, command: str, t0: float, card_imports, digests) -> dict:
+    import json
+
     try:
         p.run().wait_until_finish()
     except Exception as e:
