@@ -203,7 +203,7 @@ def _zygote() -> None:
     The garbage collector is off in the zygote (:mod:`~longreel.pipelines.zygote_main` turns it off before its
     first import), and what the zygote holds is frozen (``gc.freeze``) before each fork. The zygote's imports make
     hundreds of thousands of objects and almost no garbage: with the collector on they took about 0.4 s longer
-    (2.18 -> 1.76 s median of 4, the workers' imports in a fresh interpreter). Each worker inherits those objects,
+    (2.15 -> 1.74 s, median of 4 each: the workers' imports in a fresh interpreter). Each worker inherits those objects,
     about 358,000, and a full collection scans every one: each took 140-210 ms, and the runner waited for the worker
     while it ran (two of the four in a 14-video, 2-worker run stalled the last stages, where every other bundle takes
     10-30 ms). Frozen, they are out of every collection of the worker, which still collects what it makes itself

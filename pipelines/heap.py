@@ -8,7 +8,11 @@ the runner waited for it; see :mod:`longreel.pipelines.forked_workers`, whose zy
 :func:`paused` turns the collector off for the start; :func:`frozen` moves what is alive when the run starts to the
 permanent generation (``gc.freeze``) and turns it on for the run, so that the run's collections cover what the run
 made; both restore the collector as they found it, and :func:`frozen` puts the objects back under collection at its
-end, so that a process that runs several pipelines (a test session) holds nothing longer than it would have."""
+end, so that a process that runs several pipelines (a test session) holds nothing longer than it would have.
+
+Measured with the zygote's half (14 sample videos, 2 workers, demo config, 6 alternating pairs with both halves
+switched off and on): median 15.41 -> 14.47 s, every pair faster; one worker (3 pairs) and 56 videos on 2 workers
+(3 pairs) within noise."""
 from __future__ import annotations
 
 import contextlib
