@@ -3,6 +3,7 @@ import itertools
 import json
 import os
 import random
+import time
 
 import apache_beam as beam
 import pytest
@@ -10,7 +11,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.testing.util import assert_that, equal_to
 
-from longreel.pipelines.cost_shares import SpreadByCost, lpt_shares
+from longreel.pipelines.cost_shares import ClaimOnce, SpreadByCost, _deal, lpt_shares
 from longreel.pipelines.stages.caption import TASK_OVERHEAD_PX, DecodeTask, decode_cost, task_order
 
 
@@ -55,22 +56,55 @@ class _RecordBundle(beam.DoFn):
                 json.dump(sorted(self.seen), fh)
 
 
-def _bundles(tmp_path, costs, workers):
+def _bundles(tmp_path, costs, workers, slow=False):
     out = tmp_path / "bundles"
     out.mkdir()
     options = PipelineOptions(["--direct_num_workers", str(workers), "--direct_running_mode", "multi_threading"])
     with beam.Pipeline(runner=FnApiRunner(), options=options) as p:
-        got = (p | beam.Create(costs)
-               | SpreadByCost(workers, cost=float, order=lambda x: x)
-               | beam.ParDo(_RecordBundle(str(out))))
+        spread = p | beam.Create(costs) | SpreadByCost(workers, cost=float, order=lambda x: x)
+        if slow:
+            spread = spread | beam.ParDo(_SlowShort())
+        got = spread | beam.ParDo(_RecordBundle(str(out)))
         assert_that(got, equal_to(costs))  # every element once, unchanged
     return sorted(json.load(open(out / n)) for n in os.listdir(out))
 
 
-def test_each_worker_of_a_local_run_gets_one_share_of_equal_cost(tmp_path):
+def test_each_worker_starts_on_its_own_share_then_takes_the_others_tail():
     # one long task and seven short ones: dealt by count (a Reshuffle), each worker would get four
     costs = [100, 1, 2, 3, 4, 5, 6, 7]
-    assert _bundles(tmp_path, costs, workers=2) == [[1, 2, 3, 4, 5, 6, 7], [100]]
+    deal = list(_deal((None, costs), 2, float, lambda x: x))
+    lists = {s: [x for k, (_, x) in deal if k == s] for s in (0, 1)}
+    assert lists[0] == [100, 1, 2, 3, 4, 5, 6, 7]  # its share, then the other's smallest first
+    assert lists[1] == [7, 6, 5, 4, 3, 2, 1, 100]  # its share, largest first, then the other's
+    # one index per element, the same under every share
+    assert sorted({i for _, (i, _) in deal}) == list(range(8))
+    assert {(i, x) for k, (i, x) in deal if k == 0} == {(i, x) for k, (i, x) in deal if k == 1}
+
+
+def test_an_element_runs_once_whichever_worker_claims_it(tmp_path):
+    a, b = ClaimOnce(str(tmp_path)), ClaimOnce(str(tmp_path))
+    assert list(a.process((3, "x"))) == ["x"]
+    assert list(b.process((3, "x"))) == []
+    assert list(a.process((3, "x"))) == []
+    assert list(b.process((4, "y"))) == ["y"]
+
+
+class _SlowShort(beam.DoFn):
+    """The estimates are wrong: the 'long' element is instant, each short one takes 0.3 s."""
+
+    def process(self, x):
+        if x != 100:
+            time.sleep(0.3)
+        yield x
+
+
+def test_a_worker_done_with_its_share_takes_the_others_unstarted_elements(tmp_path):
+    costs = [100, 1, 2, 3, 4, 5, 6, 7]
+    bundles = _bundles(tmp_path, costs, workers=2, slow=True)
+    assert sorted(x for b in bundles for x in b) == sorted(costs)  # every element once
+    with_long = next(b for b in bundles if 100 in b)
+    # without taking work, the worker with the mis-estimated long task would have run it alone
+    assert len(with_long) > 1, bundles
 
 
 def test_one_worker_gets_everything(tmp_path):
