@@ -2,7 +2,8 @@
 
 Beam's DirectRunner first tries to download the Prism runner binary, which fails offline and
 costs time; when the user names no runner, Beam's FnApiRunner is used instead: in this process for
-one worker, or with ``workers`` SDK worker processes, each stage's bundles split over all of them at once.
+one worker, or with ``workers`` SDK worker processes (a stage that reads spread elements has its bundles split over
+all of them at once; the others run on one of them).
 Those processes are forked from the launcher once the pipeline is built (:mod:`longreel.pipelines.forked_workers`:
 they start with every module imported, where Beam's own ``multi_processing`` mode starts fresh interpreters that
 each import Beam, torch and transformers again); a ``--direct_running_mode`` given by the user selects Beam's own
