@@ -40,6 +40,7 @@ from apache_beam.runners.portability.fn_api_runner.fn_runner import BundleManage
 from apache_beam.transforms.environments import ExternalEnvironment, python_sdk_capabilities
 
 from longreel.pipelines import zygote
+from longreel.pipelines.resources import MODEL_STEPS
 from longreel.pipelines.zygote import fork_available  # noqa: F401 - where callers have found it
 
 log = logging.getLogger("longreel")
@@ -48,9 +49,9 @@ log = logging.getLogger("longreel")
 PRELOAD_ROOTS = ("longreel", "apache_beam", "transformers", "torch", "av", "pyarrow", "numpy", "PIL", "scipy")
 
 
-#: the steps that read elements a pipeline spread out for the workers: the read side of Beam's ``Reshuffle`` and
-#: the claim step of :class:`~longreel.pipelines.cost_shares.SpreadByCost`
-SPREAD_READS = ("RemoveRandomKeys", "ClaimOnce")
+#: the steps where a stage's elements are worth spreading over the workers: the read side of Beam's ``Reshuffle``,
+#: the claim step of :class:`~longreel.pipelines.cost_shares.SpreadByCost`, and the stages' model steps
+SPREAD_STEPS = ("RemoveRandomKeys", "ClaimOnce") + MODEL_STEPS
 
 
 class ForkedWorkersRunner(FnApiRunner):
@@ -58,17 +59,18 @@ class ForkedWorkersRunner(FnApiRunner):
     pipeline is built, so with its modules imported) and stopped when it ends. The number of workers is the
     pipeline's ``direct_num_workers``.
 
-    A stage that reads spread elements (a step named in ``spread_reads``: where the pipeline put a fusion break
-    before expensive work) has each bundle split over all workers, as in Beam's multi-process mode; every other
+    A stage that holds a step named in ``spread_steps`` (a read of elements the pipeline spread out before expensive
+    work, or a model step; a name is matched against each part of the step's path) has each bundle split over all
+    workers, as in Beam's multi-process mode; every other
     stage runs its bundle whole on one worker (the workers take turns). Splitting costs each bundle one exchange
     with every worker, and a run has dozens of small stages (counts, flattens, the table writer's steps: 10-30 ms
-    each): split over two workers, the 14-video demo's stages besides the decode took 2.87 s in all, against 2.13 s
-    on one worker."""
+    each): all of them split over two workers, the 14-video demo's stages besides the decode took 2.87 s, against
+    2.13 s in a 1-worker run."""
 
-    def __init__(self, preload: tuple[str, ...] = (), spread_reads: tuple[str, ...] = SPREAD_READS):
+    def __init__(self, preload: tuple[str, ...] = (), spread_steps: tuple[str, ...] = SPREAD_STEPS):
         super().__init__()
         self.preload = tuple(preload)
-        self.spread_reads = tuple(spread_reads)
+        self.spread_steps = frozenset(spread_steps)
         self.pool: ForkedWorkerPool | None = None
         self._launcher_modules_sent = False
         #: set when the run asks for its first worker: the graph is translated, and from then on this process
@@ -93,7 +95,7 @@ class ForkedWorkersRunner(FnApiRunner):
 
     def splits(self, stage) -> bool:
         """Whether ``stage`` (a fused stage of the runner's plan) has its bundles split over the workers."""
-        return any(t.unique_name.rsplit("/", 1)[-1] in self.spread_reads for t in stage.transforms)
+        return any(not self.spread_steps.isdisjoint(t.unique_name.split("/")) for t in stage.transforms)
 
     def _get_bundle_manager(self, bundle_context_manager):
         # Beam's choice between its one-worker and split bundle managers, made per stage (see the class docstring)

@@ -17,6 +17,11 @@ from __future__ import annotations
 from longreel.schemas.config import ConfigError, ConfigModel, cfg
 
 
+#: the labels the stages give their model steps (``label >> on_model_step(...)``): the local forked workers split
+#: the bundles of a stage that holds one over all workers (:mod:`longreel.pipelines.forked_workers`)
+MODEL_STEPS = ("Caption", "WriteQRAs", "AnswerBlind", "Answer", "Judge")
+
+
 class ResourceHints(ConfigModel):
     accelerator: str = cfg("", "Beam resource hint 'accelerator' on this stage's model step, in Dataflow's form, e.g. "
                                "'type:nvidia-l4;count:1;install-nvidia-driver'. '' = no hint. Local runners ignore it.")

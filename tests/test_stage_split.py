@@ -1,7 +1,7 @@
-"""The forked local workers split a stage's bundle over all of them only where the pipeline spread its elements.
+"""The forked local workers split a stage's bundle over all of them only where the work is worth spreading.
 
-A stage that reads a ``Reshuffle`` (or the claim step of ``SpreadByCost``) runs on every worker; any other stage runs
-whole on one worker, so dozens of small stages do not each pay an exchange with every worker
+A stage that reads a ``Reshuffle`` (or the claim step of ``SpreadByCost``) or holds a model step runs on every worker;
+any other stage runs whole on one worker, so dozens of small stages do not each pay an exchange with every worker
 (``longreel.pipelines.forked_workers.ForkedWorkersRunner``)."""
 import json
 import os
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import apache_beam as beam
 
-from longreel.pipelines.forked_workers import SPREAD_READS, ForkedWorkersRunner
+from longreel.pipelines.forked_workers import SPREAD_STEPS, ForkedWorkersRunner
 from longreel.pipelines.runner import make_pipeline
 
 
@@ -17,7 +17,7 @@ def _stage(*names):
     return SimpleNamespace(transforms=[SimpleNamespace(unique_name=n) for n in names])
 
 
-def test_only_stages_reading_spread_elements_are_split():
+def test_only_stages_with_spread_elements_or_a_model_step_are_split():
     runner = ForkedWorkersRunner()
     assert runner.splits(_stage("Ingest/Reshuffle/ReshufflePerKey/GroupByKey/Read", "Ingest/Reshuffle/RemoveRandomKeys",
                                 "Ingest/HashAndProbe/ParDo(ProbeVideo)"))
@@ -25,11 +25,31 @@ def test_only_stages_reading_spread_elements_are_split():
                                 "CaptionClips/DecodeAndMeasure/ParDo(DecodeClipFrames)"))
     # the write side of a Reshuffle, a grouping, counts: one worker
     assert not runner.splits(_stage("Inputs/Resolve", "Ingest/Reshuffle/AddRandomKeys"))
-    assert not runner.splits(_stage("QRA/GroupByVideo/CoGroupByKeyImpl/GroupByKey/Read", "QRA/WriteQRAs"))
+    assert not runner.splits(_stage("QRA/GroupByVideo/CoGroupByKeyImpl/GroupByKey/Read", "QRABalance/Permute"))
     assert not runner.splits(_stage("IngestFlatten/Read", "AllCounts/Write/0"))
-    # a step merely named like one is not a spread read: the last path component decides
-    assert not runner.splits(_stage("RemoveRandomKeysReport/Map"))
-    assert ForkedWorkersRunner(spread_reads=SPREAD_READS + ("WriteQRAs",)).splits(_stage("QRA/WriteQRAs"))
+    # the model steps: each stage's expensive part, wherever its input came from
+    assert runner.splits(_stage("QRA/GroupByVideo/CoGroupByKeyImpl/GroupByKey/Read",
+                                "QRA/WriteQRAs/ParDo(_QRAVideoFn)"))
+    assert runner.splits(_stage("Filter/Answer/BeamML_RunInference/BeamML_RunInference"))
+    # a step merely named like one is not one: whole path parts are matched
+    assert not runner.splits(_stage("RemoveRandomKeysReport/Map", "Captions/Answers"))
+    assert ForkedWorkersRunner(spread_steps=("Mine",)).splits(_stage("A/Mine/ParDo(F)"))
+    assert not ForkedWorkersRunner(spread_steps=("Mine",)).splits(_stage("Ingest/Reshuffle/RemoveRandomKeys"))
+
+
+def test_every_model_step_is_named_in_model_steps():
+    """The stages apply their model steps as ``"Label" >> on_model_step(...)``: each label must be one the runner
+    knows, or that stage would run on one local worker."""
+    import re
+    from pathlib import Path
+
+    import longreel.pipelines.stages as stages
+    from longreel.pipelines.resources import MODEL_STEPS
+
+    found = set()
+    for f in Path(stages.__path__[0]).glob("*.py"):
+        found |= set(re.findall(r'"(\w+)" >> on_model_step\(', f.read_text()))
+    assert found == set(MODEL_STEPS)
 
 
 class _RecordPid(beam.DoFn):
