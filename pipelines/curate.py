@@ -347,9 +347,7 @@ def worker_modules(cfg: CurateConfig) -> tuple[str, ...]:
 
 def worker_warm_modules(cfg: CurateConfig) -> tuple[str, ...]:
     """What the last stages of a run import (seconds on the path of its serial end), for :func:`_warm_imports`."""
-    mods = []
-    if "qra" in cfg.stages and (cfg.qra.context.tokenizer or cfg.qra.backend in ("template", "openai")):
-        mods.append("transformers.tokenization_utils_tokenizers")  # the prompt-token counter's tokenizer class
+    mods = []  # not transformers for the QRA stage's prompt-token counter: it counts without (chat_count)
     if "filter" in cfg.stages:
         mods.append("rouge_score.rouge_scorer")  # open-ended answers' reward (longreel.task.rewards)
     return tuple(mods)

@@ -1,9 +1,10 @@
 """Loading the last stages' slow, model-free setup ahead (``longreel.pipelines.curate.warm_tail``): once per worker,
 in a background thread, when the worker's decode bundle ends; and the tokenizer it loads is loaded once per process
-even when the stage asks for it while the warm-up is still loading it."""
+even when the stage asks for it while the warm-up is still loading it (transformers' tokenizer, where the QRA
+counter needs it: longreel.engines.chat_count)."""
 import threading
 
-from longreel.engines import local_models
+from longreel.engines import chat_count, local_models
 from longreel.pipelines.caption_config import CaptionConfig
 from longreel.pipelines.config import CurateConfig
 from longreel.pipelines.curate import warm_tail
@@ -55,12 +56,15 @@ def test_two_threads_asking_for_a_tokenizer_load_it_once():
 
 
 def test_warm_tail_loads_the_qra_counters_tokenizer():
+    local_models.load_tokenizer("smollm2")  # the GGUF tokenizer converted once, as the first run on a machine does
+    chat_count._cached_counter.cache_clear()
     local_models._cached_generic_tokenizer.cache_clear()
     warm_tail(CurateConfig(stages=["caption", "qra"], qra={"backend": "template"}))
-    assert local_models._cached_generic_tokenizer.cache_info().currsize == 1
+    assert chat_count._cached_counter.cache_info().currsize == 1
     from longreel.pipelines.qra.generate import TokenCounter
     TokenCounter("smollm2")  # what the stage's setup builds: served from the cache
-    assert local_models._cached_generic_tokenizer.cache_info().hits == 1
-    local_models._cached_generic_tokenizer.cache_clear()
+    assert chat_count._cached_counter.cache_info().hits == 1
+    assert local_models._cached_generic_tokenizer.cache_info().currsize == 0  # transformers' was not needed
+    chat_count._cached_counter.cache_clear()
     warm_tail(CurateConfig(stages=["caption"]))  # no QRA stage: nothing to load
-    assert local_models._cached_generic_tokenizer.cache_info().currsize == 0
+    assert chat_count._cached_counter.cache_info().currsize == 0

@@ -172,12 +172,18 @@ def load_generic_tokenizer(name: str):
         return _cached_generic_tokenizer(name)
 
 
+def tokenizer_directory(name: str) -> str:
+    """Where the tokenizer files of ``name`` are: its directory, or for a GGUF model the directory
+    :func:`load_tokenizer` saves its converted tokenizer to (which may not exist yet)."""
+    m = resolve_model(name)
+    if m.gguf_file:
+        return os.path.join(cache_dir(), "tokenizers", weights_hash(m.directory, m.gguf_file))
+    return m.directory
+
+
 @functools.lru_cache(maxsize=8)
 def _cached_generic_tokenizer(name: str):
-    m = resolve_model(name)
-    directory = m.directory
-    if m.gguf_file:
-        directory = os.path.join(cache_dir(), "tokenizers", weights_hash(m.directory, m.gguf_file))
+    directory = tokenizer_directory(name)
     config = os.path.join(directory, "tokenizer_config.json")
     try:
         with open(config, encoding="utf-8") as fh:

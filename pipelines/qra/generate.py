@@ -70,11 +70,25 @@ class TokenCounter:
     def __init__(self, name: str):
         self.name = name
         self._tok = None
+        self._chat = None  # transformers-free counts, where they equal transformers' (longreel.engines.chat_count)
         if name != "bytes":
-            from longreel.engines.local_models import load_generic_tokenizer
-            self._tok = load_generic_tokenizer(name)
+            from longreel.engines.chat_count import chat_counter
+            from longreel.engines.local_models import tokenizer_directory
+            self._chat = chat_counter(tokenizer_directory(name))
+            if self._chat is None:
+                self._tok = self._transformers_tokenizer()
+
+    def _transformers_tokenizer(self):
+        from longreel.engines.local_models import load_generic_tokenizer
+        return load_generic_tokenizer(self.name)
 
     def __call__(self, messages: list[dict]) -> int:
+        if self._chat is not None:
+            n = self._chat.count(messages)
+            if n is not None:
+                return n
+            if self._tok is None:  # messages the fast counter does not take: transformers counts them
+                self._tok = self._transformers_tokenizer()
         if self._tok is None:
             return sum(len(m["content"].encode("utf-8")) + 8 for m in messages)
         if getattr(self._tok, "chat_template", None):
