@@ -9,8 +9,7 @@ Why not transformers itself: the QRA stage counts every prompt it builds, in eve
 transformers for that cost each worker about 0.6 s of CPU (``import transformers`` alone 0.46 s) against 0.1 s
 for this module and the tokenizer. A local run on two workers paid it in both at once, on the serial end of the run,
 after their shares of the decoding: the demo config on the 14 sample videos, 2 workers, took 0.33 s less with this
-counter (mean of 5 alternating pairs, 0.05-0.72 s each; the workers' CPU fell by about 2 s in
-``benchmarks/scale.py``).
+counter (mean of 5 alternating pairs, 0.05-0.72 s each).
 
 It reproduces only what those calls do for plain chats, and says so instead of guessing otherwise:
 :meth:`ChatTokenCounter.from_directory` returns None for a directory outside that (another tokenizer class, a
