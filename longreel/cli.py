@@ -71,11 +71,7 @@ _ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, er
                        errno.ENFILE, errno.EISDIR, errno.ENOTDIR}
 
 
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The command line's parser. With ``command`` (the subcommand the arguments name), only that command's module
-    is imported and given its options; the others are listed by their one-line help. Importing all eleven took
-    0.25-0.32 s on every start, and ``curate`` starts its workers' zygote only after parsing (see
-    :mod:`longreel.pipelines.zygote`), so that much later."""
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="longreel", description=DESCRIPTION, epilog=EXIT_CODES,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", "--debug", action="store_true",
@@ -83,9 +79,6 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("-q", "--quiet", action="store_true", help="Warnings and errors only.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
-        if command is not None and name != command:
-            sub.add_parser(name, help=help_text, description=help_text)
-            continue
         mod = importlib.import_module(module)
         sp = sub.add_parser(name, help=help_text, description=getattr(mod, "DESCRIPTION", help_text),
                             epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -156,43 +149,8 @@ def report_error(command: str, exc: BaseException, debug: bool) -> int:
     return EXIT_FAILED
 
 
-def named_command(argv: list[str]) -> str | None:
-    """The subcommand ``argv`` names: its first word that is not an option, if that is a command."""
-    first = next((a for a in argv if not a.startswith("-")), None)
-    return first if first in COMMANDS else None
-
-
-def prestart_curate_workers(words: list[str]) -> None:
-    """Start the local workers' zygote for ``longreel curate`` with the arguments ``words``, before the command's
-    imports, when the words say that the run will fork local workers: no ``--runner`` or ``--direct_running_mode``,
-    not ``--workers 1``, not ``--help`` or ``--show-config``, and several cores. The command starts it itself after
-    reading its config, which its imports put about 0.3 s into the run; the zygote's own imports then came after the
-    launcher's graph and held back the first bundle. A guess: where the command then runs on one worker (one video
-    file, no caption stage) it stops the zygote unadopted (:func:`longreel.pipelines.zygote.discard`)."""
-    from longreel.pipelines import zygote
-
-    if any(w in ("-h", "--help", "--show-config") or w.startswith(("--runner", "--direct_running_mode"))
-           for w in words):
-        return
-    workers = None
-    for i, w in enumerate(words):
-        if w == "--workers" and i + 1 < len(words):
-            workers = words[i + 1]
-        elif w.startswith("--workers="):
-            workers = w.split("=", 1)[1]
-    if workers is not None and workers.strip() in ("0", "1"):
-        return
-    if workers is None and zygote.default_workers() < 2:
-        return
-    zygote.prestart()
-
-
 def main(argv: list[str] | None = None) -> int:
-    argv_list = sys.argv[1:] if argv is None else list(argv)
-    command = named_command(argv_list)
-    if command == "curate":
-        prestart_curate_workers(argv_list[argv_list.index(command) + 1:])
-    parser = build_parser(command)
+    parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if not getattr(args, "command", None):
         parser.print_help()

@@ -114,9 +114,7 @@ def main(args, beam_args: list[str]) -> int:
         return 2
     workers = args.workers or _default_workers(args, cfg)
     if _forks_local_workers(beam_args, workers):  # its imports then overlap this process's (Beam's, the stages')
-        zygote.prestart()  # (the CLI may have started it already: longreel.cli.prestart_curate_workers)
-    else:
-        zygote.discard()  # one the CLI started on a guess: this run does not fork
+        zygote.prestart()
     try:
         with heap.paused():  # start-up without collections; the run turns them back on (see _run_locked)
             return _run(args, beam_args, cfg, workers)
