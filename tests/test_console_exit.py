@@ -69,3 +69,12 @@ def test_the_module_entry_point_exits_with_mains_code(entry):
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode != 0
     assert "/no/such/video.mp4" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_importing_the_main_module_under_another_name_does_not_run_the_cli():
+    # what a multiprocessing spawn child does with its parent's main module: runs it as ``__mp_main__``
+    code = ("import runpy, sys; sys.argv = ['longreel', '--help']; "
+            "runpy.run_module('longreel', run_name='__mp_main__', alter_sys=True); print('imported, not run')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "imported, not run"

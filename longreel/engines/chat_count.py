@@ -55,7 +55,9 @@ class ChatTokenCounter:
         tokenizer_file = os.path.join(directory, "tokenizer.json")
         if not isinstance(config, dict) or not os.path.isfile(tokenizer_file):
             return None
-        if config.get("tokenizer_class") not in GENERIC_TOKENIZER_CLASSES or any(k in config for k in _RETOKENIZING_KEYS):
+        if config.get("tokenizer_class") not in GENERIC_TOKENIZER_CLASSES:
+            return None
+        if any(k in config for k in _RETOKENIZING_KEYS):
             return None
         source = _template_source(directory, config)
         if source is None or _UNSUPPORTED_NAMES.search(source):

@@ -137,7 +137,7 @@ def load_tokenizer(name: str):
 
     if not m.gguf_file:
         return AutoTokenizer.from_pretrained(m.directory, local_files_only=True)
-    saved = os.path.join(cache_dir(), "tokenizers", weights_hash(m.directory, m.gguf_file))
+    saved = tokenizer_directory(name)
     if os.path.isfile(os.path.join(saved, "tokenizer_config.json")):
         return AutoTokenizer.from_pretrained(saved, local_files_only=True)
     tok = AutoTokenizer.from_pretrained(m.directory, **m.load_kwargs())
