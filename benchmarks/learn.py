@@ -16,7 +16,10 @@ and of one that sees all frames (100 %), so the model's numbers can be read agai
 
 ``--temporal-patch`` sets how many consecutive frames one vision patch spans in the tiny model (Qwen's 2 by
 default); ``--patch-embed frame_difference`` builds it with a patch embedding over consecutive frames' differences
-(trial T5: no better than the random one; ``learn_varshare.py`` measures why). Every trial on the time kinds,
+(trial T5: no better than the random one; ``learn_varshare.py`` measures why); ``--tower-pretrain-steps N`` first
+trains the vision tower for N steps to tell what each cell of each frame holds, from labels read off the pixels
+(``longreel.testing.perception_tower``; a stand-in for a pretrained tower, never shown a question; diagnostic D22:
+with it perfect, SFT still does not learn a time kind). Every trial on the time kinds,
 with its settings fixed before it ran and the diagnostics between trials, is in ``results/learn_time_trials.json``.
 
 Why these defaults (``benchmarks/learn_diagnose.py``, ``results/learn_diagnose.json``, ``results/learn_trials.json``):
@@ -60,6 +63,7 @@ from longreel.trainer.config import DataConfig  # noqa: E402
 from longreel.trainer.runtime import load_items  # noqa: E402
 from longreel.trainer.synthetic_solvers import oracle_answer, single_frame_answer  # noqa: E402
 from longreel.trainer.synthetic_task import TIME_KINDS, make_items, write_shards  # noqa: E402
+from longreel.testing.perception_tower import PERCEPTION_MARKER, pretrain_perception_tower  # noqa: E402
 from longreel.testing.tiny_model import PATCH_EMBEDS, build_tiny_qwen2vl  # noqa: E402
 
 
@@ -93,9 +97,24 @@ def _common(seed: int, args, train_index: str) -> list[str]:
 
 
 def build_base(seed: int, args, work: Path) -> str:
-    return build_tiny_qwen2vl(work / f"base{seed}", seed=seed, hidden_size=args.hidden_size,
+    """The tiny model SFT starts from: random, or with its vision tower pretrained on perception (its report is the
+    directory's ``PERCEPTION_MARKER`` file)."""
+    base = build_tiny_qwen2vl(work / f"base{seed}", seed=seed, hidden_size=args.hidden_size,
                               num_layers=args.layers, temporal_patch_size=args.temporal_patch,
                               rope_theta=args.rope_theta, patch_embed=args.patch_embed)
+    if not args.tower_pretrain_steps:
+        return base
+    pretrain_perception_tower(
+        base, work / f"base{seed}_perception", kinds=args.kinds.split(","), steps=args.tower_pretrain_steps,
+        batch=args.tower_pretrain_batch, lr=args.tower_pretrain_lr, train_items=args.tower_pretrain_items,
+        seed=seed, n_frames=args.frames, size=args.size, radius=args.radius)
+    return str(work / f"base{seed}_perception")
+
+
+def tower_report(base: str) -> dict | None:
+    """The perception pretraining's report of a base built by :func:`build_base` (None for a random tower)."""
+    path = Path(base) / PERCEPTION_MARKER
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
 def sft_config(seed: int, args, base: str, train_index: str, out_dir: Path) -> TrainConfig:
@@ -156,9 +175,10 @@ def pooled(per_category: dict, kinds) -> float | None:
 
 def run_seed(seed: int, args, work: Path) -> dict:
     total = _Clock()
-    base = build_base(seed, args, work)
-    train_index, held_out = prepare_data(seed, args, work)
     wall, cpu = {}, {}
+    base = build_base(seed, args, work)
+    wall["build"], cpu["build"] = total.lap()
+    train_index, held_out = prepare_data(seed, args, work)
 
     sft_dir = work / f"sft{seed}"
     c = _Clock()
@@ -199,6 +219,7 @@ def run_seed(seed: int, args, work: Path) -> dict:
         "gain_points": 100.0 * (after["accuracy"] - before["accuracy"]),
         "per_category_sft": before["per_category"], "per_category_grpo": after["per_category"],
         "sft_steps": args.sft_steps, "grpo_steps": args.grpo_steps,
+        "tower_pretrain": tower_report(base),
         "wall_s": wall, "cpu_s": cpu,
         "grpo_curve": curve,
     }
@@ -259,6 +280,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--patch-embed", default="random", choices=PATCH_EMBEDS,
                    help="tiny model vision patch embedding (build parameter): the library's random init, or "
                         "'frame_difference' (most channels see consecutive frames' difference; see tiny_model)")
+    p.add_argument("--tower-pretrain-steps", type=int, default=0,
+                   help="steps of perception pretraining of the vision tower before SFT (0: the random tower): "
+                        "per-cell, per-frame labels read from the pixels (longreel.testing.perception_tower), "
+                        "never the questions; its CPU time counts in the seed-run's")
+    p.add_argument("--tower-pretrain-items", type=int, default=1024)
+    p.add_argument("--tower-pretrain-batch", type=int, default=16)
+    p.add_argument("--tower-pretrain-lr", type=float, default=1e-3)
     p.add_argument("--sft-items", type=int, default=64)
     p.add_argument("--sft-steps", type=int, default=60)
     p.add_argument("--sft-batch", type=int, default=4)
