@@ -107,7 +107,7 @@ def build_base(seed: int, args, work: Path) -> str:
     pretrain_perception_tower(
         base, work / f"base{seed}_perception", kinds=args.kinds.split(","), steps=args.tower_pretrain_steps,
         batch=args.tower_pretrain_batch, lr=args.tower_pretrain_lr, train_items=args.tower_pretrain_items,
-        seed=seed, n_frames=args.frames, size=args.size, radius=args.radius)
+        seed=seed, n_frames=args.frames, size=args.size, radius=args.radius, threads=args.threads)
     return str(work / f"base{seed}_perception")
 
 

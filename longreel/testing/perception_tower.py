@@ -137,47 +137,62 @@ def _evaluate(model, head, data, tp: int) -> dict:
 def pretrain_perception_tower(base_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
                               kinds: Iterable[str], steps: int = 300, batch: int = 16, lr: float = 1e-3,
                               train_items: int = 1024, eval_items: int = 256, seed: int = 0, n_frames: int = 4,
-                              size: int = 112, radius: float = 0.25) -> dict:
+                              size: int = 112, radius: float = 0.25, threads: int = 1) -> dict:
     """Copy the tiny build in ``base_dir`` to ``out_dir`` with its vision tower (patch embedding, blocks, merger)
     trained on :func:`cell_labels` of synthetic videos of ``kinds``; return the report also written to
     ``out_dir/longreel_perception_tower.json`` (settings, held-out cell accuracy before/after, loss curve).
 
     Items come from ``make_items`` seeds ``20000 + seed`` (train) and ``30000 + seed`` (held out), apart from the
-    learning benchmark's. The language model is untouched. ``out_dir`` with a report of the same settings and base is
-    reused; the copy is written in a sibling temp dir and renamed into place."""
+    learning benchmark's. The language model is untouched. ``threads``: torch threads while training (restored
+    after); float sums may differ with the thread count, so it is one of the settings. ``out_dir`` holding a report
+    of the same settings and base is reused; the copy is written in a sibling temp dir and renamed into place."""
     import torch
 
     from longreel.trainer.policy import load_policy
-    from longreel.trainer.synthetic_task import make_items
 
     base, target = Path(base_dir).absolute(), Path(out_dir).absolute()
     settings = {"base_build": json.loads((base / MARKER_FILE).read_text(encoding="utf-8")), "kinds": list(kinds),
                 "steps": steps, "batch": batch, "lr": lr, "train_items": train_items, "eval_items": eval_items,
-                "seed": seed, "n_frames": n_frames, "size": size, "radius": radius}
+                "seed": seed, "n_frames": n_frames, "size": size, "radius": radius, "threads": threads}
     done = target / PERCEPTION_MARKER
     if done.is_file():
         report = json.loads(done.read_text(encoding="utf-8"))
         if report.get("settings") == settings:
             return report
     model, processor = load_policy(str(base), vision_attention="native")
-    tp = int(model.config.vision_config.temporal_patch_size)
-    shape = {"kinds": list(kinds), "n_frames": n_frames, "size": size, "radius": radius}
-    train = _pixel_inputs(processor, make_items(train_items, seed=20000 + seed, **shape))
-    held = _pixel_inputs(processor, make_items(eval_items, seed=30000 + seed, **shape))
-    _check_grid(train[1], n_frames, tp)
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        report = _pretrain(model, processor, settings)
+    finally:
+        torch.set_num_threads(threads_before)
+    _install(model, base, target, report)
+    return report
+
+
+def _pretrain(model, processor, settings: dict) -> dict:
+    """Train the tower in place and return the report."""
+    import torch
+
+    from longreel.trainer.synthetic_task import make_items
+
+    seed, tp = settings["seed"], int(model.config.vision_config.temporal_patch_size)
+    shape = {k: settings[k] for k in ("kinds", "n_frames", "size", "radius")}
+    train = _pixel_inputs(processor, make_items(settings["train_items"], seed=20000 + seed, **shape))
+    held = _pixel_inputs(processor, make_items(settings["eval_items"], seed=30000 + seed, **shape))
+    _check_grid(train[1], settings["n_frames"], tp)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         head = torch.nn.Linear(int(model.config.text_config.hidden_size), tp * N_CLASSES)
         model.train()
         before = _evaluate(model, head, held, tp)
-        losses = _train(model, head, train, steps=steps, batch=batch, lr=lr, seed=seed, tp=tp)
+        losses = _train(model, head, train, steps=settings["steps"], batch=settings["batch"], lr=settings["lr"],
+                        seed=seed, tp=tp)
         model.eval()
         after = _evaluate(model, head, held, tp)
-    report = {"settings": settings, "held_out_before": before, "held_out_after": after,
-              "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
-              "loss_50_step_means": [round(float(np.mean(losses[i:i + 50])), 4) for i in range(0, len(losses), 50)]}
-    _install(model, base, target, report)
-    return report
+    return {"settings": settings, "held_out_before": before, "held_out_after": after,
+            "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
+            "loss_50_step_means": [round(float(np.mean(losses[i:i + 50])), 4) for i in range(0, len(losses), 50)]}
 
 
 def _install(model, base: Path, target: Path, report: dict) -> None:
