@@ -19,7 +19,8 @@ default); ``--patch-embed frame_difference`` builds it with a patch embedding ov
 (trial T5: no better than the random one; ``learn_varshare.py`` measures why); ``--tower-pretrain-steps N`` first
 trains the vision tower for N steps to tell what each cell of each frame holds, from labels read off the pixels
 (``longreel.testing.perception_tower``; a stand-in for a pretrained tower, never shown a question; diagnostic D22:
-with it perfect, SFT still does not learn a time kind). Every trial on the time kinds,
+with it perfect, SFT learns no time kind with the default 2-layer language model, and 'change' only with 4 layers
+of width 128). Every trial on the time kinds,
 with its settings fixed before it ran and the diagnostics between trials, is in ``results/learn_time_trials.json``.
 
 Why these defaults (``benchmarks/learn_diagnose.py``, ``results/learn_diagnose.json``, ``results/learn_trials.json``):

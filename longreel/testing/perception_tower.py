@@ -24,7 +24,7 @@ from typing import Iterable
 
 import numpy as np
 
-from longreel.testing.tiny_model import MARKER_FILE
+from longreel.testing.tiny_model import MARKER_FILE, install_build_dir
 from longreel.trainer.synthetic_task import COLOURS, GRID
 
 __all__ = ["N_CLASSES", "PERCEPTION_MARKER", "cell_labels", "pretrain_perception_tower"]
@@ -46,7 +46,10 @@ def cell_labels(frames: np.ndarray, grid: int = GRID) -> np.ndarray:
     ``frames``: ``[T, H, W, 3]`` uint8 (``H == W``). Returns ``[T, grid * grid]`` int64 in ``[0, N_CLASSES)``:
     ``0`` when the cell's centre pixel is background, else ``1 + 2 * colour + large`` with ``colour`` the nearest of
     ``COLOURS`` (in their order) and ``large`` whether the pixel ``0.35`` cell sides right of the centre has the
-    same colour. Row-major cells, as the task's ``_cell_disc`` numbers them."""
+    same colour. Row-major cells, as the task's ``_cell_disc`` numbers them.
+
+    Not ``synthetic_solvers.find_balls``: that sums each colour's pixels per frame into one centroid cell, while the
+    head needs a label for every token's cell (a large ball covers several)."""
     t, h, w, _ = frames.shape
     if h != w:
         raise ValueError(f"cell_labels needs square frames, got {h}x{w}")
@@ -154,11 +157,8 @@ def pretrain_perception_tower(base_dir: str | os.PathLike, out_dir: str | os.Pat
     settings = {"base_build": json.loads((base / MARKER_FILE).read_text(encoding="utf-8")), "kinds": list(kinds),
                 "steps": steps, "batch": batch, "lr": lr, "train_items": train_items, "eval_items": eval_items,
                 "seed": seed, "n_frames": n_frames, "size": size, "radius": radius, "threads": threads}
-    done = target / PERCEPTION_MARKER
-    if done.is_file():
-        report = json.loads(done.read_text(encoding="utf-8"))
-        if report.get("settings") == settings:
-            return report
+    if _built_with(target, settings):
+        return json.loads((target / PERCEPTION_MARKER).read_text(encoding="utf-8"))
     model, processor = load_policy(str(base), vision_attention="native")
     threads_before = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -195,6 +195,11 @@ def _pretrain(model, processor, settings: dict) -> dict:
             "loss_50_step_means": [round(float(np.mean(losses[i:i + 50])), 4) for i in range(0, len(losses), 50)]}
 
 
+def _built_with(directory: Path, settings: dict) -> bool:
+    marker = directory / PERCEPTION_MARKER
+    return marker.is_file() and json.loads(marker.read_text(encoding="utf-8")).get("settings") == settings
+
+
 def _install(model, base: Path, target: Path, report: dict) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
@@ -204,8 +209,6 @@ def _install(model, base: Path, target: Path, report: dict) -> None:
         shutil.copytree(base, work, ignore=shutil.ignore_patterns(MARKER_FILE))
         model.save_pretrained(str(work))
         (work / PERCEPTION_MARKER).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(work, target)
+        install_build_dir(work, target, lambda d: _built_with(d, report["settings"]), replace_old=target.exists())
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

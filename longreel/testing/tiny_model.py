@@ -34,7 +34,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 __all__ = [
     "build_tiny_qwen2vl",
@@ -48,6 +48,7 @@ __all__ = [
     "MARKER_FILE",
     "PATCH_EMBEDS",
     "frame_difference_kernel",
+    "install_build_dir",
 ]
 
 #: bump when the on-disk layout or the meaning of a parameter changes; old builds are then rebuilt
@@ -570,15 +571,16 @@ def build_tiny_qwen2vl(
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
         _write_build(tmp, params)
-        _install(tmp, target, params, replace_old)
+        install_build_dir(tmp, target, lambda d: is_complete_build(d, params), replace_old)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return str(target)
 
 
-def _install(tmp: Path, target: Path, params: dict, replace_old: bool) -> None:
-    """Move the finished build ``tmp`` to ``target`` (atomic rename; old build moved aside first)."""
+def install_build_dir(tmp: Path, target: Path, same_build: Callable[[Path], bool], replace_old: bool) -> None:
+    """Move the finished build directory ``tmp`` to ``target`` (atomic rename; an old build moved aside first).
+    When a concurrent builder renamed its own copy into place first, theirs is kept if ``same_build(target)``."""
     if replace_old or (target.is_dir() and not any(target.iterdir())):
         trash = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
         try:
@@ -591,7 +593,7 @@ def _install(tmp: Path, target: Path, params: dict, replace_old: bool) -> None:
         os.rename(tmp, target)
     except OSError:
         # a concurrent builder won the race: keep theirs if it is the same spec
-        if is_complete_build(target, params):
+        if same_build(target):
             return
         raise
 
