@@ -174,6 +174,28 @@ def pooled(per_category: dict, kinds) -> float | None:
     return sum(r["accuracy"] * r["n"] for r in rows) / n if n else None
 
 
+def curve_row(metrics: dict) -> dict:
+    """One GRPO step of the reward curve: the step's means, the share of groups with signal (rewards not all
+    equal) and the training reward per kind (the trainer's ``reward_mean/<category>``), where the trainer logged
+    them."""
+    row = {k: metrics[k] for k in ("step", "reward_mean", "format_rate", "accuracy", "response_len_mean")}
+    if "groups_with_signal" in metrics:
+        row["groups_with_signal"] = metrics["groups_with_signal"]
+    by_kind = {k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith("reward_mean/")}
+    if by_kind:
+        row["reward_by_kind"] = by_kind
+    return row
+
+
+def _running_mean(ys: list, w: int) -> list:
+    """Mean of the last ``w`` values at each position; ``None`` values (a kind absent from a step) are skipped."""
+    out = []
+    for i in range(len(ys)):
+        win = [y for y in ys[max(0, i - w + 1):i + 1] if y is not None]
+        out.append(sum(win) / len(win) if win else None)
+    return out
+
+
 def run_seed(seed: int, args, work: Path) -> dict:
     total = _Clock()
     wall, cpu = {}, {}
@@ -197,9 +219,7 @@ def run_seed(seed: int, args, work: Path) -> dict:
     after = _eval(str(grpo_dir / "final"), held_out, args.max_new_tokens)
     wall["eval_grpo"], cpu["eval_grpo"] = c.lap()
     wall["total_with_eval"], cpu["total_with_eval"] = total.lap()
-    curve = [{"step": r["step"], "reward_mean": r["reward_mean"], "format_rate": r["format_rate"],
-              "accuracy": r["accuracy"], "response_len_mean": r["response_len_mean"]}
-             for r in read_metrics(grpo_dir / "metrics.jsonl")]
+    curve = [curve_row(r) for r in read_metrics(grpo_dir / "metrics.jsonl")]
     c = _Clock()
     baselines = solver_baselines(held_out)
     wall["solver_baselines"], cpu["solver_baselines"] = c.lap()
@@ -232,14 +252,16 @@ def plot(results: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(1, 2, figsize=(12, 3.8))
+    by_kind = any("reward_by_kind" in c for r in results for c in r["grpo_curve"])
+    fig, ax = plt.subplots(1, 3 if by_kind else 2, figsize=(18 if by_kind else 12, 3.8))
     w = 10
     for r in results:
         steps = [c["step"] for c in r["grpo_curve"]]
         ys = [c["reward_mean"] for c in r["grpo_curve"]]
         (raw,) = ax[0].plot(steps, ys, alpha=0.25)
-        avg = [sum(ys[max(0, i - w + 1):i + 1]) / len(ys[max(0, i - w + 1):i + 1]) for i in range(len(ys))]
-        ax[0].plot(steps, avg, color=raw.get_color(), label=f"seed {r['seed']} ({w}-step mean)")
+        ax[0].plot(steps, _running_mean(ys, w), color=raw.get_color(), label=f"seed {r['seed']} ({w}-step mean)")
+    if by_kind:
+        _plot_reward_by_kind(ax[2], results, 25)
     kinds = sorted(results[0]["per_category_sft"])
     width = 0.8 / (2 * len(results) + 1)
     for j, r in enumerate(results):
@@ -261,6 +283,25 @@ def plot(results: list[dict], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _plot_reward_by_kind(ax, results: list[dict], w: int) -> None:
+    """Training reward per kind, a ``w``-step running mean: one colour per kind, one line style per seed."""
+    kinds = sorted({k for r in results for c in r["grpo_curve"] for k in c.get("reward_by_kind", {})})
+    colours = {k: f"C{i}" for i, k in enumerate(kinds)}
+    for j, r in enumerate(results):
+        steps = [c["step"] for c in r["grpo_curve"]]
+        for k in kinds:
+            ys = [c.get("reward_by_kind", {}).get(k) for c in r["grpo_curve"]]
+            pts = [(s, y) for s, y in zip(steps, _running_mean(ys, w)) if y is not None]
+            if pts:
+                ax.plot(*zip(*pts), color=colours[k], linestyle=("-", "--", ":")[j % 3],
+                        label=f"{k} (seed {r['seed']})")
+    ax.set_xlabel("GRPO step")
+    ax.set_ylabel(f"training reward ({w}-step mean)")
+    ax.set_title("GRPO reward per kind")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=6, ncol=2)
 
 
 def build_parser() -> argparse.ArgumentParser:

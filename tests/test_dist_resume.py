@@ -113,7 +113,8 @@ def test_fsdp_with_sequence_parallel_matches_one_process(tiny, tmp_path, split):
     assert worst <= 1e-5, f"max |grad(1 proc) - grad(2 ranks, FSDP x SP 2)| = {worst}"
     m1, m2 = read_metrics(one / "metrics.jsonl"), read_metrics(two / "metrics.jsonl")
     assert len(m1) == len(m2) == 1
-    for k in ("reward_mean", "accuracy", "format_rate", "response_len_mean", "response_len_max", "offline_groups"):
+    for k in ("reward_mean", "accuracy", "format_rate", "response_len_mean", "response_len_max", "offline_groups",
+              "groups_with_signal"):
         assert m1[0][k] == m2[0][k], k  # the same rollouts (each rank sampled its share), counted once
     assert abs(m1[0]["loss"] - m2[0]["loss"]) <= 1e-6
 

@@ -63,6 +63,7 @@ def test_torchrun_two_ranks_match_one_process(tmp_path):
 
     m1, m2 = read_metrics(one / "metrics.jsonl"), read_metrics(two / "metrics.jsonl")
     assert len(m1) == len(m2) == 1
-    for k in ("reward_mean", "accuracy", "format_rate", "response_len_mean"):
-        assert m1[0][k] == m2[0][k], k  # the same rollouts were sampled and scored
+    for k in ("reward_mean", "accuracy", "format_rate", "response_len_mean", "groups_with_signal",
+              "reward_mean/colour", "reward_mean/count"):
+        assert m1[0][k] == m2[0][k], k  # the same rollouts were sampled and scored (tallies summed over ranks)
     assert abs(m1[0]["loss"] - m2[0]["loss"]) <= 1e-6

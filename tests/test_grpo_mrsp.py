@@ -206,7 +206,8 @@ def test_torchrun_sequence_parallel_matches_one_process(tiny, shared_videos, tmp
     assert worst <= TOL, f"max |grad(1 proc) - grad(2 ranks, SP)| = {worst}"
     m1, m2 = read_metrics(one / "metrics.jsonl"), read_metrics(two / "metrics.jsonl")
     assert len(m1) == len(m2) == 1
-    for k in ("reward_mean", "accuracy", "format_rate", "response_len_mean", "offline_groups", "rejected_items"):
+    for k in ("reward_mean", "accuracy", "format_rate", "response_len_mean", "offline_groups", "rejected_items",
+              "groups_with_signal"):
         assert m1[0][k] == m2[0][k], k  # the same rollouts, counted once per SP group
     assert abs(m1[0]["loss"] - m2[0]["loss"]) <= 1e-6
 

@@ -55,6 +55,7 @@ from torch import Tensor
 
 from longreel.trainer import algorithms as A
 from longreel.trainer.config import TrainConfig
+from longreel.trainer.group_stats import group_metrics, merge_tallies, tally_group
 from longreel.trainer.policy import (PromptInputs, VideoEmbeds, VideoTokenMismatch, check_video_features, encode_prompt,
                             encode_video, sequence_logprobs, video_token_id)
 from longreel.task.rewards import score
@@ -336,7 +337,8 @@ class GRPOTrainer:
         pad_id = getattr(self.engine, "pad_id", 0)
         eos_id = s.processor.tokenizer.eos_token_id
         batches: list[GroupBatch] = []
-        stats = {"reward": [], "format": [], "accuracy": [], "length": [], "truncated": 0, "offline": 0}
+        stats = {"reward": [], "format": [], "accuracy": [], "length": [], "truncated": 0, "offline": 0,
+                 "groups": {}}
         for (j, i, item, prompt), g, emb, vkey, pos in zip(local, groups, embeds, vkeys, positions):
             try:
                 rewards, fmts, accs = self._score(g.texts, item)
@@ -359,6 +361,7 @@ class GRPOTrainer:
             stats["accuracy"] += accs
             stats["length"] += mask.sum(-1).tolist()
             stats["truncated"] += int((~g.finished).sum())
+            tally_group(stats["groups"], rewards, item.get("category"))
             offline = bool(cfg.grpo.mix_policy and item.get("target"))
             batches.append(GroupBatch(i, prompt, ids, mask, adv, r, embeds=emb, old_logp=behav, offline=offline,
                                       video_key=vkey, positions=pos,
@@ -509,6 +512,7 @@ class GRPOTrainer:
             "rejected_items": sum(gth["rejected"] for gth in gathered),
             "skipped_update": 0.0 if signal else 1.0,
             "offline_groups": sum(gth["stats"]["offline"] for gth in gathered),
+            **group_metrics(merge_tallies(gth["stats"]["groups"] for gth in gathered)),
         }
         behav_tokens = sum(gth["behav"][1] for gth in gathered)
         if behav_tokens:

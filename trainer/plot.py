@@ -11,8 +11,8 @@ from longreel.trainer.logging_utils import read_metrics
 __all__ = ["plot_metrics", "DEFAULT_KEYS"]
 
 DEFAULT_KEYS = {
-    "grpo": ("reward_mean", "accuracy", "format_rate", "response_len_mean", "loss", "clip_frac", "kl", "grad_norm",
-             "tokens_per_s", "time_step"),
+    "grpo": ("reward_mean", "accuracy", "format_rate", "groups_with_signal", "response_len_mean", "loss", "clip_frac",
+             "kl", "grad_norm", "tokens_per_s", "time_step"),
     "sft": ("loss", "grad_norm", "lr", "tokens_per_s"),
 }
 
