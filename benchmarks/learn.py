@@ -63,7 +63,7 @@ from longreel.trainer.sft import run_sft  # noqa: E402
 from longreel.trainer.config import DataConfig  # noqa: E402
 from longreel.trainer.runtime import load_items  # noqa: E402
 from longreel.trainer.synthetic_solvers import oracle_answer, single_frame_answer  # noqa: E402
-from longreel.trainer.synthetic_task import TIME_KINDS, make_items, write_shards  # noqa: E402
+from longreel.trainer.synthetic_task import REASONING, TIME_KINDS, make_items, write_shards  # noqa: E402
 from longreel.testing.perception_tower import PERCEPTION_MARKER, pretrain_perception_tower  # noqa: E402
 from longreel.testing.tiny_model import PATCH_EMBEDS, build_tiny_qwen2vl  # noqa: E402
 
@@ -81,7 +81,7 @@ def _eval(path: str, items, max_new_tokens: int) -> dict:
 def prepare_data(seed: int, args, work: Path):
     """Train/held-out items of ``seed`` written as shards with the pack writer; return (train_index, held_out)."""
     kinds = args.kinds.split(",")
-    shape = {"n_frames": args.frames, "size": args.size, "radius": args.radius}
+    shape = {"n_frames": args.frames, "size": args.size, "radius": args.radius, "reasoning": args.reasoning}
     train = make_items(args.train_items, seed=100 + seed, kinds=kinds, **shape)
     held_out = make_items(args.eval_items, seed=5000 + seed, kinds=kinds, **shape)
     # the task goes through the project's own shard writer and loader, like real data
@@ -311,6 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--frames", type=int, default=4, help="frames per video")
     p.add_argument("--size", type=int, default=112, help="frame side in pixels (a multiple of 28)")
     p.add_argument("--radius", type=float, default=0.25, help="ball radius as a fraction of the frame side")
+    p.add_argument("--reasoning", default="short", choices=REASONING,
+                   help="CoT targets of the time kinds: a one-phrase reason, or 'trace' (what each frame shows, "
+                        "then the answer; synthetic_task._trace)")
     p.add_argument("--train-items", type=int, default=512)
     p.add_argument("--eval-items", type=int, default=100)
     p.add_argument("--hidden-size", type=int, default=64, help="tiny model text width (build parameter)")
@@ -427,7 +430,8 @@ def summarise(results, args, wall, cpu, out, png, argv) -> int:
         "benchmark": "learn",
         "task": {"kinds": args.kinds.split(","), "generator": "longreel.trainer.synthetic_task",
                  "data_path": "synthetic_task.write_shards (longreel.task.shard_format writer) -> trainer.data loader", "train_items": args.train_items,
-                 "eval_items": args.eval_items, "frames": args.frames, "size": args.size, "radius": args.radius},
+                 "eval_items": args.eval_items, "frames": args.frames, "size": args.size, "radius": args.radius,
+                 "reasoning": args.reasoning},
         "settings": {k: v for k, v in vars(args).items() if k not in ("out", "work", "replot", "notes", "merge")},
         "merged_from": args.merge.split(",") if args.merge else None,
         "per_seed": results,

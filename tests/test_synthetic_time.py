@@ -133,3 +133,63 @@ def test_answer_variance_share_of_the_varshare_diagnostic():
     # the answer as 3 one-hot dims (variance 3 x 2/9) beside 8 nuisance dims of variance 1
     mixed = torch.cat([onehot * 1.0, noise], 1)
     assert vs.answer_variance_share(mixed, labels) == pytest.approx((2 / 3) / (2 / 3 + 8), abs=0.02)
+
+
+def _trace_of(target: str) -> list[str]:
+    return target.split("<think>", 1)[1].split("</think>", 1)[0].rstrip(".").split()
+
+
+def _answer_from_trace(item: dict) -> str:
+    """The answer a reader of the trace alone gives (the rule each trace is written for)."""
+    w, opts, kind = _trace_of(item["target"]), item["options"], item["category"]
+    if kind == "order":
+        first = w[0] if int(w[1]) < int(w[3]) else w[2]
+        return "ABCD"[opts.index(first)]
+    if kind == "count_colours":
+        return "ABCD"[opts.index(str(len(set(w))))]
+    if kind == "direction":
+        step = (int(w[1]) - int(w[0])) % 4
+        return "ABCD"[opts.index("right" if step == 1 else "left")]
+    a, b = w[:3], w[3:]  # change: colour, cell, size of the first and the last frame
+    return "ABCD"[opts.index(["colour", "position", "size"][[x != y for x, y in zip(a, b)].index(True)])]
+
+
+def test_trace_reasoning_keeps_the_item_and_spells_out_the_frames():
+    short = make_items(80, seed=6, kinds=TIME_KINDS, size=112)
+    trace = make_items(80, seed=6, kinds=TIME_KINDS, size=112, reasoning="trace")
+    for s, t in zip(short, trace):
+        assert s["frames"].numpy().tobytes() == t["frames"].numpy().tobytes()
+        assert (s["question"], s["options"], s["answer"]) == (t["question"], t["options"], t["answer"])
+        assert t["target"] != s["target"]
+        assert score(t["target"], t["problem_type"], t["answer"], t["options"]).reward == 1.0
+        assert _answer_from_trace(t) == t["answer"], t["target"]
+        # what the trace says each frame shows is what the pixels show
+        frames, words = t["frames"].numpy(), _trace_of(t["target"])
+        balls = [{k: v for k, v in find_balls(f).items() if k in COLOURS} for f in frames]
+        if t["category"] == "count_colours":
+            assert words == [next(iter(b)) for b in balls]
+        elif t["category"] == "direction":
+            assert [int(x) for x in words] == [next(iter(b.values()))["cell"] % 4 for b in balls]
+        elif t["category"] == "change":
+            for (colour, cell), b in ((words[0:2], balls[0]), (words[3:5], balls[-1])):
+                assert list(b) == [colour] and b[colour]["cell"] == int(cell)
+        else:
+            for colour, at in (words[0:2], words[2:4]):
+                cells = [b[colour]["cell"] for b in balls]
+                assert [i for i in range(1, len(cells)) if cells[i] != cells[i - 1]] == [int(at)]
+
+
+def test_unknown_reasoning_style_is_refused():
+    with pytest.raises(ValueError, match="reasoning must be one of"):
+        make_item(0, kinds=("order",), reasoning="long")
+
+
+def test_trace_targets_fit_a_24_token_rollout_budget(tmp_path):
+    # the trace trial of benchmarks/learn.py samples 24 new tokens (--reasoning trace --max-new-tokens 24)
+    from transformers import AutoTokenizer
+
+    from longreel.testing.tiny_model import build_tiny_qwen2vl
+
+    tok = AutoTokenizer.from_pretrained(build_tiny_qwen2vl(tmp_path / "m", seed=0, hidden_size=64))
+    items = make_items(200, seed=4, kinds=TIME_KINDS, size=56, reasoning="trace")
+    assert max(len(tok(i["target"]).input_ids) for i in items) <= 23

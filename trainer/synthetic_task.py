@@ -39,7 +39,7 @@ import numpy as np
 
 from longreel.schemas.atomic import write_atomic
 
-__all__ = ["KINDS", "TIME_KINDS", "COLOURS", "GRID", "SIZES", "CHANGES", "make_item", "make_items", "render",
+__all__ = ["KINDS", "TIME_KINDS", "COLOURS", "GRID", "SIZES", "CHANGES", "REASONING", "make_item", "make_items", "render",
            "write_shards"]
 
 COLOURS = {"red": (220, 40, 40), "green": (40, 200, 60), "blue": (50, 80, 230), "yellow": (230, 220, 40)}
@@ -146,12 +146,13 @@ def _render_time(kind: str, rng: np.random.Generator, frames: np.ndarray) -> tup
         rgb = COLOURS[names[int(rng.integers(len(names)))]]
         for t in range(n):  # wrapping keeps the column uniform in every frame
             _cell_disc(frames[t], row * GRID + (col + step * t) % GRID, rgb)
-        return frames, {"side": side}
+        return frames, {"side": side, "columns": [(col + step * t) % GRID for t in range(n)]}
     if kind == "change":
         what = CHANGES[int(rng.integers(len(CHANGES)))]
         colour, cell = int(rng.integers(len(names))), int(rng.integers(cells))
         size = list(SIZES)[int(rng.integers(len(SIZES)))]
         at = int(rng.integers(1, n))
+        seen = []
         for t in range(n):
             if t == at:  # a different uniform value: every frame's (colour, cell, size) stays uniform
                 if what == "colour":
@@ -161,7 +162,8 @@ def _render_time(kind: str, rng: np.random.Generator, frames: np.ndarray) -> tup
                 else:
                     size = "large" if size == "small" else "small"
             _cell_disc(frames[t], cell, COLOURS[names[colour]], SIZES[size])
-        return frames, {"change": what, "at": at}
+            seen.append((names[colour], cell, size))
+        return frames, {"change": what, "at": at, "first": seen[0], "last": seen[-1]}
     raise ValueError(f"unknown time kind {kind!r}")
 
 
@@ -203,9 +205,33 @@ def _question(kind: str, facts: dict, rng: np.random.Generator) -> tuple[str, li
     raise ValueError(f"unknown kind {kind!r}; choose from {KINDS}")
 
 
+REASONING = ("short", "trace")
+
+
+def _trace(kind: str, facts: dict) -> str | None:
+    """The time kinds' reasoning spelled out frame by frame: what the frames show, in the order a reader would note
+    it, from which the answer follows by a fixed rule (distinct colours, sign of the column step, the attribute that
+    differs, the earlier move). None for the other kinds (their short reasoning is already a reading)."""
+    if kind == "order":
+        (a, b), (ta, tb) = facts["colours"], facts["move_times"]
+        return f"{a} {ta} {b} {tb}."
+    if kind == "count_colours":
+        return " ".join(facts["sequence"]) + "."
+    if kind == "direction":
+        return " ".join(str(c) for c in facts["columns"]) + "."
+    if kind == "change":
+        return " ".join(f"{c} {cell} {size}" for c, cell, size in (facts["first"], facts["last"])) + "."
+    return None
+
+
 def make_item(index: int, seed: int = 0, kinds: Iterable[str] = ("colour",), n_frames: int = 4,
-              size: int = 56, radius: float = 0.25) -> dict:
-    """Item ``index`` of the stream ``seed`` (kinds taken in turn)."""
+              size: int = 56, radius: float = 0.25, reasoning: str = "short") -> dict:
+    """Item ``index`` of the stream ``seed`` (kinds taken in turn).
+
+    ``reasoning``: ``"short"`` (a one-phrase reason, the default) or ``"trace"`` (the time kinds' reasoning lists
+    what each frame shows, :func:`_trace`; the same frames, question and answer)."""
+    if reasoning not in REASONING:
+        raise ValueError(f"reasoning must be one of {REASONING}, got {reasoning!r}")
     import torch
 
     kinds = tuple(kinds)
@@ -216,6 +242,8 @@ def make_item(index: int, seed: int = 0, kinds: Iterable[str] = ("colour",), n_f
     frames, facts = render(kind, rng, n_frames=n_frames, size=size, radius=radius)
     # the question's own draws (option order) come after the rendering's, from the same stream
     question, options, answer, think = _question(kind, facts, rng)
+    if reasoning == "trace":
+        think = _trace(kind, facts) or think
     video_id = f"synth{seed}_{index:06d}"
     meta = {
         "fps": FPS,
