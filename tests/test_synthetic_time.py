@@ -185,7 +185,7 @@ def test_unknown_reasoning_style_is_refused():
 
 
 def test_trace_targets_fit_a_24_token_rollout_budget(tmp_path):
-    # the trace trial of benchmarks/learn.py samples 24 new tokens (--reasoning trace --max-new-tokens 24)
+    # benchmarks/learn.py --reasoning trace runs with --max-new-tokens 24 (diagnostic D25 of learn_time_trials.json)
     from transformers import AutoTokenizer
 
     from longreel.testing.tiny_model import build_tiny_qwen2vl
