@@ -8,7 +8,8 @@ pixels, in the same shape as the per-question items of the shard loader::
      "category", "target"}
 
 ``target`` is a CoT target ``<think>...</think><answer>X</answer>`` for the SFT stage; it is scored by
-``longreel.task.rewards`` like any model output.
+``longreel.task.rewards`` like any model output. With ``reasoning="trace"`` the time kinds' reasoning lists what each
+frame shows (the ball's colour or column per frame, ...) before the answer.
 
 Kinds (``KINDS``):
 
@@ -39,8 +40,8 @@ import numpy as np
 
 from longreel.schemas.atomic import write_atomic
 
-__all__ = ["KINDS", "TIME_KINDS", "COLOURS", "GRID", "SIZES", "CHANGES", "REASONING", "make_item", "make_items", "render",
-           "write_shards"]
+__all__ = ["KINDS", "TIME_KINDS", "COLOURS", "GRID", "SIZES", "CHANGES", "REASONING", "make_item", "make_items",
+           "render", "write_shards"]
 
 COLOURS = {"red": (220, 40, 40), "green": (40, 200, 60), "blue": (50, 80, 230), "yellow": (230, 220, 40)}
 TIME_KINDS = ("order", "count_colours", "direction", "change")
