@@ -153,7 +153,7 @@ def _render_time(kind: str, rng: np.random.Generator, frames: np.ndarray) -> tup
         colour, cell = int(rng.integers(len(names))), int(rng.integers(cells))
         size = list(SIZES)[int(rng.integers(len(SIZES)))]
         at = int(rng.integers(1, n))
-        seen = []
+        first = (names[colour], cell, size)
         for t in range(n):
             if t == at:  # a different uniform value: every frame's (colour, cell, size) stays uniform
                 if what == "colour":
@@ -163,8 +163,7 @@ def _render_time(kind: str, rng: np.random.Generator, frames: np.ndarray) -> tup
                 else:
                     size = "large" if size == "small" else "small"
             _cell_disc(frames[t], cell, COLOURS[names[colour]], SIZES[size])
-            seen.append((names[colour], cell, size))
-        return frames, {"change": what, "at": at, "first": seen[0], "last": seen[-1]}
+        return frames, {"change": what, "at": at, "first": first, "last": (names[colour], cell, size)}
     raise ValueError(f"unknown time kind {kind!r}")
 
 
