@@ -102,7 +102,8 @@ def build_base(seed: int, args, work: Path) -> str:
     directory's ``PERCEPTION_MARKER`` file)."""
     base = build_tiny_qwen2vl(work / f"base{seed}", seed=seed, hidden_size=args.hidden_size,
                               num_layers=args.layers, temporal_patch_size=args.temporal_patch,
-                              rope_theta=args.rope_theta, patch_embed=args.patch_embed)
+                              rope_theta=args.rope_theta, patch_embed=args.patch_embed,
+                              spatial_merge_size=args.spatial_merge)
     if not args.tower_pretrain_steps:
         return base
     pretrain_perception_tower(
@@ -322,6 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tiny model text rotary base (build parameter; Qwen2-VL's 1e6)")
     p.add_argument("--temporal-patch", type=int, default=2,
                    help="frames per vision patch of the tiny model (build parameter; Qwen's 2)")
+    p.add_argument("--spatial-merge", type=int, default=2,
+                   help="patches per side of one merged vision token of the tiny model (build parameter; Qwen's 2; "
+                        "8 at 112 px: one token per frame group)")
     p.add_argument("--patch-embed", default="random", choices=PATCH_EMBEDS,
                    help="tiny model vision patch embedding (build parameter): the library's random init, or "
                         "'frame_difference' (most channels see consecutive frames' difference; see tiny_model)")

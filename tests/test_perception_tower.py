@@ -100,3 +100,50 @@ def test_frames_that_are_not_one_token_per_cell_are_refused(tmp_path):
     with pytest.raises(ValueError, match="112 px"):
         pretrain_perception_tower(base, tmp_path / "p", kinds=["change"], steps=1, train_items=4, eval_items=4,
                                   size=56)
+
+
+class _OneHotTower:
+    """Stands in for a model whose merged token ``i`` has the one-hot feature ``e_i``."""
+
+    def __init__(self, n_tokens: int):
+        self.n_tokens = n_tokens
+
+    def get_video_features(self, pixels, grid_thw, return_dict=True):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(pooler_output=[torch.eye(self.n_tokens)])
+
+
+@pytest.mark.parametrize("merge", [2, 4, 8])
+def test_each_cells_logits_come_from_the_token_that_covers_it(merge):
+    # a head whose output o on token i reads 1000 * i + o: every cell of every frame must show the token over that
+    # cell and the head slot of that cell's place within the token
+    from longreel.testing.perception_tower import _logits, cells_per_token_side
+
+    tp, groups = 2, 2
+    k = cells_per_token_side(merge)
+    side = GRID // k
+    n_tokens = groups * side * side
+    head = torch.nn.Linear(n_tokens, tp * k * k * N_CLASSES, bias=False)
+    with torch.no_grad():
+        head.weight.copy_(1000.0 * torch.arange(n_tokens)[None, :] + torch.arange(head.out_features)[:, None])
+    out = _logits(_OneHotTower(n_tokens), head, None, None, tp, k)
+    assert out.shape == (1, groups * tp, GRID * GRID, N_CLASSES)
+    for frame in range(groups * tp):
+        g, f = divmod(frame, tp)
+        for cell in range(GRID * GRID):
+            row, col = divmod(cell, GRID)
+            token = g * side * side + (row // k) * side + col // k
+            slot = ((f * k + row % k) * k + col % k) * N_CLASSES
+            want = 1000.0 * token + slot + torch.arange(N_CLASSES, dtype=torch.float32)
+            assert torch.equal(out[0, frame, cell], want), (merge, frame, cell)
+    with pytest.raises(ValueError, match="tiles"):
+        cells_per_token_side(3)
+
+
+def test_pretraining_reads_every_cell_from_one_token_per_frame(tmp_path):
+    # spatial merge 8 at 112 px: one merged token holds all 16 cells of its frame
+    base = build_tiny_qwen2vl(tmp_path / "base", seed=0, temporal_patch_size=1, spatial_merge_size=8)
+    report = pretrain_perception_tower(base, tmp_path / "p", kinds=["change", "direction"], steps=40, batch=8,
+                                       lr=3e-3, train_items=64, eval_items=32, seed=0)
+    assert report["held_out_after"]["cell_accuracy"] > report["held_out_before"]["cell_accuracy"] + 0.3

@@ -232,6 +232,37 @@ def test_qwen2_5_vl_family(tmp_path, frames):
     assert inputs["second_per_grid_ts"].tolist() == pytest.approx([2 / 25.0])
 
 
+def test_spatial_merge_size_is_a_build_parameter(tmp_path):
+    # one merged token per frame (8x8 patches at 112 px) for benchmarks/learn.py --spatial-merge 8; Qwen's 2x2 stays
+    # the default and leaves a default build's marker as it was
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from longreel.trainer.policy import encode_prompt, encode_video, video_token_id
+    from longreel.trainer.synthetic_task import TIME_KINDS, make_item
+
+    default = json.loads((Path(build_tiny_qwen2vl(tmp_path / "d", seed=0)) / MARKER_FILE).read_text())["params"]
+    assert "spatial_merge_size" not in default
+    d = build_tiny_qwen2vl(tmp_path / "m8", seed=0, temporal_patch_size=1, spatial_merge_size=8)
+    assert json.loads((Path(d) / MARKER_FILE).read_text())["params"]["spatial_merge_size"] == 8
+    model = AutoModelForImageTextToText.from_pretrained(d)
+    processor = AutoProcessor.from_pretrained(d)
+    assert model.config.vision_config.spatial_merge_size == processor.video_processor.merge_size == 8
+    item = make_item(0, seed=0, kinds=TIME_KINDS, n_frames=4, size=112)
+    prompt = encode_prompt(processor, item, video_token_id=video_token_id(model))
+    assert prompt.video_grid_thw.reshape(-1).tolist() == [4, 8, 8]
+    assert int((prompt.input_ids == video_token_id(model)).sum()) == 4  # one token per frame
+    # a token sees its whole frame: changing one corner of the last frame changes only the last token
+    other = dict(item, frames=item["frames"].clone())
+    other["frames"][3, :14, :14] = 255 - other["frames"][3, :14, :14]
+    with torch.no_grad():
+        a = encode_video(model, prompt).features
+        b = encode_video(model, encode_prompt(processor, other, video_token_id=video_token_id(model))).features
+    assert a.shape == (4, 64)
+    assert torch.equal(a[:3], b[:3]) and not torch.allclose(a[3], b[3])
+    with pytest.raises(ValueError, match="spatial_merge_size"):
+        build_tiny_qwen2vl(tmp_path / "bad", seed=0, spatial_merge_size=0)
+
+
 def test_temporal_patch_size_is_a_build_parameter(tmp_path):
     # benchmarks/learn.py's time kinds use a tiny model whose vision patches span 4 frames; Qwen's 2 stays the
     # default, and a default build's marker (hence its bytes) is what it was before the parameter existed

@@ -8,8 +8,10 @@ colour, if any, is in the cell, and whether the disc is large), a linear head on
 cross-entropy. The labels never use the question, the answer or the render facts, only the frames.
 
 Cell layout: the synthetic time kinds draw on a ``GRID x GRID`` grid whose cells are exactly one merged Qwen2-VL token
-(28 px at 112 px frames); merged tokens come in ``(temporal patch, row, column)`` order, so token ``s * GRID**2 + c``
-holds frames ``s * tp ... s * tp + tp - 1`` of cell ``c``, and the head predicts those ``tp`` frames' labels.
+at Qwen's 2x2 merge (28 px at 112 px frames); merged tokens come in ``(temporal patch, row, column)`` order, so token
+``s * GRID**2 + c`` holds frames ``s * tp ... s * tp + tp - 1`` of cell ``c``, and the head predicts those ``tp``
+frames' labels. A build with a larger ``spatial_merge_size`` ``m`` (4 or 8) has tokens of ``m/2 x m/2`` cells, and the
+head predicts every cell of its token (with 8, one token holds a whole frame group: all ``GRID**2`` cells).
 
 Everything is seeded: the same base, items and settings give byte-identical weights.
 """
@@ -27,7 +29,7 @@ import numpy as np
 from longreel.testing.tiny_model import MARKER_FILE, install_build_dir
 from longreel.trainer.synthetic_task import COLOURS, GRID
 
-__all__ = ["N_CLASSES", "PERCEPTION_MARKER", "cell_labels", "pretrain_perception_tower"]
+__all__ = ["N_CLASSES", "PERCEPTION_MARKER", "cell_labels", "cells_per_token_side", "pretrain_perception_tower"]
 
 #: empty, then (colour, small) and (colour, large) for each of the four colours
 N_CLASSES = 1 + 2 * len(COLOURS)
@@ -78,25 +80,36 @@ def _pixel_inputs(processor, items: list[dict]):
     return enc["pixel_values_videos"], enc["video_grid_thw"], labels
 
 
+def cells_per_token_side(merge: int) -> int:
+    """Cells along one side of a merged token: a cell is 2x2 patches, a token ``merge x merge`` patches."""
+    if merge % 2 or (2 * GRID) % merge:
+        raise ValueError(f"perception pretraining needs a spatial merge that tiles the {GRID}x{GRID} cells "
+                         f"(2, 4 or 8 patches), got {merge}")
+    return merge // 2
+
+
 def _check_grid(grid_thw, n_frames: int, tp: int) -> None:
     merged = {tuple(int(x) for x in row) for row in grid_thw.tolist()}
     want = (n_frames // tp, 2 * GRID, 2 * GRID)
     if merged != {want}:
-        raise ValueError(f"perception pretraining needs {GRID}x{GRID} merged tokens per frame group "
+        raise ValueError(f"perception pretraining needs {2 * GRID}x{2 * GRID} patches per frame group "
                          f"(video_grid_thw {want}), got {sorted(merged)}: use 112 px frames")
 
 
-def _logits(model, head, pixels, grid_thw, tp: int):
-    """``[N, T, cells, N_CLASSES]`` head logits of a batch of videos (tokens in (group, row, column) order)."""
+def _logits(model, head, pixels, grid_thw, tp: int, k: int = 1):
+    """``[N, T, cells, N_CLASSES]`` head logits of a batch of videos. Tokens come in (group, token row, token column)
+    order, each holding ``tp`` frames of ``k x k`` cells; ``k`` is :func:`cells_per_token_side`."""
     import torch
 
     out = model.get_video_features(pixels, grid_thw, return_dict=True)
-    feats = torch.stack(list(out.pooler_output))  # [N, groups * cells, H]
+    feats = torch.stack(list(out.pooler_output))  # [N, groups * side * side, H]
     n, tokens, _ = feats.shape
-    cells = GRID * GRID
-    groups = tokens // cells
-    logits = head(feats).view(n, groups, cells, tp, N_CLASSES)  # each token: its tp frames
-    return logits.permute(0, 1, 3, 2, 4).reshape(n, groups * tp, cells, N_CLASSES)
+    side = GRID // k  # tokens along a frame's side
+    groups = tokens // (side * side)
+    logits = head(feats).view(n, groups, side, side, tp, k, k, N_CLASSES)
+    # to (group, frame in group, cell row = token row * k + row in token, cell column likewise)
+    logits = logits.permute(0, 1, 4, 2, 5, 3, 6, 7)
+    return logits.reshape(n, groups * tp, GRID * GRID, N_CLASSES)
 
 
 def _accuracy(pred, labels) -> dict:
@@ -106,7 +119,7 @@ def _accuracy(pred, labels) -> dict:
             "object_cell_accuracy": float(hit[obj].float().mean()) if bool(obj.any()) else None}
 
 
-def _train(model, head, data, *, steps: int, batch: int, lr: float, seed: int, tp: int) -> list[float]:
+def _train(model, head, data, *, steps: int, batch: int, lr: float, seed: int, tp: int, k: int) -> list[float]:
     import torch
 
     pixels, grid_thw, labels = data
@@ -119,7 +132,7 @@ def _train(model, head, data, *, steps: int, batch: int, lr: float, seed: int, t
     for _ in range(steps):
         idx = np.sort(rng.choice(n, size=min(batch, n), replace=False))
         rows = torch.cat([torch.arange(i * per_video, (i + 1) * per_video) for i in idx.tolist()])
-        logits = _logits(model, head, pixels[rows], grid_thw[idx], tp)
+        logits = _logits(model, head, pixels[rows], grid_thw[idx], tp, k)
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, N_CLASSES), labels[idx].reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -128,12 +141,12 @@ def _train(model, head, data, *, steps: int, batch: int, lr: float, seed: int, t
     return losses
 
 
-def _evaluate(model, head, data, tp: int) -> dict:
+def _evaluate(model, head, data, tp: int, k: int) -> dict:
     import torch
 
     pixels, grid_thw, labels = data
     with torch.no_grad():
-        pred = _logits(model, head, pixels, grid_thw, tp).argmax(-1)
+        pred = _logits(model, head, pixels, grid_thw, tp, k).argmax(-1)
     return _accuracy(pred, labels)
 
 
@@ -177,19 +190,20 @@ def _pretrain(model, processor, settings: dict) -> dict:
     from longreel.trainer.synthetic_task import make_items
 
     seed, tp = settings["seed"], int(model.config.vision_config.temporal_patch_size)
+    k = cells_per_token_side(int(model.config.vision_config.spatial_merge_size))
     shape = {k: settings[k] for k in ("kinds", "n_frames", "size", "radius")}
     train = _pixel_inputs(processor, make_items(settings["train_items"], seed=20000 + seed, **shape))
     held = _pixel_inputs(processor, make_items(settings["eval_items"], seed=30000 + seed, **shape))
     _check_grid(train[1], settings["n_frames"], tp)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        head = torch.nn.Linear(int(model.config.text_config.hidden_size), tp * N_CLASSES)
+        head = torch.nn.Linear(int(model.config.text_config.hidden_size), tp * k * k * N_CLASSES)
         model.train()
-        before = _evaluate(model, head, held, tp)
+        before = _evaluate(model, head, held, tp, k)
         losses = _train(model, head, train, steps=settings["steps"], batch=settings["batch"], lr=settings["lr"],
-                        seed=seed, tp=tp)
+                        seed=seed, tp=tp, k=k)
         model.eval()
-        after = _evaluate(model, head, held, tp)
+        after = _evaluate(model, head, held, tp, k)
     return {"settings": settings, "held_out_before": before, "held_out_after": after,
             "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
             "loss_50_step_means": [round(float(np.mean(losses[i:i + 50])), 4) for i in range(0, len(losses), 50)]}

@@ -203,6 +203,7 @@ def tiny_build_params(
     temporal_patch_size: int = 2,
     rope_theta: float = _ROPE_THETA,
     patch_embed: str = "random",
+    spatial_merge_size: int = 2,
 ) -> dict:
     """The canonical, JSON-serialisable parameter set that identifies a build (stored in the marker)."""
     if family not in FAMILIES:
@@ -221,6 +222,8 @@ def tiny_build_params(
         raise ValueError(f"patch_embed must be one of {PATCH_EMBEDS}, got {patch_embed!r}")
     if patch_embed == "frame_difference" and temporal_patch_size < 2:
         raise ValueError("patch_embed='frame_difference' needs temporal_patch_size >= 2 (frames to subtract)")
+    if spatial_merge_size < 1:
+        raise ValueError(f"spatial_merge_size must be >= 1, got {spatial_merge_size}")
     params = {
         "format_version": BUILD_FORMAT_VERSION,
         "family": family,
@@ -243,6 +246,9 @@ def tiny_build_params(
     # likewise recorded only when not the library's random init
     if patch_embed != "random":
         params["patch_embed"] = patch_embed
+    # likewise recorded only when not Qwen's 2x2
+    if spatial_merge_size != 2:
+        params["spatial_merge_size"] = int(spatial_merge_size)
     return params
 
 
@@ -368,7 +374,7 @@ def _build_config(params: dict, tok):
             "mlp_ratio": 2,
             "in_channels": 3,
             "patch_size": 14,
-            "spatial_merge_size": 2,
+            "spatial_merge_size": params.get("spatial_merge_size", 2),
             "temporal_patch_size": params.get("temporal_patch_size", 2),
         }
         return Qwen2VLConfig(text_config=text_config, vision_config=vision_config, **common)
@@ -383,7 +389,7 @@ def _build_config(params: dict, tok):
             "out_hidden_size": hidden,  # merger output width == text width
             "in_channels": 3,
             "patch_size": 14,
-            "spatial_merge_size": 2,
+            "spatial_merge_size": params.get("spatial_merge_size", 2),
             "temporal_patch_size": params.get("temporal_patch_size", 2),
             "window_size": 112,  # 4x4 merged tokens per attention window
             "fullatt_block_indexes": [params["vision_depth"] - 1],
@@ -397,7 +403,8 @@ def _build_processor(params: dict, tok):
     from transformers import Qwen2VLImageProcessor, Qwen2VLVideoProcessor
 
     size = {"shortest_edge": params["min_pixels"], "longest_edge": params["max_pixels"]}
-    common = {"patch_size": 14, "temporal_patch_size": params.get("temporal_patch_size", 2), "merge_size": 2,
+    common = {"patch_size": 14, "temporal_patch_size": params.get("temporal_patch_size", 2),
+              "merge_size": params.get("spatial_merge_size", 2),
               "size": size}
     image_processor = Qwen2VLImageProcessor(**common)
     # cap_pixels_per_frame is set explicitly: left unset, transformers 5.23 warns on every call
@@ -514,6 +521,7 @@ def build_tiny_qwen2vl(
     temporal_patch_size: int = 2,
     rope_theta: float = _ROPE_THETA,
     patch_embed: str = "random",
+    spatial_merge_size: int = 2,
 ) -> str:
     """Build (or reuse) a tiny random Qwen2-VL-family checkpoint in ``out_dir``; return the dir path.
 
@@ -539,6 +547,10 @@ def build_tiny_qwen2vl(
             at most (``benchmarks/results/learn_time_trials.json``, D18); differencing makes what changed a
             large-variance direction while static content still reaches the tower. Most useful with
             ``temporal_patch_size`` equal to the clip length, so every pair of consecutive frames is differenced.
+        spatial_merge_size: patches per side of one merged vision token (Qwen's 2). The merger concatenates the
+            ``n x n`` patches' features in raster order before its MLP, so a merged token knows where in its block
+            each patch lies; with ``8`` at 112 px frames one token holds a whole frame (or temporal patch), which
+            leaves the language model no token to pick within a frame. Frame sides must be multiples of ``14 * n``.
 
     Same parameters give byte-identical files (weights, tokenizer, configs).
     """
@@ -554,6 +566,7 @@ def build_tiny_qwen2vl(
         temporal_patch_size=temporal_patch_size,
         rope_theta=rope_theta,
         patch_embed=patch_embed,
+        spatial_merge_size=spatial_merge_size,
     )
     target = Path(out_dir).absolute()
     if is_complete_build(target, params):
