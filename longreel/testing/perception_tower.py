@@ -191,7 +191,7 @@ def _pretrain(model, processor, settings: dict) -> dict:
 
     seed, tp = settings["seed"], int(model.config.vision_config.temporal_patch_size)
     k = cells_per_token_side(int(model.config.vision_config.spatial_merge_size))
-    shape = {k: settings[k] for k in ("kinds", "n_frames", "size", "radius")}
+    shape = {name: settings[name] for name in ("kinds", "n_frames", "size", "radius")}
     train = _pixel_inputs(processor, make_items(settings["train_items"], seed=20000 + seed, **shape))
     held = _pixel_inputs(processor, make_items(settings["eval_items"], seed=30000 + seed, **shape))
     _check_grid(train[1], settings["n_frames"], tp)
