@@ -96,7 +96,7 @@ def _check_grid(grid_thw, n_frames: int, tp: int) -> None:
                          f"(video_grid_thw {want}), got {sorted(merged)}: use 112 px frames")
 
 
-def _logits(model, head, pixels, grid_thw, tp: int, k: int = 1):
+def _logits(model, head, pixels, grid_thw, tp: int, k: int):
     """``[N, T, cells, N_CLASSES]`` head logits of a batch of videos. Tokens come in (group, token row, token column)
     order, each holding ``tp`` frames of ``k x k`` cells; ``k`` is :func:`cells_per_token_side`."""
     import torch

@@ -550,7 +550,8 @@ def build_tiny_qwen2vl(
         spatial_merge_size: patches per side of one merged vision token (Qwen's 2). The merger concatenates the
             ``n x n`` patches' features in raster order before its MLP, so a merged token knows where in its block
             each patch lies; with ``8`` at 112 px frames one token holds a whole frame (or temporal patch), which
-            leaves the language model no token to pick within a frame. Frame sides must be multiples of ``14 * n``.
+            leaves the language model no token to pick within a frame. The processor resizes frames to multiples of
+            ``14 * n`` pixels.
 
     Same parameters give byte-identical files (weights, tokenizer, configs).
     """
