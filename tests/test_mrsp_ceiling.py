@@ -1,0 +1,33 @@
+"""benchmarks/mrsp.py's stage-1 ceiling (issue 19 item 2): the ratio over the shared-prefill baseline that the vision
+tower's own forward and backward costs allow when the language model costs nothing."""
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+MRSP = Path(__file__).resolve().parent.parent / "benchmarks" / "mrsp.py"
+
+
+def _mrsp():
+    spec = importlib.util.spec_from_file_location("longreel_bench_mrsp", MRSP)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_a_backward_twice_a_forward_caps_stage_one_at_one_and_a_half():
+    c = _mrsp().tower_ceilings(1.0, 1.0, 2.0)
+    assert c["tower_trained"] == 1.5  # (3 + 1 + 2) / (1 + 1 + 2)
+    assert c["tower_trained_reference_from_store"] == 2.0  # (3 + 1 + 2) / (1 + 2)
+    assert c["tower_frozen"] == 4.0
+
+
+def test_a_cheaper_backward_or_graph_raises_the_ceiling():
+    mrsp = _mrsp()
+    assert mrsp.tower_ceilings(1.0, 1.0, 1.0)["tower_trained"] == pytest.approx(5 / 3, abs=1e-3)
+    assert mrsp.tower_ceilings(1.0, 1.2, 2.2)["tower_trained"] < 1.5  # a graph-keeping forward that costs more
+
+
+def test_non_positive_times_are_refused():
+    with pytest.raises(ValueError, match="positive"):
+        _mrsp().tower_ceilings(0.0, 1.0, 2.0)
