@@ -32,7 +32,8 @@ Two text paths, measured separately (``text_path`` in the JSON):
   * (``--step-only``) ``no_reuse_per_pass_frozen``: the shared-prefill baseline with the tower frozen (the
     like-for-like baseline of ``reuse_frozen``); ``*_store_cold`` / ``*_store_steady``: a frozen tower's features
     (the reference's; the policy's when frozen) through the cross-step store ``frozen_cache.FrozenFeatureCache`` on a
-    video's first sight / when it recurs; ``*_store_prefix_*``: also the reference's video-prefix K/V through
+    video's first sight / when it recurs (``reuse_dir_steady``: from the feature directory,
+    ``feature_dir.FeatureDir``, instead of memory); ``*_store_prefix_*``: also the reference's video-prefix K/V through
     ``ref_prefix.PrefixKVStore``. Steady-state stores live across the role's steps and are filled by the warm-up;
     cold ones are new every step;
   * ``reuse_2ranks`` (2 gloo ranks): vision frames sharded across the ranks, rollouts split over the ranks
@@ -415,6 +416,11 @@ def role_step(args) -> None:
     steady_ref2 = FrozenFeatureCache(ref, max_bytes=budget)
     steady_frozen2 = FrozenFeatureCache(model, max_bytes=budget)
     steady_prefix = PrefixKVStore(ref, max_bytes=budget)
+    from longreel.trainer.mrsp.feature_dir import FeatureDir, tower_digest
+
+    # the reference's features on disk only (no memory store): filled by the warm-up, read in every measured step
+    dir_ref = FrozenFeatureCache(ref, max_bytes=0, directory=FeatureDir(Path(args.out).parent / "features",
+                                                                        tower_digest(ref)))
     steady_prefix_frozen = PrefixKVStore(ref, max_bytes=budget)
     every = {
         "no_reuse_per_sequence": lambda r, m, a: step_no_reuse(model, ref, x, r, m, a, per_sequence=True,
@@ -430,6 +436,9 @@ def role_step(args) -> None:
         # steady state: the video recurs, its reference features are in the store (digest + lookup)
         "reuse_store_steady": lambda r, m, a: step_reuse(model, ref, x, r, m, a, vision="deferred", text=text,
                                                          grad_accum=args.grad_accum, store=steady_ref),
+        # the same from the feature directory (mrsp.frozen_feature_dir): a safetensors read instead of a lookup
+        "reuse_dir_steady": lambda r, m, a: step_reuse(model, ref, x, r, m, a, vision="deferred", text=text,
+                                                       grad_accum=args.grad_accum, store=dir_ref),
         # + the reference's video-prefix K/V store: cold (a new one: prefix computed and stored) and steady
         "reuse_store_prefix_cold": lambda r, m, a: step_reuse(
             model, ref, x, r, m, a, vision="deferred", text=text, grad_accum=args.grad_accum,
@@ -628,7 +637,7 @@ def role_tower(args) -> None:
 
 # ------------------------------------------------------------------------------------- --step-only report
 STEP_ONLY_VARIANTS = ",".join([
-    "no_reuse_per_request", "no_reuse_per_pass", "reuse", "reuse_store_cold", "reuse_store_steady",
+    "no_reuse_per_request", "no_reuse_per_pass", "reuse", "reuse_store_cold", "reuse_store_steady", "reuse_dir_steady",
     "reuse_store_prefix_cold", "reuse_store_prefix_steady", "no_reuse_per_pass_frozen", "reuse_frozen",
     "reuse_frozen_store_cold", "reuse_frozen_store_steady", "reuse_frozen_store_prefix_steady"])
 
@@ -668,7 +677,8 @@ def step_only_result(steps: dict, args, step_inputs: dict, command: str, tower: 
 
     def table(key: str) -> tuple[dict, dict]:
         trained = {f"{v}_vs_{base}": r(base, v, key) for v in (
-            "reuse", "reuse_store_cold", "reuse_store_steady", "reuse_store_prefix_cold", "reuse_store_prefix_steady")}
+            "reuse", "reuse_store_cold", "reuse_store_steady", "reuse_dir_steady", "reuse_store_prefix_cold",
+            "reuse_store_prefix_steady")}
         trained["six_questions_per_video_store_vs_" + base] = six("reuse_store_cold", "reuse_store_steady", key)
         trained["six_questions_per_video_store_prefix_vs_" + base] = six("reuse_store_prefix_cold",
                                                                           "reuse_store_prefix_steady", key)
@@ -699,6 +709,8 @@ def step_only_result(steps: dict, args, step_inputs: dict, command: str, tower: 
                                 "first sight (pixel digest + encode + store): 2 passes",
             "reuse_store_steady": "as reuse, in a step where the video recurs: the reference's features come from "
                                   "the cross-step store (pixel digest + lookup): 1 pass",
+            "reuse_dir_steady": "as reuse_store_steady, the reference's features read from the feature directory "
+                                "(mrsp.frozen_feature_dir; pixel digest + safetensors read) instead of memory: 1 pass",
             "reuse_store_prefix_cold": "as reuse_store_cold, and the reference's prompt run as video prefix (K/V "
                                        "stored) + the rest, on a video's first sight: 2 passes",
             "reuse_store_prefix_steady": "as reuse_store_steady, and the reference's video-prefix K/V from the "
@@ -732,7 +744,8 @@ def step_only_result(steps: dict, args, step_inputs: dict, command: str, tower: 
         "targets": {f"{k}_ge_1_5{suffix}": v >= 1.5 for suffix, tables in (("", (trained, frozen)),
                                                                          ("_cpu", (trained_cpu, frozen_cpu)))
                     for t in tables for k, v in t.items()}
-                   | {f"stage1_ceiling_tower_trained_ge_1_5_{k}": c["tower_trained"] >= 1.5 for k, c in ceilings.items()},
+                   | {f"stage1_ceiling_tower_trained_ge_1_5_{k}": c["tower_trained"] >= 1.5
+                      for k, c in ceilings.items()},
         "long_rl_note": LONG_RL_NOTE,
     }
 

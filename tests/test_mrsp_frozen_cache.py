@@ -120,7 +120,8 @@ def test_the_store_is_bounded_least_recently_used_first(setup):
 
 
 # ------------------------------------------------------------------------------------ in the GRPO trainer
-def _two_steps(model: str, items, out: Path, cache_mb: float, vision: str, prefix_mb: float = 0):
+def _two_steps(model: str, items, out: Path, cache_mb: float, vision: str, prefix_mb: float = 0,
+               feature_dir: str = ""):
     import longreel.trainer.grpo as grpo
     from longreel.schemas.config import load_yaml
     from longreel.trainer.config import TrainConfig
@@ -130,7 +131,7 @@ def _two_steps(model: str, items, out: Path, cache_mb: float, vision: str, prefi
         "run.tensorboard=false", "run.threads=1", "run.seed=11", "data.batch_size=3", "data.shuffle=false",
         "rollout.n=4", "rollout.max_new_tokens=8", "optim.grad_accum=2", "grpo.mix_policy=true", "grpo.beta=0.05",
         "optim.lr=1e-3", "mrsp.enabled=true", f"mrsp.vision={vision}", f"mrsp.frozen_cache_mb={cache_mb}",
-        f"mrsp.ref_prefix_cache_mb={prefix_mb}",
+        f"mrsp.ref_prefix_cache_mb={prefix_mb}", f"mrsp.frozen_feature_dir={feature_dir}",
         *(["model.freeze_vision=true"] if vision == "frozen" else [])])
     tr = grpo.GRPOTrainer(cfg, items=items)
     metrics, calls = [], []
@@ -185,3 +186,29 @@ def test_grpo_with_the_reference_prefix_store_matches_grpo_without_it(tmp_path, 
     assert m_on[1]["kl"] != 0
     worst = max(float((w_on[k] - w_off[k]).abs().max()) for k in w_on)
     assert worst <= 1e-5, worst
+
+
+@pytest.mark.parametrize("vision", ["deferred", "frozen"])
+def test_grpo_reads_the_features_an_earlier_run_left_in_the_feature_directory(tmp_path, shared_videos, vision):
+    """``mrsp.frozen_feature_dir`` with no memory store: run 1 writes each video's frozen-tower features at its
+    first sight and reads them back in step 2, run 2 (a restart, or the next run of a sweep) encodes nothing with
+    the frozen tower; both the same run as without the directory, bitwise."""
+    from grpo_mrsp_worker import video_items
+
+    tiny = build_tiny_qwen2vl(tmp_path / "tiny", seed=0)
+    items = video_items(shared_videos)
+    fdir = str(tmp_path / "features")
+    m_off, calls_off, w_off = _two_steps(tiny, items, tmp_path / "off", 0, vision)
+    m_1, calls_1, w_1 = _two_steps(tiny, items, tmp_path / "run1", 0, vision, feature_dir=fdir)
+    m_2, calls_2, w_2 = _two_steps(tiny, items, tmp_path / "run2", 0, vision, feature_dir=fdir)
+    if vision == "deferred":  # (policy, reference) tower passes per step: the trained policy's are never saved
+        assert (calls_off, calls_1, calls_2) == ([(2, 2), (2, 2)], [(2, 2), (2, 0)], [(2, 0), (2, 0)])
+    else:  # the frozen policy's features serve the reference too
+        assert (calls_off, calls_1, calls_2) == ([(2, 0), (2, 0)], [(2, 0), (0, 0)], [(0, 0), (0, 0)])
+    assert len(list(Path(fdir).rglob("*.safetensors"))) == 2  # one file per video
+    for run_m, run_w in ((m_1, w_1), (m_2, w_2)):
+        for a, b in zip(run_m, m_off):
+            for k in ("loss", "kl", "reward_mean", "grad_norm"):
+                assert a[k] == b[k], (k, a[k], b[k])
+        assert all(torch.equal(run_w[k], w_off[k]) for k in w_off)
+    assert m_2[1]["kl"] != 0

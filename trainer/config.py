@@ -171,6 +171,12 @@ class MRSPConfig(ConfigModel):
                                           "before, under any question (trainer.mrsp.ref_prefix); log-probs equal "
                                           "the one-pass prompt's within fp32 rounding. Per prefix token: layers x 2 "
                                           "x KV heads x head dim values (a 7B Qwen2-VL: 56 KiB in bf16).")
+    frozen_feature_dir: str = cfg("", "A local (or mounted) directory keeping the frozen towers' video features on "
+                                      "disk across runs, restarts and epochs ('': off): the reference's and, with "
+                                      "mrsp.vision=frozen, the policy's. Read when the memory store "
+                                      "(mrsp.frozen_cache_mb) misses, written after each encode, as safetensors "
+                                      "under a digest of the tower's weights, so a run from another checkpoint never "
+                                      "reads them (trainer.mrsp.feature_dir). Not under mrsp.sp_size > 1.")
     frozen_cache_offload: bool = cfg(True, "Keep the mrsp.frozen_cache_mb and mrsp.ref_prefix_cache_mb stores in host "
                                            "memory (entries are copied back to the device on a hit); false: on the "
                                            "model's device.")
@@ -233,6 +239,11 @@ class TrainConfig(ConfigModel):
         need(self.mrsp.frozen_cache_mb >= 0, "mrsp.frozen_cache_mb must be >= 0")
         need(self.mrsp.ref_prefix_cache_mb >= 0, "mrsp.ref_prefix_cache_mb must be >= 0")
         need(self.mrsp.enabled or self.mrsp.sp_size == 1, "mrsp.sp_size > 1 needs mrsp.enabled=true")
+        need(not self.mrsp.frozen_feature_dir or self.mrsp.enabled, "mrsp.frozen_feature_dir needs mrsp.enabled=true")
+        # the sharded encoder is a collective: every rank of a group must miss together, which files other ranks
+        # are writing cannot promise
+        need(not self.mrsp.frozen_feature_dir or self.mrsp.sp_size == 1,
+             "mrsp.frozen_feature_dir is not supported with mrsp.sp_size > 1")
         need(not (self.mrsp.vision == "frozen" and not self.model.freeze_vision),
              "mrsp.vision=frozen trains no vision tower: set model.freeze_vision=true too (or use deferred)")
         need(not (self.mrsp.vision in ("deferred", "recompute") and self.model.freeze_vision),

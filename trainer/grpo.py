@@ -187,21 +187,32 @@ class GRPOTrainer:
         budget = int(self.cfg.mrsp.frozen_cache_mb * 2 ** 20)
         offload = self.cfg.mrsp.frozen_cache_offload
         encoder = sharded(s.model)
-        if self.vision_mode == "frozen" and budget > 0:
+        if self.vision_mode == "frozen" and (budget > 0 or self.cfg.mrsp.frozen_feature_dir):
             # a frozen policy tower gives a video the same features every step: keep them across steps too
-            self.policy_store = FrozenFeatureCache(s.model, max_bytes=budget, offload=offload, encoder=encoder)
+            self.policy_store = FrozenFeatureCache(s.model, max_bytes=budget, offload=offload, encoder=encoder,
+                                                   directory=self._feature_dir(s.model))
             encoder = self.policy_store.encode
         self.cache = StepEmbedCache(s.model, vision=self.vision_mode, encoder=encoder)
         if self.ref is not None and self.vision_mode != "frozen":
             # a trained policy tower drifts from the reference's: the reference encodes the video itself, once per
-            # step, or once per run while its features stay in the cross-step store (mrsp.frozen_cache_mb)
+            # step, or once per run while its features stay in the cross-step store (mrsp.frozen_cache_mb), or
+            # once for good in the feature directory (mrsp.frozen_feature_dir)
             self.ref_cache = FrozenFeatureCache(self.ref, max_bytes=budget, offload=offload,
-                                                encoder=sharded(self.ref))
+                                                encoder=sharded(self.ref), directory=self._feature_dir(self.ref))
         prefix_budget = int(self.cfg.mrsp.ref_prefix_cache_mb * 2 ** 20)
         if self.ref is not None and prefix_budget > 0 and s.info.sp_size == 1:
             from longreel.trainer.mrsp.ref_prefix import PrefixKVStore
 
             self.ref_prefix = PrefixKVStore(self.ref, max_bytes=prefix_budget, offload=offload)
+
+    def _feature_dir(self, model):
+        """The frozen tower's feature directory (``mrsp.frozen_feature_dir``) under the digest of its weights, or
+        None when off."""
+        if not self.cfg.mrsp.frozen_feature_dir:
+            return None
+        from longreel.trainer.mrsp.feature_dir import FeatureDir, tower_digest
+
+        return FeatureDir(self.cfg.mrsp.frozen_feature_dir, tower_digest(model))
 
     def _logprobs(self, model, b: GroupBatch, rows: slice, features: Tensor) -> Tensor:
         """MR-SP log-probs of rows ``rows`` of group ``b`` from cached features and positions (identical on every

@@ -17,6 +17,9 @@ step cache's behaviour (one encode per unique video per step). Under sequence pa
 collective (``vision_shard``): every rank of a group sees the same videos in the same order, so their stores hit
 and miss together.
 
+Behind the memory store a feature directory (``feature_dir.FeatureDir``, ``mrsp.frozen_feature_dir``) can keep
+the features on disk for later runs and restarts: read on a store miss, written after an encode.
+
 Only for a model whose tower does not change: the reference, or a policy with a frozen tower (for the latter,
 :meth:`FrozenFeatureCache.encode` is the ``encoder=`` of its ``StepEmbedCache(vision="frozen")``).
 """
@@ -30,6 +33,7 @@ import torch
 from torch import Tensor
 
 from longreel.trainer.mrsp.embed_cache import encode_video_features, video_fingerprint
+from longreel.trainer.mrsp.feature_dir import FeatureDir
 
 __all__ = ["FrozenFeatureCache", "pixel_digest"]
 
@@ -59,30 +63,34 @@ class FrozenFeatureCache:
         offload: keep the cross-step store in host memory (entries move back to the model's device on a hit).
         encoder: ``(pixel_values_videos, video_grid_thw) -> [n_tokens, hidden]``; default the model's own
             ``get_video_features`` (a sharded encoder from ``vision_shard.make_sharded_encoder`` plugs in here).
+        directory: a :class:`~longreel.trainer.mrsp.feature_dir.FeatureDir` of this tower behind the memory store:
+            read on a store miss before encoding, written after an encode (features kept across runs).
 
     Same call shape as ``StepEmbedCache(..., vision="frozen")``: :meth:`begin_step`, :meth:`features`; or
     :meth:`encode` as a step cache's encoder (the step cache then does the per-step bookkeeping).
-    Counters: ``encodes`` / ``hits`` / ``store_hits`` (this step), ``total_encodes``, ``total_store_hits``,
-    ``evictions``, ``nbytes`` (bytes in the store).
+    Counters: ``encodes`` / ``hits`` / ``store_hits`` / ``dir_hits`` (this step), ``total_encodes``,
+    ``total_store_hits``, ``total_dir_hits``, ``evictions``, ``nbytes`` (bytes in the store).
     """
 
-    def __init__(self, model, *, max_bytes: int, offload: bool = True, encoder: Encoder | None = None):
+    def __init__(self, model, *, max_bytes: int, offload: bool = True, encoder: Encoder | None = None,
+                 directory: FeatureDir | None = None):
         if max_bytes < 0:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
         self.model = model
         self.max_bytes = int(max_bytes)
         self.offload = offload
+        self.directory = directory
         self.encoder: Encoder = encoder or (lambda pv, grid: encode_video_features(model, pv, grid))
         self._step: dict[str, tuple] = {}  # name key -> (cheap fingerprint, features, pixel digest or None)
         self._store: OrderedDict[str, Tensor] = OrderedDict()  # pixel digest -> features (LRU order)
         self.nbytes = 0
-        self.encodes = self.hits = self.store_hits = 0
-        self.total_encodes = self.total_store_hits = self.evictions = 0
+        self.encodes = self.hits = self.store_hits = self.dir_hits = 0
+        self.total_encodes = self.total_store_hits = self.total_dir_hits = self.evictions = 0
 
     def begin_step(self) -> None:
         """Forget this step's name keys (names may point to other videos next step); the store stays."""
         self._step.clear()
-        self.encodes = self.hits = self.store_hits = 0
+        self.encodes = self.hits = self.store_hits = self.dir_hits = 0
 
     def __len__(self) -> int:
         return len(self._store)
@@ -114,19 +122,30 @@ class FrozenFeatureCache:
         return self._lookup(pixel_values_videos, video_grid_thw)[0]
 
     def _lookup(self, pixel_values_videos: Tensor, video_grid_thw: Tensor) -> tuple[Tensor, str | None]:
-        digest = pixel_digest(pixel_values_videos, video_grid_thw) if self.max_bytes > 0 else None
+        keep = self.max_bytes > 0 or self.directory is not None
+        digest = pixel_digest(pixel_values_videos, video_grid_thw) if keep else None
         stored = self._store.get(digest) if digest is not None else None
         if stored is not None:
             self._store.move_to_end(digest)
             self.store_hits += 1
             self.total_store_hits += 1
             return stored.to(pixel_values_videos.device), digest
+        if self.directory is not None:
+            stored = self.directory.get(digest)
+            if stored is not None:
+                self.dir_hits += 1
+                self.total_dir_hits += 1
+                feats = stored.to(pixel_values_videos.device)
+                self._put(digest, feats)
+                return feats, digest
         with torch.no_grad():
             feats = self.encoder(pixel_values_videos, video_grid_thw).detach()
         self.encodes += 1
         self.total_encodes += 1
         if digest is not None:
             self._put(digest, feats)
+            if self.directory is not None:
+                self.directory.put(digest, feats)
         return feats, digest
 
     def _put(self, digest: str, feats: Tensor) -> None:

@@ -1,0 +1,105 @@
+"""A frozen tower's video features on disk (``mrsp.frozen_feature_dir``, trainer.mrsp.feature_dir): a later run
+reads them bitwise instead of a tower pass; another tower never does; a damaged file is encoded again."""
+from __future__ import annotations
+
+import copy
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+import torch
+import torchvision  # noqa: F401
+import transformers  # noqa: F401
+
+from longreel.schemas.config import ConfigError, load_yaml  # noqa: E402
+from longreel.trainer.config import TrainConfig  # noqa: E402
+from longreel.trainer.mrsp.embed_cache import VisionCallCounter, encode_video_features  # noqa: E402
+from longreel.trainer.mrsp.feature_dir import FeatureDir, tower_digest  # noqa: E402
+from longreel.trainer.mrsp.frozen_cache import FrozenFeatureCache, pixel_digest  # noqa: E402
+from longreel.testing.tiny_model import build_tiny_qwen2vl  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, shared_videos):
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from conftest import vtest_video_inputs
+
+    model_dir = build_tiny_qwen2vl(tmp_path_factory.mktemp("featdir") / "tiny", seed=0)
+    ref = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval().requires_grad_(False)
+    enc = vtest_video_inputs(AutoProcessor.from_pretrained(model_dir), shared_videos)
+    return ref, enc["pixel_values_videos"], enc["video_grid_thw"]
+
+
+def _cache(ref, root):  # a run's reference cache: no memory store, the directory only
+    return FrozenFeatureCache(ref, max_bytes=0, directory=FeatureDir(root, tower_digest(ref)))
+
+
+def test_a_later_run_reads_the_features_bitwise_without_a_tower_pass(setup, tmp_path):
+    ref, pv, grid = setup
+    first = _cache(ref, tmp_path)
+    first.begin_step()
+    written = first.features("vtest", pv, grid)
+    assert (first.encodes, first.directory.writes) == (1, 1)
+    assert first.directory.path(pixel_digest(pv, grid)).is_file()
+    later = _cache(ref, tmp_path)  # another run (or a restart) on the same directory
+    with VisionCallCounter(ref) as calls:
+        later.begin_step()
+        read = later.features("vtest_q1", pv.clone(), grid)
+    assert calls.calls == 0 and (later.encodes, later.dir_hits, later.directory.reads) == (0, 1, 1)
+    with torch.no_grad():
+        fresh = encode_video_features(ref, pv, grid)
+    assert read.dtype == fresh.dtype and read.device == fresh.device
+    assert torch.equal(read, fresh) and torch.equal(read, written)
+
+
+def test_another_tower_never_reads_them(setup, tmp_path):
+    ref, pv, grid = setup
+    _cache(ref, tmp_path).features("vtest", pv, grid)
+    tuned = copy.deepcopy(ref)
+    with torch.no_grad():
+        next(tuned.model.visual.parameters()).view(-1)[0] += 1e-3  # one weight of the tower
+    assert tower_digest(tuned) != tower_digest(ref)
+    other = _cache(tuned, tmp_path)
+    with VisionCallCounter(tuned) as calls:
+        got = other.features("vtest", pv, grid)
+    assert calls.calls == 1 and other.dir_hits == 0 and other.directory.writes == 1
+    with torch.no_grad():
+        assert torch.equal(got, encode_video_features(tuned, pv, grid))
+
+
+def test_a_damaged_or_misfiled_file_is_encoded_again_and_replaced(setup, tmp_path, caplog):
+    ref, pv, grid = setup
+    flipped = pv.flip(0)
+    seed = _cache(ref, tmp_path)
+    seed.features("a", pv, grid)
+    seed.features("b", flipped, grid)
+    fdir = seed.directory
+    path_a, path_b = fdir.path(pixel_digest(pv, grid)), fdir.path(pixel_digest(flipped, grid))
+    shutil.copyfile(path_b, path_a)  # another video's features under this video's name
+    with torch.no_grad():
+        fresh = encode_video_features(ref, pv, grid)
+    cache = _cache(ref, tmp_path)
+    with caplog.at_level("WARNING"):
+        got = cache.features("a", pv, grid)
+    assert torch.equal(got, fresh) and cache.encodes == 1 and cache.directory.bad_files == 1
+    assert "metadata names another video" in caplog.text
+    path_a.write_bytes(b"\x00" * 40)  # a truncated write from outside, say
+    cache = _cache(ref, tmp_path)
+    assert torch.equal(cache.features("a", pv, grid), fresh) and cache.directory.bad_files == 1
+    again = _cache(ref, tmp_path)  # replaced by the re-encode: read from now on
+    assert torch.equal(again.features("a", pv, grid), fresh) and again.dir_hits == 1 and again.encodes == 0
+    assert not [p for p in path_a.parent.iterdir() if p.name.endswith(".tmp")]  # no temporary files left behind
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["mrsp.sp_size=2"], "not supported with mrsp.sp_size > 1"),
+    (["mrsp.enabled=false"], "needs mrsp.enabled=true"),
+])
+def test_the_config_refuses_what_the_directory_cannot_serve(tmp_path, extra, message):
+    with pytest.raises(ConfigError, match=message):
+        load_yaml(TrainConfig, None, [f"mrsp.frozen_feature_dir={tmp_path}", *extra])
