@@ -103,3 +103,53 @@ def test_a_damaged_or_misfiled_file_is_encoded_again_and_replaced(setup, tmp_pat
 def test_the_config_refuses_what_the_directory_cannot_serve(tmp_path, extra, message):
     with pytest.raises(ConfigError, match=message):
         load_yaml(TrainConfig, None, [f"mrsp.frozen_feature_dir={tmp_path}", *extra])
+
+
+def test_a_directory_that_cannot_be_written_only_costs_the_keeping(setup, tmp_path, caplog):
+    ref, pv, grid = setup
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("a file where the feature directory should be")  # mkdir fails under it, even for root
+    cache = _cache(ref, blocked)
+    with caplog.at_level("WARNING"):
+        for name, video in (("a", pv), ("b", pv.flip(0))):
+            with torch.no_grad():
+                assert torch.equal(cache.features(name, video, grid), encode_video_features(ref, video, grid))
+    assert (cache.encodes, cache.directory.writes, cache.directory.write_errors) == (2, 0, 2)
+    assert caplog.text.count("cannot write") == 1  # logged once
+
+
+_FSDP_DIGEST = """
+import os, sys, torch, torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+from longreel.trainer.mrsp.feature_dir import tower_digest
+
+class Inner(torch.nn.Module):  # the shape base_model() looks for: get_rope_index and a visual tower
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.visual = torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.Linear(6, 4))
+    def get_rope_index(self):
+        pass
+
+dist.init_process_group("gloo")
+plain = Inner()
+sharded = Inner()
+fully_shard(sharded.visual)
+assert type(next(sharded.visual.parameters())).__name__ == "DTensor"
+print(tower_digest(plain) == tower_digest(sharded), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_a_tower_sharded_by_fsdp_has_the_digest_of_the_whole_tower(tmp_path):
+    import os
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    out = subprocess.run([sys.executable, "-c", _FSDP_DIGEST], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "True"

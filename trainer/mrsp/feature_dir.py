@@ -37,10 +37,15 @@ def tower_digest(model) -> str:
     """blake2b over the vision tower's state (every parameter and buffer: name, dtype, shape, bytes), hex.
 
     Read once when a run opens its feature directory: a copy of the tower to host memory and one pass over its
-    bytes (a 7B Qwen2-VL's 675M-parameter tower in bf16: 1.35 GB)."""
+    bytes (a 7B Qwen2-VL's 675M-parameter tower in bf16: 1.35 GB). A tower sharded by FSDP is gathered tensor by
+    tensor (``full_tensor``, a collective: every rank opens the directory at the same point of start-up), so every
+    rank gets the digest of the whole tower."""
     h = hashlib.blake2b(digest_size=16)
     for name, t in sorted(base_model(model).visual.state_dict().items()):
-        t = t.detach().to("cpu").contiguous()
+        t = t.detach()
+        if hasattr(t, "full_tensor"):  # a DTensor shard
+            t = t.full_tensor()
+        t = t.to("cpu").contiguous()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy().data)  # as bytes: bf16 has no numpy dtype
     return h.hexdigest()
@@ -50,20 +55,20 @@ class FeatureDir:
     """Features of one frozen tower (``tower``: its :func:`tower_digest`) under ``root``.
 
     Counters: ``reads`` (files served), ``writes``, ``bad_files`` (unreadable or not what their name says; each
-    re-encoded by the caller and overwritten)."""
+    re-encoded by the caller and overwritten), ``write_errors`` (a directory that cannot be written, say a
+    read-only copy of precomputed features: reads go on, new features are not kept; logged once)."""
 
     def __init__(self, root: str | os.PathLike, tower: str):
         self.root = Path(root) / tower
         self.tower = tower
-        self.reads = self.writes = self.bad_files = 0
+        self.reads = self.writes = self.bad_files = self.write_errors = 0
 
     def path(self, digest: str) -> Path:
         return self.root / digest[:2] / f"{digest}.safetensors"
 
     def get(self, digest: str) -> Tensor | None:
         """The stored features of the video ``digest`` (CPU), or None when there are none to trust."""
-        from safetensors import SafetensorError
-        from safetensors.torch import safe_open
+        from safetensors import SafetensorError, safe_open
 
         path = self.path(digest)
         if not path.is_file():
@@ -86,15 +91,22 @@ class FeatureDir:
         from safetensors.torch import save_file
 
         path = self.path(digest)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{digest}.", suffix=".tmp", dir=path.parent)
-        os.close(fd)
+        tmp = None
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{digest}.", suffix=".tmp", dir=path.parent)
+            os.close(fd)
             save_file({"features": feats.detach().to("cpu").contiguous()}, tmp,
                       metadata={"pixel_digest": digest, "tower": self.tower})
             os.replace(tmp, path)
+        except OSError as err:
+            self.write_errors += 1
+            if self.write_errors == 1:
+                log.warning("feature directory: cannot write %s (%s); reading what is there, keeping nothing new",
+                            path, err)
+            return
         finally:
-            if os.path.exists(tmp):
+            if tmp is not None and os.path.exists(tmp):
                 os.unlink(tmp)
         self.writes += 1
 
