@@ -64,6 +64,9 @@ def test_another_tower_never_reads_them(setup, tmp_path):
     with torch.no_grad():
         next(tuned.model.visual.parameters()).view(-1)[0] += 1e-3  # one weight of the tower
     assert tower_digest(tuned) != tower_digest(ref)
+    # nor the same weights computing in another precision or kernel (the trainer's context string)
+    assert tower_digest(ref, "cpu|torch.float32|sdpa") != tower_digest(ref, "cpu|torch.bfloat16|sdpa")
+    assert tower_digest(ref, "cpu|torch.float32|sdpa") == tower_digest(copy.deepcopy(ref), "cpu|torch.float32|sdpa")
     other = _cache(tuned, tmp_path)
     with VisionCallCounter(tuned) as calls:
         got = other.features("vtest", pv, grid)

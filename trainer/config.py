@@ -175,7 +175,8 @@ class MRSPConfig(ConfigModel):
                                       "disk across runs, restarts and epochs ('': off): the reference's and, with "
                                       "mrsp.vision=frozen, the policy's. Read when the memory store "
                                       "(mrsp.frozen_cache_mb) misses, written after each encode, as safetensors "
-                                      "under a digest of the tower's weights, so a run from another checkpoint never "
+                                      "under a digest of the tower's weights, device, dtypes, attention kernels and "
+                                      "torch/transformers versions, so a run that would compute other bits never "
                                       "reads them (trainer.mrsp.feature_dir). Not under mrsp.sp_size > 1.")
     frozen_cache_offload: bool = cfg(True, "Keep the mrsp.frozen_cache_mb and mrsp.ref_prefix_cache_mb stores in host "
                                            "memory (entries are copied back to the device on a hit); false: on the "

@@ -210,9 +210,18 @@ class GRPOTrainer:
         None when off."""
         if not self.cfg.mrsp.frozen_feature_dir:
             return None
+        import transformers
+
         from longreel.trainer.mrsp.feature_dir import FeatureDir, tower_digest
 
-        return FeatureDir(self.cfg.mrsp.frozen_feature_dir, tower_digest(model))
+        c = self.cfg
+        # what decides the features' bits besides the weights: features of another precision, kernel or library
+        # version are not served
+        context = "|".join(str(v) for v in (
+            self.sess.device.type, self.sess.dtype, c.dist.strategy,
+            c.dist.fsdp_param_dtype if c.dist.strategy == "fsdp" else "", c.model.attn_implementation,
+            c.model.vision_attention, torch.__version__, transformers.__version__))
+        return FeatureDir(c.mrsp.frozen_feature_dir, tower_digest(model, context))
 
     def _logprobs(self, model, b: GroupBatch, rows: slice, features: Tensor) -> Tensor:
         """MR-SP log-probs of rows ``rows`` of group ``b`` from cached features and positions (identical on every

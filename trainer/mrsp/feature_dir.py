@@ -9,8 +9,9 @@ which stays exact while the policy's tower trains.
 
 Layout: ``<root>/<tower digest>/<pixel digest[:2]>/<pixel digest>.safetensors``, one tensor ``features``
 ``[n_tokens, hidden]`` in the dtype the tower computed, its metadata naming both digests. The tower digest covers
-every parameter and buffer of the vision tower (names, dtypes, shapes, bytes), so another checkpoint, dtype or
-fine-tune never gets these features. safetensors, not pickle: loading a file runs no code. A write goes to a
+every parameter and buffer of the vision tower (names, dtypes, shapes, bytes) and what else decides the features'
+bits (the trainer passes device type, compute dtypes, attention kernels and the torch / transformers versions), so
+another checkpoint, fine-tune, precision, kernel or library version never gets these features. safetensors, not pickle: loading a file runs no code. A write goes to a
 temporary file in the same folder and is renamed into place, so ranks or runs sharing the directory never read a
 half-written file; a file that cannot be read or does not hold what its name says is logged, counted and replaced by
 a fresh encode.
@@ -33,14 +34,16 @@ __all__ = ["FeatureDir", "tower_digest"]
 log = logging.getLogger(__name__)
 
 
-def tower_digest(model) -> str:
-    """blake2b over the vision tower's state (every parameter and buffer: name, dtype, shape, bytes), hex.
+def tower_digest(model, context: str = "") -> str:
+    """blake2b over the vision tower's state (every parameter and buffer: name, dtype, shape, bytes) and ``context``
+    (what else decides the features' bits: device, compute dtype, attention kernels, library versions), hex.
 
     Read once when a run opens its feature directory: a copy of the tower to host memory and one pass over its
     bytes (a 7B Qwen2-VL's 675M-parameter tower in bf16: 1.35 GB). A tower sharded by FSDP is gathered tensor by
     tensor (``full_tensor``, a collective: every rank opens the directory at the same point of start-up), so every
     rank gets the digest of the whole tower."""
     h = hashlib.blake2b(digest_size=16)
+    h.update(f"context|{context}|".encode())
     for name, t in sorted(base_model(model).visual.state_dict().items()):
         t = t.detach()
         if hasattr(t, "full_tensor"):  # a DTensor shard
