@@ -11,10 +11,10 @@ Layout: ``<root>/<tower digest>/<pixel digest[:2]>/<pixel digest>.safetensors``,
 ``[n_tokens, hidden]`` in the dtype the tower computed, its metadata naming both digests. The tower digest covers
 every parameter and buffer of the vision tower (names, dtypes, shapes, bytes) and what else decides the features'
 bits (the trainer passes device type, compute dtypes, attention kernels and the torch / transformers versions), so
-another checkpoint, fine-tune, precision, kernel or library version never gets these features. safetensors, not pickle: loading a file runs no code. A write goes to a
-temporary file in the same folder and is renamed into place, so ranks or runs sharing the directory never read a
-half-written file; a file that cannot be read or does not hold what its name says is logged, counted and replaced by
-a fresh encode.
+another checkpoint, fine-tune, precision, kernel or library version never gets these features. safetensors, not
+pickle: loading a file runs no code. A write goes to a temporary file in the same folder and is renamed into place,
+so ranks or runs sharing the directory never read a half-written file; a file that cannot be read or does not hold
+what its name says is logged, counted and replaced by a fresh encode.
 """
 from __future__ import annotations
 
