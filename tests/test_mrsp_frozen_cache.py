@@ -92,6 +92,27 @@ def test_other_pixels_under_a_seen_name_are_encoded_not_served(setup):
     assert torch.equal(cache.features("clip", other, grid), got) and cache.hits == 0
 
 
+def test_the_same_pixels_in_another_order_under_a_seen_name_are_not_served(setup):
+    """Within a step a name key is checked by the cheap fingerprint: frames (or patches) in another order have the
+    same plain sum, so the position-weighted sum is what tells them apart."""
+    from longreel.trainer.mrsp.embed_cache import video_fingerprint
+
+    ref, enc, _, _ = setup
+    pv, grid = enc["pixel_values_videos"], enc["video_grid_thw"]
+    flipped = pv.flip(0)
+    assert float(flipped.double().sum()) == float(pv.double().sum())  # the plain sum alone would be fooled
+    assert video_fingerprint(flipped, grid) != video_fingerprint(pv, grid)
+    cache = FrozenFeatureCache(ref, max_bytes=0)
+    cache.begin_step()
+    cache.features("v", pv, grid)
+    assert torch.equal(cache.features("v", flipped, grid), _fresh(ref, flipped, grid)) and cache.hits == 0
+    step = StepEmbedCache(ref, vision="frozen")
+    step.begin_step()
+    step.features("v", pv, grid)
+    with pytest.raises(ValueError, match="other pixels"):
+        step.features("v", flipped, grid)
+
+
 def test_the_store_is_bounded_least_recently_used_first(setup):
     ref, enc, _, _ = setup
     pv, grid = enc["pixel_values_videos"], enc["video_grid_thw"]

@@ -101,10 +101,15 @@ class CachedVideo:
 
 
 def video_fingerprint(pixel_values_videos: Tensor, video_grid_thw: Tensor) -> tuple:
-    """A cheap identity check for a video's pixels (shape, grid and the float64 sum), not a content hash: it
-    catches a key reused for different videos within a step, where hashing every pixel would cost a pass."""
-    return (tuple(pixel_values_videos.shape), tuple(video_grid_thw.reshape(-1).tolist()),
-            float(pixel_values_videos.detach().double().sum()))
+    """A cheap identity check for a video's pixels (shape, grid, the float64 sum and the float64 sum of the patches'
+    sums weighted by position), not a content hash: it catches a key reused for different videos within a step on
+    the pixels' own device, where a content hash would copy every pixel to the host. The weighted sum tells apart the
+    same patches in another order (frames permuted, say), which the plain sum cannot."""
+    pv = pixel_values_videos.detach()
+    rows = pv.reshape(pv.shape[0], -1).sum(dim=1, dtype=torch.float64)  # one sum per patch: no float64 copy
+    weights = torch.arange(1, rows.numel() + 1, device=rows.device, dtype=torch.float64)
+    return (tuple(pv.shape), tuple(video_grid_thw.reshape(-1).tolist()), float(rows.sum()),
+            float(torch.dot(rows, weights)))
 
 
 class StepEmbedCache:
