@@ -24,6 +24,39 @@ def ffmpeg() -> str:
     return ffmpeg_exe()
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 free right now (for a torch.distributed rendezvous in a child process)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def load_benchmark(name: str):
+    """``benchmarks/<name>.py`` as a module (the benchmarks are scripts, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"longreel_bench_{name}",
+                                                  Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def tiny_reference_with_video(work: Path, shared_videos: Path):
+    """A tiny Qwen2-VL (seed 0) loaded as a GRPO reference (float32, eval, no grad) and its processor's inputs for
+    :func:`vtest_video_inputs`: what the frozen-tower cache tests encode."""
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from longreel.testing.tiny_model import build_tiny_qwen2vl
+
+    model_dir = build_tiny_qwen2vl(work / "tiny", seed=0)
+    ref = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval().requires_grad_(False)
+    return ref, vtest_video_inputs(AutoProcessor.from_pretrained(model_dir), shared_videos)
+
+
 def run_ffmpeg(ffmpeg: str, *args: str) -> None:
     subprocess.run([ffmpeg, "-nostdin", "-hide_banner", "-loglevel", "error", "-y", *args], check=True)
 

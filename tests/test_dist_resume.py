@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ from safetensors.torch import load_file  # noqa: E402
 
 from longreel.trainer.logging_utils import read_metrics  # noqa: E402
 from longreel.testing.tiny_model import build_tiny_qwen2vl  # noqa: E402
+from conftest import free_port  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = REPO / "tests" / "dist_resume_worker.py"
@@ -33,15 +33,9 @@ def tiny(tmp_path_factory) -> str:
     return build_tiny_qwen2vl(tmp_path_factory.mktemp("tiny") / "m", seed=0)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _torchrun(n: int) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "--master_addr", "127.0.0.1",
-            "--master_port", str(_free_port())]
+            "--master_port", str(free_port())]
 
 
 def _run(cmd: list[str]) -> None:

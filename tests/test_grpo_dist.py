@@ -3,7 +3,6 @@ on the same global batch, within 1e-5."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,14 +17,9 @@ from safetensors.torch import load_file  # noqa: E402
 
 from longreel.trainer.logging_utils import read_metrics  # noqa: E402
 from longreel.testing.tiny_model import build_tiny_qwen2vl  # noqa: E402
+from conftest import free_port  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _args(model: str, out: Path, grads: Path) -> list[str]:
@@ -53,7 +47,7 @@ def test_torchrun_two_ranks_match_one_process(tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     _run([sys.executable, "-m", "longreel", *_args(model, one, tmp_path / "g1.safetensors")])
     _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-          "--master_port", str(_free_port()), "-m", "longreel", *_args(model, two, tmp_path / "g2.safetensors")])
+          "--master_port", str(free_port()), "-m", "longreel", *_args(model, two, tmp_path / "g2.safetensors")])
 
     g1, g2 = load_file(str(tmp_path / "g1.safetensors")), load_file(str(tmp_path / "g2.safetensors"))
     assert g1.keys() == g2.keys() and len(g1) > 10

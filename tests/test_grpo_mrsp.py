@@ -5,7 +5,6 @@ per step (and the reference's once), on real decoded video; and ``torchrun --npr
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 TOL = 1e-5
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from grpo_mrsp_worker import video_items  # noqa: E402
+from conftest import free_port  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -171,12 +171,6 @@ def test_sp_size_without_torchrun_is_a_clear_error(tiny, items, tmp_path):
 # ---------------------------------------------------------------------------------------------- torchrun, SP = 2
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run(cmd: list[str]) -> None:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
                OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
@@ -193,7 +187,7 @@ def test_torchrun_sequence_parallel_matches_one_process(tiny, shared_videos, tmp
     one, two = tmp_path / "one", tmp_path / "two"
     _run([sys.executable, worker, str(one), str(tmp_path / "g1.safetensors"), *common])
     _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-          "--master_port", str(_free_port()), worker, str(two), str(tmp_path / "g2.safetensors"), *common,
+          "--master_port", str(free_port()), worker, str(two), str(tmp_path / "g2.safetensors"), *common,
           "mrsp.sp_size=2"])
 
     from longreel.trainer.logging_utils import read_metrics
@@ -222,7 +216,7 @@ def test_torchrun_data_parallel_times_sequence_parallel_matches_one_process(tiny
     common = [tiny, str(shared_videos), "mrsp.sp_min_tokens=1", "mrsp.vision=deferred", "data.batch_size=4"]
     _run([sys.executable, worker, str(tmp_path / "one"), str(tmp_path / "g1.safetensors"), *common])
     _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4", "--master_addr", "127.0.0.1",
-          "--master_port", str(_free_port()), worker, str(tmp_path / "four"), str(tmp_path / "g4.safetensors"),
+          "--master_port", str(free_port()), worker, str(tmp_path / "four"), str(tmp_path / "g4.safetensors"),
           *common, "mrsp.sp_size=2", f"dist.strategy={strategy}"])
     g1, g4 = load_file(str(tmp_path / "g1.safetensors")), load_file(str(tmp_path / "g4.safetensors"))
     assert g1.keys() == g4.keys() and sum(float(g.abs().sum()) for g in g1.values()) > 0

@@ -1,18 +1,12 @@
 """benchmarks/mrsp.py's stage-1 ceiling (issue 19 item 2): the ratio over the shared-prefill baseline that the vision
 tower's own forward and backward costs allow when the language model costs nothing."""
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-MRSP = Path(__file__).resolve().parent.parent / "benchmarks" / "mrsp.py"
+from conftest import load_benchmark
 
 
 def _mrsp():
-    spec = importlib.util.spec_from_file_location("longreel_bench_mrsp", MRSP)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("mrsp")
 
 
 def test_a_backward_twice_a_forward_caps_stage_one_at_one_and_a_half():

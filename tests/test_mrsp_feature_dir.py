@@ -18,20 +18,14 @@ from longreel.trainer.config import TrainConfig  # noqa: E402
 from longreel.trainer.mrsp.embed_cache import VisionCallCounter, encode_video_features  # noqa: E402
 from longreel.trainer.mrsp.feature_dir import FeatureDir, tower_digest  # noqa: E402
 from longreel.trainer.mrsp.frozen_cache import FrozenFeatureCache, pixel_digest  # noqa: E402
-from longreel.testing.tiny_model import build_tiny_qwen2vl  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from conftest import free_port, tiny_reference_with_video  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, shared_videos):
-    from transformers import AutoModelForImageTextToText, AutoProcessor
-
-    from conftest import vtest_video_inputs
-
-    model_dir = build_tiny_qwen2vl(tmp_path_factory.mktemp("featdir") / "tiny", seed=0)
-    ref = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval().requires_grad_(False)
-    enc = vtest_video_inputs(AutoProcessor.from_pretrained(model_dir), shared_videos)
+    ref, enc = tiny_reference_with_video(tmp_path_factory.mktemp("featdir"), shared_videos)
     return ref, enc["pixel_values_videos"], enc["video_grid_thw"]
 
 
@@ -146,13 +140,10 @@ dist.destroy_process_group()
 
 def test_a_tower_sharded_by_fsdp_has_the_digest_of_the_whole_tower(tmp_path):
     import os
-    import socket
     import subprocess
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1",
+               LOCAL_RANK="0")
     out = subprocess.run([sys.executable, "-c", _FSDP_DIGEST], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "True"

@@ -24,13 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, shared_videos):
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from conftest import tiny_reference_with_video
 
-    from conftest import vtest_video_inputs
-
-    model_dir = build_tiny_qwen2vl(tmp_path_factory.mktemp("refcache") / "tiny", seed=0)
-    ref = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval().requires_grad_(False)
-    enc = vtest_video_inputs(AutoProcessor.from_pretrained(model_dir), shared_videos)
+    ref, enc = tiny_reference_with_video(tmp_path_factory.mktemp("refcache"), shared_videos)
     g = torch.Generator().manual_seed(0)
     resp = torch.randint(0, 300, (3, 9), generator=g)
     mask = torch.ones_like(resp)

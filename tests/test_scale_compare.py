@@ -1,7 +1,6 @@
 """benchmarks/scale.py's output comparison (issue 16): when the 1-worker and 2-worker outputs differ it names the
 files and table rows, and it tells a change of checkout between the two runs (the recorded code version: stats.json
 and the card) from a worker count computing something else."""
-import importlib.util
 import json
 import os
 from pathlib import Path
@@ -9,14 +8,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-SCALE = Path(__file__).resolve().parent.parent / "benchmarks" / "scale.py"
+from conftest import load_benchmark
 
 
 def _scale():
-    spec = importlib.util.spec_from_file_location("longreel_bench_scale", SCALE)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("scale")
 
 
 def _run(out: Path, version: str, reason: str) -> str:

@@ -115,15 +115,11 @@ def test_shards_written_for_four_frame_patches_load_into_that_policy(tmp_path):
 def test_answer_variance_share_of_the_varshare_diagnostic():
     # benchmarks/learn_varshare.py (diagnostics D18/D19): 1 when the features are the answer, about
     # (classes - 1) / (items - 1) when the answer is unrelated to them, the answer's share when mixed with nuisance
-    import importlib.util
-    from pathlib import Path
-
     import torch
 
-    spec = importlib.util.spec_from_file_location(
-        "longreel_bench_varshare", Path(__file__).resolve().parent.parent / "benchmarks" / "learn_varshare.py")
-    vs = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(vs)
+    from conftest import load_benchmark
+
+    vs = load_benchmark("learn_varshare")
     g = torch.Generator().manual_seed(0)
     labels = ["ABC"[i % 3] for i in range(600)]
     onehot = torch.nn.functional.one_hot(torch.tensor([i % 3 for i in range(600)]), 3).float()

@@ -297,16 +297,13 @@ def test_rope_theta_is_a_build_parameter(tmp_path):
     # benchmarks/learn.py --rope-theta: with head dim 16 and base 1e6 the height/width rotary frequencies barely turn
     # across a tiny video's token grid; a smaller base must reach the loaded model's rotary embedding, and the
     # default build's marker (hence its bytes) stays what it was before the parameter existed
-    import importlib.util
-
     from transformers import AutoModelForImageTextToText
+
+    from conftest import load_benchmark
 
     default_dir = Path(build_tiny_qwen2vl(tmp_path / "d", seed=0))
     assert "rope_theta" not in json.loads((default_dir / MARKER_FILE).read_text())["params"]
-    spec = importlib.util.spec_from_file_location(
-        "longreel_bench_learn", Path(__file__).resolve().parent.parent / "benchmarks" / "learn.py")
-    learn = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(learn)
+    learn = load_benchmark("learn")
     d = Path(learn.build_base(0, learn.build_parser().parse_args(["--rope-theta", "100"]), tmp_path / "r"))
     assert json.loads((d / MARKER_FILE).read_text())["params"]["rope_theta"] == 100.0
     small = AutoModelForImageTextToText.from_pretrained(d)
@@ -330,18 +327,14 @@ def test_frame_difference_patch_embed_is_a_build_parameter(tmp_path):
     # benchmarks/learn.py --patch-embed frame_difference: the vision patch embedding sees consecutive frames'
     # differences (channels e % T >= 1) and the frames' content (e % T == 0); nothing else in the weights changes,
     # and a default build's marker (hence its bytes) is what it was before the parameter existed
-    import importlib.util
-
     from transformers import AutoModelForImageTextToText
 
+    from conftest import load_benchmark
     from longreel.testing.tiny_model import frame_difference_kernel
 
     default_dir = Path(build_tiny_qwen2vl(tmp_path / "d", seed=0, temporal_patch_size=4))
     assert "patch_embed" not in json.loads((default_dir / MARKER_FILE).read_text())["params"]
-    spec = importlib.util.spec_from_file_location(
-        "longreel_bench_learn", Path(__file__).resolve().parent.parent / "benchmarks" / "learn.py")
-    learn = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(learn)
+    learn = load_benchmark("learn")
     args = learn.build_parser().parse_args(["--temporal-patch", "4", "--patch-embed", "frame_difference"])
     d = Path(learn.build_base(0, args, tmp_path / "fd"))
     assert json.loads((d / MARKER_FILE).read_text())["params"]["patch_embed"] == "frame_difference"
