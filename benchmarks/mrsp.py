@@ -407,6 +407,7 @@ def role_step(args) -> None:
     resp, mask, adv = responses(args.G, args.resp)
     video_patches = int(x["video_grid_thw"].prod())
     text = args.text
+    from longreel.trainer.mrsp.feature_dir import FeatureDir, tower_digest
     from longreel.trainer.mrsp.frozen_cache import FrozenFeatureCache
     from longreel.trainer.mrsp.ref_prefix import PrefixKVStore
 
@@ -416,12 +417,10 @@ def role_step(args) -> None:
     steady_ref2 = FrozenFeatureCache(ref, max_bytes=budget)
     steady_frozen2 = FrozenFeatureCache(model, max_bytes=budget)
     steady_prefix = PrefixKVStore(ref, max_bytes=budget)
-    from longreel.trainer.mrsp.feature_dir import FeatureDir, tower_digest
-
+    steady_prefix_frozen = PrefixKVStore(ref, max_bytes=budget)
     # the reference's features on disk only (no memory store): filled by the warm-up, read in every measured step
     dir_ref = FrozenFeatureCache(ref, max_bytes=0, directory=FeatureDir(Path(args.out).parent / "features",
                                                                         tower_digest(ref)))
-    steady_prefix_frozen = PrefixKVStore(ref, max_bytes=budget)
     every = {
         "no_reuse_per_sequence": lambda r, m, a: step_no_reuse(model, ref, x, r, m, a, per_sequence=True,
                                                                text=text),

@@ -29,9 +29,15 @@ from torch import Tensor
 
 from longreel.trainer.positions import base_model
 
-__all__ = ["FeatureDir", "tower_digest"]
+__all__ = ["FeatureDir", "host_bytes", "tower_digest"]
 
 log = logging.getLogger(__name__)
+
+
+def host_bytes(t: Tensor):
+    """Every byte of ``t`` as a buffer in host memory, for a hash (copied off the device; viewed as uint8, so bf16 and
+    fp16 go too: numpy has no bfloat16)."""
+    return t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().data
 
 
 def tower_digest(model, context: str = "") -> str:
@@ -48,9 +54,8 @@ def tower_digest(model, context: str = "") -> str:
         t = t.detach()
         if hasattr(t, "full_tensor"):  # a DTensor shard
             t = t.full_tensor()
-        t = t.to("cpu").contiguous()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().data)  # as bytes: bf16 has no numpy dtype
+        h.update(host_bytes(t))
     return h.hexdigest()
 
 

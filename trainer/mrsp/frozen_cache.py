@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from longreel.trainer.mrsp.embed_cache import encode_video_features, video_fingerprint
-from longreel.trainer.mrsp.feature_dir import FeatureDir
+from longreel.trainer.mrsp.feature_dir import FeatureDir, host_bytes
 
 __all__ = ["FrozenFeatureCache", "pixel_digest"]
 
@@ -48,9 +48,7 @@ def pixel_digest(pixel_values_videos: Tensor, video_grid_thw: Tensor) -> str:
     h = hashlib.blake2b(digest_size=16)
     pv = pixel_values_videos.detach()
     h.update(f"{pv.dtype}|{tuple(pv.shape)}|{video_grid_thw.reshape(-1).tolist()}".encode())
-    pv = pv.to("cpu").contiguous()
-    # view as bytes: hashes bf16/fp16 too (numpy has no bfloat16)
-    h.update(pv.reshape(-1).view(torch.uint8).numpy().data)
+    h.update(host_bytes(pv))
     return h.hexdigest()
 
 
