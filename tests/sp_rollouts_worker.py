@@ -22,10 +22,15 @@ from longreel.trainer.rollout import SamplingConfig, TransformersEngine  # noqa:
 
 
 def _record_rows(engine) -> list:
-    """The ``rows`` each ``generate_prepared`` call of ``engine`` sampled."""
+    """The ``rows`` sampled for each prompt of ``engine``'s ``generate_prepared_many`` calls."""
     rows: list = []
-    inner = engine.engine.generate_prepared
-    engine.engine.generate_prepared = lambda *a, **k: (rows.append(list(k["rows"])), inner(*a, **k))[1]
+    inner = engine.engine.generate_prepared_many
+
+    def record(inputs, *a, **k):
+        rows.extend(list(k["rows"]) for _ in inputs)
+        return inner(inputs, *a, **k)
+
+    engine.engine.generate_prepared_many = record
     return rows
 
 

@@ -104,6 +104,51 @@ def test_any_subset_of_rows_samples_the_same_rollouts(tiny):
     assert one.token_ids == [full.token_ids[4]]
 
 
+def _longer(prompt: PromptInputs, extra: int) -> PromptInputs:
+    """``prompt`` with ``extra`` more text tokens in front (a prompt of another length, same video)."""
+    head = prompt.input_ids[:, :1].expand(1, extra)
+    types = prompt.mm_token_type_ids
+    return PromptInputs(f"{prompt.key}+{extra}", torch.cat([head, prompt.input_ids], 1),
+                        torch.ones(1, prompt.input_ids.shape[1] + extra, dtype=prompt.attention_mask.dtype),
+                        prompt.pixel_values_videos, prompt.video_grid_thw,
+                        None if types is None else torch.cat([torch.zeros_like(types[:, :1]).expand(1, extra), types], 1))
+
+
+def test_prompts_decoded_together_sample_what_each_samples_alone(tiny):
+    """Three prompts of two lengths (the shorter's K/V padded and masked) decoded in one batch, in batches of two,
+    and one at a time: the same tokens, and log-probs within fp32 rounding of each other and of the trainer's
+    log-prob pass (so the padding gets no attention and each row keeps its own prompt's positions)."""
+    _, model, proc, prompt = tiny
+    prompts = [prompt, _longer(prompt, 5), prompt]
+    engine = TransformersEngine(model, proc)
+    with torch.no_grad():
+        emb = encode_video(model, prompt)
+    inputs = [engine._inputs(p, emb) for p in prompts]
+    samplings = [Sampling(max_new_tokens=10, n=4, seed=seed, temperature=1.0, top_p=0.95, top_k=0)
+                 for seed in (1, 2, 3)]
+    kw = dict(eos_ids=engine.eos, pad_id=engine.pad_id, suppress_tokens=engine.suppress)
+    batches: list[int] = []
+    hook = model.lm_head.register_forward_hook(lambda m, a, o: batches.append(int(a[0].shape[0])))
+    try:
+        together = engine.engine.generate_prepared_many(inputs, samplings, **kw)
+    finally:
+        hook.remove()
+    assert 12 in batches  # the decode steps ran the three prompts' 4 rows each as one batch
+    pairs = engine.engine.generate_prepared_many(inputs, samplings, prompts_per_decode=2, **kw)
+    alone = [engine.engine.generate_prepared(x, s, **kw) for x, s in zip(inputs, samplings)]
+    assert [c.token_ids for c in together] == [c.token_ids for c in alone] == [c.token_ids for c in pairs]
+    assert together[0].token_ids != together[2].token_ids  # the seeds, not the prompt, set the samples
+    for c, a, p in zip(together, alone, prompts):
+        assert max(abs(x - y) for r, q in zip(c.logprobs, a.logprobs) for x, y in zip(r, q)) <= 1e-5
+        ids, mask = pad_responses(c.token_ids, engine.pad_id)
+        with torch.no_grad():
+            lp = sequence_logprobs(model, p, ids, mask)
+        beh = torch.zeros_like(lp)
+        for i, row in enumerate(c.logprobs):
+            beh[i, :len(row)] = torch.tensor(row)
+        assert float(((lp - beh) * mask).abs().max()) <= 1e-5
+
+
 @pytest.fixture(scope="module")
 def dist_results(tiny, tmp_path_factory):
     from safetensors.torch import save_file

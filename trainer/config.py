@@ -68,6 +68,9 @@ class RolloutConfig(ConfigModel):
     temperature: float = cfg(1.0, "Sampling temperature (log-probs are computed at the same temperature).")
     top_p: float = cfg(1.0, "Nucleus sampling threshold (1.0: off).")
     max_new_tokens: int = cfg(256, "Longest response, in tokens.")
+    prompts_per_decode: int = cfg(0, "transformers engine: the rollouts of this many prompts are decoded in one "
+                                     "batch, each prompt's K/V kept once (0: all of a step's prompts on the rank). "
+                                     "Lower it when the prompts' K/V together do not fit in memory.")
     vllm_gpu_memory_utilization: float = cfg(0.4, "vllm: fraction of GPU memory the engine may take.")
     vllm_max_model_len: int = cfg(8192, "vllm: longest prompt + response.")
 
@@ -193,6 +196,8 @@ class EvalConfig(ConfigModel):
     max_new_tokens: int = cfg(256, "Longest greedy answer when evaluating.")
     max_items: int = cfg(0, "Evaluate only the first N held-out items (0: all).")
     every: int = cfg(0, "During training, evaluate on data.eval_urls every N steps (0: never).")
+    batch_size: int = cfg(8, "Held-out items decoded together (each answer is the item's own greedy answer); "
+                             "lower it when that many prompts' K/V do not fit in memory.")
 
 
 class TrainConfig(ConfigModel):
@@ -222,6 +227,8 @@ class TrainConfig(ConfigModel):
         need(self.rollout.temperature > 0, "rollout.temperature must be > 0 (use eval for greedy decoding)")
         need(0 < self.rollout.top_p <= 1, "rollout.top_p must be in (0, 1]")
         need(self.rollout.max_new_tokens >= 1, "rollout.max_new_tokens must be >= 1")
+        need(self.eval.batch_size >= 1, "eval.batch_size must be >= 1")
+        need(self.rollout.prompts_per_decode >= 0, "rollout.prompts_per_decode must be >= 0 (0: all prompts)")
         need(0.0 <= self.grpo.clip_low < 1.0, "grpo.clip_low must be in [0, 1)")
         need(self.grpo.clip_high >= 0.0, "grpo.clip_high must be >= 0")
         need(self.grpo.beta >= 0.0, "grpo.beta must be >= 0")

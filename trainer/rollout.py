@@ -122,7 +122,8 @@ class TransformersEngine(RolloutEngine):
 
     name = "transformers"
 
-    def __init__(self, model: torch.nn.Module, processor, *, share_prompt: bool = True, group=None):
+    def __init__(self, model: torch.nn.Module, processor, *, share_prompt: bool = True, group=None,
+                 prompts_per_decode: int = 0):
         from longreel.engines.transformers_engine import TransformersEngine as SharedTransformersEngine
 
         self.group = group  # an SP group: its ranks split each prompt's rollouts, then all-gather them
@@ -131,6 +132,9 @@ class TransformersEngine(RolloutEngine):
         self.processor = processor
         self.engine = SharedTransformersEngine.from_model(model, processor, name="policy")
         self.share_prompt = share_prompt  # prefill each prompt once for its G rollouts (generate_shared_prefix)
+        # the rows of this many prompts decode in one batch (0: all of the call's prompts); each prompt's K/V stay
+        # in memory until its batch is done, so a long-video run on a small GPU lowers it
+        self.prompts_per_decode = int(prompts_per_decode)
         self.eos = _eos_ids(model)
         self.pad_id = _pad_id(model, processor.tokenizer)
         self.suppress = vision_token_ids(model)
@@ -179,20 +183,22 @@ class TransformersEngine(RolloutEngine):
         model = self.model
         was_training = model.training
         model.eval()
-        mine = []
         try:
             rows, _ = self._my_rows(sampling.n)
+            inputs, samplings = [], []
             for i, prompt in enumerate(prompts):
                 emb = video_embeds[i] if video_embeds is not None and video_embeds[i] is not None else None
                 if emb is None:
                     emb = encode_video(model, prompt)
-                s = Sampling(max_new_tokens=sampling.max_new_tokens, n=sampling.n, seed=int(seeds[i]),
-                             temperature=0.0 if sampling.greedy else sampling.temperature, top_p=sampling.top_p,
-                             top_k=0)
-                c = self.engine.generate_prepared(self._inputs(prompt, emb), s, share_prompt=self.share_prompt,
-                                                  eos_ids=self.eos, pad_id=self.pad_id, suppress_tokens=self.suppress,
-                                                  rows=rows)
-                mine.append((c.token_ids, c.finish, c.logprobs if self.report_logprobs else None))
+                inputs.append(self._inputs(prompt, emb))
+                samplings.append(Sampling(max_new_tokens=sampling.max_new_tokens, n=sampling.n, seed=int(seeds[i]),
+                                          temperature=0.0 if sampling.greedy else sampling.temperature,
+                                          top_p=sampling.top_p, top_k=0))
+            done = self.engine.generate_prepared_many(inputs, samplings, share_prompt=self.share_prompt,
+                                                      eos_ids=self.eos, pad_id=self.pad_id,
+                                                      suppress_tokens=self.suppress, rows=rows,
+                                                      prompts_per_decode=self.prompts_per_decode)
+            mine = [(c.token_ids, c.finish, c.logprobs if self.report_logprobs else None) for c in done]
         finally:
             model.train(was_training)
         parts = self._gather(mine)
@@ -291,7 +297,8 @@ def make_engine(name: str, model, processor, *, model_path: str = "", rollout_cf
     """``group``: an SP group whose ranks split each prompt's rollouts (transformers engine; vLLM samples every
     rollout on each rank)."""
     if name == "transformers":
-        return TransformersEngine(model, processor, group=group)
+        return TransformersEngine(model, processor, group=group,
+                                  prompts_per_decode=getattr(rollout_cfg, "prompts_per_decode", 0))
     if name == "vllm":
         return VLLMEngine(model_path, processor, dtype=dtype,
                           gpu_memory_utilization=getattr(rollout_cfg, "vllm_gpu_memory_utilization", 0.4),

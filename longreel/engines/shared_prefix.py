@@ -135,28 +135,36 @@ def supports_shared_decode(model) -> bool:
             and not hasattr(attn, "q_norm") and hasattr(mod, "apply_rotary_pos_emb") and hasattr(lm, "rotary_emb"))
 
 
-def _two_part_attention(q: Tensor, kp: Tensor, vp: Tensor, kr: Tensor, vr: Tensor, scale: float) -> Tensor:
-    """One new token per row attending over the prompt's keys (one copy, ``[1, Hkv, Lp, D]``, seen by every row)
-    and its own response keys (``[g, Hkv, t, D]``); the two softmaxes merged exactly by their log-sum-exps.
+def _two_part_attention(q: Tensor, kp: Tensor, vp: Tensor, kr: Tensor, vr: Tensor, scale: float,
+                        prompt_valid: Tensor | None = None) -> Tensor:
+    """One new token per row attending over its prompt's keys (one copy per prompt, ``[P, Hkv, Lp, D]``, seen by
+    every row of that prompt) and its own response keys (``[P * g, Hkv, t, D]``); the two softmaxes merged exactly
+    by their log-sum-exps.
 
-    ``q``: ``[g, H, 1, D]`` with ``H = Hkv * grp`` (query head ``h`` reads KV head ``h // grp``). The prompt part
-    is one batched product of all ``g * grp`` queries of a KV head with that head's prompt keys, so the prompt's
-    K/V are read once per step for the whole group and never copied per row. Returns ``[g, 1, H * D]``."""
-    g, h, _, d = q.shape
-    hkv = kp.shape[1]
-    grp = h // hkv
-    qg = q.reshape(g, hkv, grp, d)
-    qp = qg.transpose(0, 1).reshape(hkv, g * grp, d)
-    s1 = torch.matmul(qp, kp[0].transpose(-1, -2)) * scale                    # [Hkv, g*grp, Lp]
+    ``q``: ``[P * g, H, 1, D]``, prompt ``p``'s ``g`` rows contiguous, with ``H = Hkv * grp`` (query head ``h``
+    reads KV head ``h // grp``). The prompt part is one batched product per prompt and KV head of all its
+    ``g * grp`` queries with that head's prompt keys, so a prompt's K/V are read once per step for its whole group
+    and never copied per row. ``prompt_valid``: ``BoolTensor[P, Lp]``, False on the right padding of prompts
+    shorter than the longest (those keys get no weight). Returns ``[P * g, 1, H * D]``."""
+    rows, h, _, d = q.shape
+    n_prompts, hkv = kp.shape[0], kp.shape[1]
+    g, grp = rows // n_prompts, h // hkv
+    qg = q.reshape(n_prompts, g, hkv, grp, d)
+    qp = qg.permute(0, 2, 1, 3, 4).reshape(n_prompts, hkv, g * grp, d)
+    s1 = torch.matmul(qp, kp.transpose(-1, -2)) * scale                       # [P, Hkv, g*grp, Lp]
+    if prompt_valid is not None:
+        s1 = s1.masked_fill(~prompt_valid[:, None, None, :], float("-inf"))
     l1 = torch.logsumexp(s1, -1, keepdim=True)
-    o1 = torch.matmul(torch.exp(s1 - l1), vp[0]).reshape(hkv, g, grp, d).transpose(0, 1)
-    l1 = l1.reshape(hkv, g, grp, 1).transpose(0, 1)
-    s2 = torch.matmul(qg, kr.transpose(-1, -2)) * scale                       # [g, Hkv, grp, t]
+    o1 = torch.matmul(torch.exp(s1 - l1), vp)                                 # [P, Hkv, g*grp, D]
+    o1 = o1.reshape(n_prompts, hkv, g, grp, d).permute(0, 2, 1, 3, 4).reshape(rows, hkv, grp, d)
+    l1 = l1.reshape(n_prompts, hkv, g, grp, 1).permute(0, 2, 1, 3, 4).reshape(rows, hkv, grp, 1)
+    qr = qg.reshape(rows, hkv, grp, d)
+    s2 = torch.matmul(qr, kr.transpose(-1, -2)) * scale                       # [P*g, Hkv, grp, t]
     l2 = torch.logsumexp(s2, -1, keepdim=True)
     o2 = torch.matmul(torch.exp(s2 - l2), vr)
     lse = torch.logaddexp(l1, l2)
-    o = torch.exp(l1 - lse) * o1 + torch.exp(l2 - lse) * o2                   # [g, Hkv, grp, D]
-    return o.reshape(g, 1, h * d)
+    o = torch.exp(l1 - lse) * o1 + torch.exp(l2 - lse) * o2                   # [P*g, Hkv, grp, D]
+    return o.reshape(rows, 1, h * d)
 
 
 @dataclass
@@ -170,41 +178,97 @@ class SharedDecode:
     finished: list[bool]
 
 
+@dataclass
+class _Prefilled:
+    """One prompt after its prefill: the logits of its last token ``[1, V]``, its K/V per text layer (one copy,
+    ``[1, Hkv, Lp, D]`` each), its length and its M-RoPE offset for the tokens that follow."""
+
+    logits: Tensor
+    kv: list[tuple[Tensor, Tensor]]
+    length: int
+    delta: int
+
+
+def _prefill(model, inner, prompt_inputs: dict[str, Any]) -> _Prefilled:
+    inner.rope_deltas = None  # the prefill computes this prompt's own
+    out = model(**prompt_inputs, use_cache=True, logits_to_keep=1)
+    delta = inner.rope_deltas
+    return _Prefilled(out.logits[:, -1], [(layer.keys, layer.values) for layer in out.past_key_values.layers],
+                      int(prompt_inputs["input_ids"].shape[1]), int(delta.reshape(-1)[0]) if delta is not None else 0)
+
+
+def _stack_prompts(prefilled: list[_Prefilled], layer: int) -> tuple[Tensor, Tensor]:
+    """Layer ``layer``'s prompt keys and values of every prompt, right-padded to the longest: ``[P, Hkv, Lp, D]``
+    each (one prompt: its own tensors, no copy). The prompts' own copies of the layer are dropped as it is
+    stacked, so the K/V are held about once, not twice, while the layers are stacked."""
+    if len(prefilled) == 1:
+        return prefilled[0].kv[layer]
+    width = max(p.length for p in prefilled)
+    ks, vs = [], []
+    for p in prefilled:
+        k, v = p.kv[layer]
+        p.kv[layer] = None
+        ks.append(torch.nn.functional.pad(k, (0, 0, 0, width - p.length)))
+        vs.append(torch.nn.functional.pad(v, (0, 0, 0, width - p.length)))
+    return torch.cat(ks), torch.cat(vs)
+
+
 @torch.no_grad()
 def sample_shared_prefix(model, prompt_inputs: dict[str, Any], seeds, *, max_new_tokens: int, eos_ids,
                          temperature: float = 1.0, top_p: float = 1.0, top_k: int | None = 0, greedy: bool = False,
                          suppress_tokens=None) -> SharedDecode:
-    """``len(seeds)`` continuations of one prompt, row ``r`` sampled from its own generator seeded ``seeds[r]``.
+    """``len(seeds)`` continuations of one prompt, row ``r`` sampled from its own generator seeded ``seeds[r]``:
+    :func:`sample_shared_prefixes` for one prompt."""
+    return sample_shared_prefixes(model, [prompt_inputs], [seeds], max_new_tokens=max_new_tokens, eos_ids=eos_ids,
+                                  temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy,
+                                  suppress_tokens=suppress_tokens)[0]
 
-    The prompt (``prompt_inputs``: the model's keywords for batch 1, no padding) is prefilled once; its K/V stay
-    one ``[1, Hkv, Lp, D]`` copy per layer, and each decode step runs the ``g`` rows' new tokens through the text
-    layers (the HF modules' own projections, rotary, norms and MLPs), each attending over that one prompt copy
-    and its own keys (:func:`_two_part_attention`). Response positions follow the prompt's ``rope_deltas`` as in
-    ``generate``. A row's tokens depend only on its seed and the weights (not on the other rows), up to fp32
-    rounding of batched products: an SP group that splits the rows samples what one process samples.
+
+@torch.no_grad()
+def sample_shared_prefixes(model, prompts_inputs: list[dict[str, Any]], seeds: list, *, max_new_tokens: int,
+                           eos_ids, temperature: float = 1.0, top_p: float = 1.0, top_k: int | None = 0,
+                           greedy: bool = False, suppress_tokens=None) -> list[SharedDecode]:
+    """``len(seeds[p])`` continuations of each prompt ``p`` (the same count for every prompt), row ``r`` of prompt
+    ``p`` sampled from its own generator seeded ``seeds[p][r]``, all prompts' rows decoded together.
+
+    Each prompt (``prompts_inputs[p]``: the model's keywords for batch 1, no padding) is prefilled once; its K/V
+    stay one ``[1, Hkv, Lp, D]`` copy per layer (right-padded to the longest prompt and masked), and each decode
+    step runs every prompt's rows' new tokens through the text layers in one batch (the HF modules' own
+    projections, rotary, norms and MLPs), each row attending over its prompt's one copy and its own keys
+    (:func:`_two_part_attention`). Decoding the prompts together rather than one after another turns ``P``
+    small decode batches into one: on a GPU the per-step launch cost, on a CPU the per-call overhead of a small
+    model, is paid once per step instead of once per prompt. Response positions follow each prompt's
+    ``rope_deltas`` as in ``generate``. A row's tokens depend only on its seed, its prompt and the weights (not on
+    the other rows or prompts), up to fp32 rounding of batched products: an SP group that splits the rows, or a
+    caller that decodes the prompts one at a time, samples what one batched call samples.
     Needs :func:`supports_shared_decode`.
     """
     import sys
 
     inner, lm = _language_model(model)
     rotary = sys.modules[type(lm.layers[0].self_attn).__module__].apply_rotary_pos_emb
-    inner.rope_deltas = None  # the prefill computes this prompt's own
-    ids = prompt_inputs["input_ids"]
-    out = model(**prompt_inputs, use_cache=True, logits_to_keep=1)
-    cache = out.past_key_values
-    prompt_kv = [(layer.keys, layer.values) for layer in cache.layers]
-    lp_len = int(ids.shape[1])
-    delta = inner.rope_deltas
-    delta = int(delta.reshape(-1)[0]) if delta is not None else 0
-    g = len(seeds)
-    sampler = RowSampler(seeds, temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy,
-                         suppress_tokens=suppress_tokens, device=ids.device)
-    stops = torch.as_tensor(sorted({int(e) for e in eos_ids}), device=ids.device)
-    tok, lp = sampler(out.logits[:, -1].expand(g, -1))
-    del out, cache
+    g = len(seeds[0])
+    if any(len(s) != g for s in seeds) or len(seeds) != len(prompts_inputs):
+        raise ValueError("sample_shared_prefixes needs one seed list per prompt, all of one length")
+    prefilled = [_prefill(model, inner, x) for x in prompts_inputs]
+    device = prefilled[0].logits.device
+    n_prompts, rows = len(prefilled), len(prefilled) * g
+    sampler = RowSampler([s for row_seeds in seeds for s in row_seeds], temperature=temperature, top_p=top_p,
+                         top_k=top_k, greedy=greedy, suppress_tokens=suppress_tokens, device=device)
+    stops = torch.as_tensor(sorted({int(e) for e in eos_ids}), device=device)
+    first = torch.cat([p.logits.expand(g, -1) for p in prefilled])
+    tok, lp = sampler(first)
+    prompt_kv = [_stack_prompts(prefilled, i) for i in range(len(lm.layers))]
+    lengths = torch.as_tensor([p.length for p in prefilled], device=device)
+    valid = None
+    if n_prompts > 1 and bool((lengths != lengths.max()).any()):
+        valid = torch.arange(int(lengths.max()), device=device)[None, :] < lengths[:, None]
+    # each row's position of its first new token (its prompt's length plus its M-RoPE offset)
+    start = torch.as_tensor([p.length + p.delta for p in prefilled], device=device).repeat_interleave(g)
+    del prefilled, first
     kv_heads, head_dim = prompt_kv[0][0].shape[1], prompt_kv[0][0].shape[3]
     dtype = prompt_kv[0][0].dtype
-    resp_k = [torch.empty(g, kv_heads, max_new_tokens, head_dim, dtype=dtype, device=ids.device) for _ in lm.layers]
+    resp_k = [torch.empty(rows, kv_heads, max_new_tokens, head_dim, dtype=dtype, device=device) for _ in lm.layers]
     resp_v = [torch.empty_like(k) for k in resp_k]
     toks, lps = [tok], [lp]
     done = torch.isin(tok, stops)
@@ -213,18 +277,19 @@ def sample_shared_prefix(model, prompt_inputs: dict[str, Any], seeds, *, max_new
         if bool(done.all()):
             break
         h = embed(tok[:, None])
-        pos = torch.full((3, g, 1), lp_len + t + delta, dtype=torch.long, device=ids.device)
+        pos = (start + t)[None, :, None].expand(3, rows, 1)
         cos, sin = lm.rotary_emb(h, pos)
         for i, layer in enumerate(lm.layers):
             attn = layer.self_attn
             x = layer.input_layernorm(h)
-            q = attn.q_proj(x).view(g, 1, -1, attn.head_dim).transpose(1, 2)
-            k = attn.k_proj(x).view(g, 1, -1, attn.head_dim).transpose(1, 2)
-            v = attn.v_proj(x).view(g, 1, -1, attn.head_dim).transpose(1, 2)
+            q = attn.q_proj(x).view(rows, 1, -1, attn.head_dim).transpose(1, 2)
+            k = attn.k_proj(x).view(rows, 1, -1, attn.head_dim).transpose(1, 2)
+            v = attn.v_proj(x).view(rows, 1, -1, attn.head_dim).transpose(1, 2)
             q, k = rotary(q, k, cos, sin)
             resp_k[i][:, :, t] = k[:, :, 0]
             resp_v[i][:, :, t] = v[:, :, 0]
-            o = _two_part_attention(q, *prompt_kv[i], resp_k[i][:, :, :t + 1], resp_v[i][:, :, :t + 1], attn.scaling)
+            o = _two_part_attention(q, *prompt_kv[i], resp_k[i][:, :, :t + 1], resp_v[i][:, :, :t + 1], attn.scaling,
+                                    valid)
             h = h + attn.o_proj(o)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         logits = model.lm_head(lm.norm(h[:, -1]))
@@ -232,14 +297,20 @@ def sample_shared_prefix(model, prompt_inputs: dict[str, Any], seeds, *, max_new
         toks.append(tok)
         lps.append(lp)
         done |= torch.isin(tok, stops)
-    all_toks = torch.stack(toks, 1).tolist()
-    all_lps = torch.stack(lps, 1).tolist()
-    stop_set = {int(s) for s in stops.tolist()}
-    res = SharedDecode([], [], [])
-    for row_t, row_l in zip(all_toks, all_lps):
-        stop = next((j for j, x in enumerate(row_t) if x in stop_set), None)
-        keep = len(row_t) if stop is None else stop + 1
-        res.tokens.append(row_t[:keep])
-        res.logprobs.append(row_l[:keep])
-        res.finished.append(stop is not None)
-    return res
+    return _cut_rows(torch.stack(toks, 1).tolist(), torch.stack(lps, 1).tolist(), {int(s) for s in stops.tolist()},
+                     n_prompts, g)
+
+
+def _cut_rows(all_toks: list, all_lps: list, stop_set: set, n_prompts: int, g: int) -> list[SharedDecode]:
+    """Each row cut after its first end-of-sequence token, rows grouped back by prompt."""
+    out = []
+    for p in range(n_prompts):
+        res = SharedDecode([], [], [])
+        for row_t, row_l in zip(all_toks[p * g:(p + 1) * g], all_lps[p * g:(p + 1) * g]):
+            stop = next((j for j, x in enumerate(row_t) if x in stop_set), None)
+            keep = len(row_t) if stop is None else stop + 1
+            res.tokens.append(row_t[:keep])
+            res.logprobs.append(row_l[:keep])
+            res.finished.append(stop is not None)
+        out.append(res)
+    return out

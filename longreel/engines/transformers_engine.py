@@ -338,63 +338,108 @@ class TransformersEngine(Engine):
     def generate_prepared(self, inputs: dict, sampling: Sampling, *, share_prompt: bool = True,
                           eos_ids: list[int] | None = None, pad_id: int | None = None,
                           suppress_tokens: list[int] | None = None, rows=None) -> Completion:
-        """Samples of one prompt given as the model's keyword tensors (batch 1; e.g. a trainer's prompt carrying
-        the vision tower's cached outputs as ``mm_encoder_outputs``): rows ``rows`` (default ``range(n)``) of
-        its ``sampling.n``, row ``k`` sampled from its own generator seeded
-        ``rollout_row_seed(sampling.seed, k)``, so a row is the same whether it is sampled here alone, with the
-        group's other rows, or on another rank (an SP group splits a group's rows over its ranks).
+        """Samples of one prompt given as the model's keyword tensors: :meth:`generate_prepared_many` for one."""
+        return self.generate_prepared_many([inputs], [sampling], share_prompt=share_prompt, eos_ids=eos_ids,
+                                           pad_id=pad_id, suppress_tokens=suppress_tokens, rows=rows)[0]
 
-        ``share_prompt``: the prompt is prefilled once for the rows (where the prompt allows it: no left padding):
-        on Qwen2-VL-family decoders its K/V stay one copy that every row attends to
-        (:func:`longreel.engines.shared_prefix.sample_shared_prefix`), elsewhere the cache is repeated per row
-        (``generate_shared_prefix``). ``suppress_tokens`` are never sampled. The ids of each sample run to (and
-        include) the first end of sequence; the texts leave it out; ``logprobs`` are the sampled tokens'
-        log-probs (temperature applied) when the shared decoder ran."""
-        import torch
+    def generate_prepared_many(self, inputs: list[dict], samplings: list[Sampling], *, share_prompt: bool = True,
+                               eos_ids: list[int] | None = None, pad_id: int | None = None,
+                               suppress_tokens: list[int] | None = None, rows=None,
+                               prompts_per_decode: int = 0) -> list[Completion]:
+        """Samples of several prompts, each given as the model's keyword tensors (batch 1; e.g. a trainer's
+        prompt carrying the vision tower's cached outputs as ``mm_encoder_outputs``): rows ``rows`` (default
+        ``range(n)``) of each prompt's ``samplings[i].n``, row ``k`` sampled from its own generator seeded
+        ``rollout_row_seed(samplings[i].seed, k)``, so a row is the same whether it is sampled here alone, with
+        the group's other rows, with other prompts, or on another rank (an SP group splits a group's rows over
+        its ranks).
 
-        from longreel.engines.shared_prefix import (RowSampler, generate_shared_prefix, rollout_row_seed,
-                                                    sample_shared_prefix, supports_shared_decode)
+        ``share_prompt``: each prompt is prefilled once for its rows (where the prompt allows it: no left
+        padding): on Qwen2-VL-family decoders its K/V stay one copy that its rows attend to and the rows of up
+        to ``prompts_per_decode`` prompts (0: all) are decoded in one batch
+        (:func:`longreel.engines.shared_prefix.sample_shared_prefixes`); elsewhere each prompt's cache is
+        repeated per row (``generate_shared_prefix``), one prompt at a time. ``suppress_tokens`` are never
+        sampled. The ids of each sample run to (and include) the first end of sequence; the texts leave it out;
+        ``logprobs`` are the sampled tokens' log-probs (temperature applied) when the shared decoder ran."""
+        from longreel.engines.shared_prefix import rollout_row_seed, sample_shared_prefixes, supports_shared_decode
 
-        model = self._model
         eos = list(eos_ids) if eos_ids is not None else self.eos_ids()
-        pad = pad_id if pad_id is not None else (self.tokenizer.pad_token_id or eos[0])
-        rows = list(range(sampling.n)) if rows is None else [int(r) for r in rows]
-        seeds = [rollout_row_seed(sampling.seed, r) for r in rows]
+        out: list[Completion | None] = [None] * len(inputs)
+        shared = []
+        for i, (x, s) in enumerate(zip(inputs, samplings)):
+            share = share_prompt and bool(x["attention_mask"].all()) and supports_shared_decode(self._model)
+            r = list(range(s.n)) if rows is None else [int(k) for k in rows]
+            if share and r:
+                shared.append(i)
+            else:
+                out[i] = self._generate_one(x, s, share=share_prompt and bool(x["attention_mask"].all()), eos=eos,
+                                            pad_id=pad_id, suppress_tokens=suppress_tokens, rows=r)
+        # prompts decode together only under one sampling setting (the decode's token limit and sampler are shared)
+        by_setting: dict[tuple, list[int]] = {}
+        for i in shared:
+            s = samplings[i]
+            by_setting.setdefault((s.n, s.max_new_tokens, s.temperature, s.top_p, s.top_k or 0, s.greedy), []).append(i)
+        chunk = prompts_per_decode if prompts_per_decode > 0 else max(1, len(shared))
+        for members in by_setting.values():
+            for lo in range(0, len(members), chunk):
+                part = members[lo:lo + chunk]
+                s = samplings[part[0]]
+                r = list(range(s.n)) if rows is None else [int(k) for k in rows]
+                decs = sample_shared_prefixes(
+                    self._model, [inputs[i] for i in part],
+                    [[rollout_row_seed(samplings[i].seed, k) for k in r] for i in part],
+                    max_new_tokens=s.max_new_tokens, eos_ids=eos, temperature=s.temperature, top_p=s.top_p,
+                    top_k=s.top_k or 0, greedy=s.greedy, suppress_tokens=suppress_tokens)
+                for i, dec in zip(part, decs):
+                    c = self._new_completion(inputs[i])
+                    c.token_ids, c.logprobs = dec.tokens, dec.logprobs
+                    c.finish = ["stop" if f else "length" for f in dec.finished]
+                    out[i] = self._finish_completion(c)
+        return out
+
+    def _new_completion(self, inputs: dict) -> Completion:
         ids = inputs["input_ids"]
-        c = Completion(token_ids=[], prompt_tokens=int(ids.shape[1]), vision_tokens=self._vision_token_counts(
-            {"input_ids": ids})[0])
-        if not rows:
-            return c
-        sample_kw = dict(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or 0,
-                         greedy=sampling.greedy, suppress_tokens=suppress_tokens)
-        share = share_prompt and bool(inputs["attention_mask"].all())
-        if share and supports_shared_decode(model):
-            dec = sample_shared_prefix(model, inputs, seeds, max_new_tokens=sampling.max_new_tokens, eos_ids=eos,
-                                       **sample_kw)
-            c.token_ids, c.logprobs = dec.tokens, dec.logprobs
-            c.finish = ["stop" if f else "length" for f in dec.finished]
-        else:
-            # the last logits processor draws each row from its own generator and leaves only that token:
-            # generate's own draw (sampling mode, which allows several rows per prompt) can then only pick it
-            sampler = RowSampler(seeds, device=ids.device, **sample_kw)
-            kwargs = dict(max_new_tokens=sampling.max_new_tokens, eos_token_id=eos, pad_token_id=pad, use_cache=True,
-                          do_sample=True, top_p=1.0, top_k=0, temperature=1.0,
-                          logits_processor=[_RowSamplingProcessor(sampler)])
-            devices = [ids.device] if ids.device.type == "cuda" else []
-            with torch.random.fork_rng(devices=devices), torch.no_grad():
-                if share:
-                    out = generate_shared_prefix(model, inputs, len(rows), **kwargs)
-                else:
-                    out = model.generate(**inputs, num_return_sequences=len(rows), **kwargs)
-            stops = set(eos)
-            for row in out[:, ids.shape[1]:].tolist():
-                stop = next((j for j, t in enumerate(row) if t in stops), None)
-                c.token_ids.append(row if stop is None else row[:stop + 1])
-                c.finish.append("length" if stop is None else "stop")
+        return Completion(token_ids=[], prompt_tokens=int(ids.shape[1]),
+                          vision_tokens=self._vision_token_counts({"input_ids": ids})[0])
+
+    def _finish_completion(self, c: Completion) -> Completion:
         c.new_tokens = sum(len(k) - (f == "stop") for k, f in zip(c.token_ids, c.finish))
         c.texts = self.tokenizer.batch_decode([k[:-1] if f == "stop" else k for k, f in zip(c.token_ids, c.finish)],
                                               skip_special_tokens=True)
         return c
+
+    def _generate_one(self, inputs: dict, sampling: Sampling, *, share: bool, eos: list[int], pad_id: int | None,
+                      suppress_tokens, rows: list[int]) -> Completion:
+        """One prompt through ``generate`` (models the shared decoder does not cover, or a left-padded prompt)."""
+        import torch
+
+        from longreel.engines.shared_prefix import RowSampler, generate_shared_prefix, rollout_row_seed
+
+        model = self._model
+        pad = pad_id if pad_id is not None else (self.tokenizer.pad_token_id or eos[0])
+        ids = inputs["input_ids"]
+        c = self._new_completion(inputs)
+        if not rows:
+            return c
+        # the last logits processor draws each row from its own generator and leaves only that token:
+        # generate's own draw (sampling mode, which allows several rows per prompt) can then only pick it
+        sampler = RowSampler([rollout_row_seed(sampling.seed, r) for r in rows], device=ids.device,
+                             temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or 0,
+                             greedy=sampling.greedy, suppress_tokens=suppress_tokens)
+        kwargs = dict(max_new_tokens=sampling.max_new_tokens, eos_token_id=eos, pad_token_id=pad, use_cache=True,
+                      do_sample=True, top_p=1.0, top_k=0, temperature=1.0,
+                      logits_processor=[_RowSamplingProcessor(sampler)])
+        devices = [ids.device] if ids.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            if share:
+                out = generate_shared_prefix(model, inputs, len(rows), **kwargs)
+            else:
+                out = model.generate(**inputs, num_return_sequences=len(rows), **kwargs)
+        stops = set(eos)
+        for row in out[:, ids.shape[1]:].tolist():
+            stop = next((j for j, t in enumerate(row) if t in stops), None)
+            c.token_ids.append(row if stop is None else row[:stop + 1])
+            c.finish.append("length" if stop is None else "stop")
+        return self._finish_completion(c)
 
     def _completions(self, reqs: list[EngineRequest], new, mask, prompt_tokens: list[int],
                      vision_tokens: list[int]) -> list[Completion]:
