@@ -149,6 +149,20 @@ def test_evaluate_reports_per_category_and_skips_bad_items(policy):
     assert res["accuracy"] == pytest.approx(sum(again) / 4)
 
 
+def test_evaluate_answers_each_item_alike_in_any_batch(policy):
+    """Items decoded together give each item's own greedy answer: batches of 1, 3 and all agree, with an item
+    that cannot be encoded in the middle of a batch (skipped with its reason, the others unaffected)."""
+    from longreel.trainer.eval import evaluate
+
+    model, processor = policy
+    items = make_items(6, seed=5, kinds=("colour", "count"))
+    items.insert(2, dict(make_item(9), key="broken", question="Look <|video_pad|>"))
+    runs = [evaluate(model, processor, items, max_new_tokens=8, keep_outputs=True, batch_size=b) for b in (1, 3, 16)]
+    assert [r["outputs"] for r in runs[1:]] == [runs[0]["outputs"]] * 2
+    assert len({o["output"] for o in runs[0]["outputs"]}) > 1  # the items' answers differ, so order matters
+    assert all(r["n"] == 6 and r["skipped"] == 1 and r["skipped_items"][0]["key"] == "broken" for r in runs)
+
+
 def test_config_help_validation_and_overrides(tmp_path):
     keys = describe(TrainConfig)
     assert all(h.strip() for _, _, h in keys), [k for k, _, h in keys if not h.strip()]

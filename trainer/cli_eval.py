@@ -56,7 +56,7 @@ def main(args, extra: list[str]) -> int:
                                    trust_remote_code=cfg.model.trust_remote_code)
     model.eval()
     result = evaluate(model, processor, items, max_new_tokens=cfg.eval.max_new_tokens, max_items=cfg.eval.max_items,
-                      progress=cfg.run.progress, keep_outputs=args.outputs)
+                      progress=cfg.run.progress, keep_outputs=args.outputs, batch_size=cfg.eval.batch_size)
     result["model"] = path
     text = json.dumps(result, indent=1, sort_keys=True)
     if args.out:

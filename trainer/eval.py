@@ -22,9 +22,10 @@ log = logging.getLogger("longreel.trainer")
 
 @torch.no_grad()
 def evaluate(model, processor, items: Iterable[dict], *, max_new_tokens: int = 256, max_items: int = 0,
-             progress: bool = False, keep_outputs: bool = False) -> dict[str, Any]:
+             progress: bool = False, keep_outputs: bool = False, batch_size: int = 8) -> dict[str, Any]:
     """Greedy-decode every item and score it; return ``{"accuracy", "format_rate", "n", "per_category",
-    "per_problem_type", "skipped", ...}``."""
+    "per_problem_type", "skipped", ...}``. ``batch_size`` items are decoded together (each prompt's K/V kept
+    once; the answers are each item's own greedy answer, whatever it is batched with)."""
     engine = TransformersEngine(model, processor)
     sampling = SamplingConfig(n=1, max_new_tokens=max_new_tokens, greedy=True)
     device = next(model.parameters()).device
@@ -34,31 +35,38 @@ def evaluate(model, processor, items: Iterable[dict], *, max_new_tokens: int = 2
     items = list(items)
     if max_items:
         items = items[:max_items]
-    it = items
+    bar = None
     if progress:
         from tqdm import tqdm
 
-        it = tqdm(items, desc="eval", dynamic_ncols=True)
-    for item in it:
-        try:
-            prompt = encode_prompt(processor, item, video_token_id=vt).to(device)
-        except (VideoTokenMismatch, ValueError, KeyError) as e:
-            skipped.append({"key": item.get("key"), "reason": type(e).__name__, "message": str(e)})
-            continue
-        group = engine.generate([prompt], sampling, [0])[0]
-        text = group.texts[0]
-        try:
-            r = score(text, item["problem_type"], item["answer"], item.get("options"))
-        except (ValueError, KeyError) as e:
-            skipped.append({"key": item.get("key"), "reason": type(e).__name__, "message": str(e)})
-            continue
-        accs.append(r.accuracy)
-        fmts.append(r.format)
-        acc_by["category"][str(item.get("category") or "none")].append(r.accuracy)
-        acc_by["problem_type"][str(item["problem_type"])].append(r.accuracy)
-        if keep_outputs:
-            outputs.append({"key": item.get("key"), "output": text, "answer": item["answer"], "accuracy": r.accuracy,
-                            "reason": r.reason})
+        bar = tqdm(total=len(items), desc="eval", dynamic_ncols=True)
+    for lo in range(0, len(items), max(1, batch_size)):
+        batch, prompts = [], []
+        for item in items[lo:lo + max(1, batch_size)]:
+            try:
+                prompts.append(encode_prompt(processor, item, video_token_id=vt).to(device))
+                batch.append(item)
+            except (VideoTokenMismatch, ValueError, KeyError) as e:
+                skipped.append({"key": item.get("key"), "reason": type(e).__name__, "message": str(e)})
+        groups = engine.generate(prompts, sampling, [0] * len(prompts)) if prompts else []
+        for item, group in zip(batch, groups):
+            text = group.texts[0]
+            try:
+                r = score(text, item["problem_type"], item["answer"], item.get("options"))
+            except (ValueError, KeyError) as e:
+                skipped.append({"key": item.get("key"), "reason": type(e).__name__, "message": str(e)})
+                continue
+            accs.append(r.accuracy)
+            fmts.append(r.format)
+            acc_by["category"][str(item.get("category") or "none")].append(r.accuracy)
+            acc_by["problem_type"][str(item["problem_type"])].append(r.accuracy)
+            if keep_outputs:
+                outputs.append({"key": item.get("key"), "output": text, "answer": item["answer"],
+                                "accuracy": r.accuracy, "reason": r.reason})
+        if bar is not None:
+            bar.update(len(items[lo:lo + max(1, batch_size)]))
+    if bar is not None:
+        bar.close()
     mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
     result = {
         "n": len(accs),

@@ -591,7 +591,8 @@ class TrainSession:
             self._eval_items = load_items(self.cfg.data, "eval")
         with self.gathered():
             res = evaluate(self.model, self.processor, self._eval_items,
-                           max_new_tokens=self.cfg.eval.max_new_tokens, max_items=self.cfg.eval.max_items)
+                           max_new_tokens=self.cfg.eval.max_new_tokens, max_items=self.cfg.eval.max_items,
+                           batch_size=self.cfg.eval.batch_size)
         self.release()
         self.model.train()
         out = {"eval_accuracy": res["accuracy"], "eval_format_rate": res["format_rate"]}
