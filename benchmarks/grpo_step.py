@@ -9,10 +9,13 @@ included, on the same benchmark-sized model (``mrsp.build_model``) and real fram
   the reference encodes once);
 * ``mrsp_frozen``: ``model.freeze_vision=true`` (one tower pass per video per step, reference included);
 * ``plain_per_sequence`` / ``mrsp_per_sequence`` (for ``--checkpointing``): as ``plain`` / ``mrsp`` with the
-  log-prob passes' text path as it was before the packed row: under checkpointing, one full sequence per response.
+  log-prob passes' text path as it was before the packed row: under checkpointing, one full sequence per response;
+* ``mrsp_prompt_at_a_time``: as ``mrsp`` with each prompt's rollouts decoded on their own
+  (``rollout.prompts_per_decode=1``, as before the step's prompts were decoded in one batch): run it beside
+  ``mrsp`` with several ``--items`` to see what decoding the prompts together saves.
 
 The text path is the same in all three: rollouts decoded with one copy of the prompt's K/V
-(``shared_prefix.sample_shared_prefix``), log-prob passes with the prompt run once per pass. Every variant trains from the same weights with
+(``shared_prefix.sample_shared_prefixes``, the step's prompts in one batch), log-prob passes with the prompt run once per pass. Every variant trains from the same weights with
 the same seeds, so the sampled responses are the same (MR-SP is numerically the plain step), and the timing
 difference is the vision work. The first step is a warm-up and is dropped.
 
@@ -43,6 +46,7 @@ VARIANTS = {
     # with --checkpointing: the log-prob passes as before the packed row (N full sequences, the prompt N times)
     "plain_per_sequence": ["mrsp.enabled=false"],
     "mrsp_per_sequence": ["mrsp.enabled=true", "mrsp.vision=deferred"],
+    "mrsp_prompt_at_a_time": ["mrsp.enabled=true", "mrsp.vision=deferred", "rollout.prompts_per_decode=1"],
 }
 PER_SEQUENCE = ("plain_per_sequence", "mrsp_per_sequence")
 
@@ -137,6 +141,14 @@ def run_variants(names: list[str], model_dir: str, items: list[dict], args, work
     return out
 
 
+def _ratios(results: dict, slow: str, fast: str) -> dict | None:
+    """``slow``'s median step, rollout and CPU time over ``fast``'s, when both ran."""
+    if slow not in results or fast not in results:
+        return None
+    a, b = results[slow]["median"], results[fast]["median"]
+    return {k: round(a[k] / b[k], 3) for k in ("time_step", "time_rollout", "cpu_step") if b[k]}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--frames", type=int, default=64, help="frames per video")
@@ -180,6 +192,8 @@ def main(argv=None) -> int:
         # wall time to the other processes sharing the cores
         "speedup_vs_plain_cpu": {k: round(base_cpu / v["median"]["cpu_step"], 3) for k, v in results.items()
                                  if base_cpu and k != "plain"},
+        # what decoding the step's prompts in one batch saves (both variants in the run)
+        "batched_decode_speedup": _ratios(results, "mrsp_prompt_at_a_time", "mrsp"),
         "host": {"python": platform.python_version(), "cpus": os.cpu_count(), "load_avg_at_start": load_start,
                  "load_avg_at_end": os.getloadavg()},
         "command": "python " + " ".join(["benchmarks/grpo_step.py", *(argv if argv is not None else sys.argv[1:])]),
