@@ -14,10 +14,11 @@ included, on the same benchmark-sized model (``mrsp.build_model``) and real fram
   (``rollout.prompts_per_decode=1``, as before the step's prompts were decoded in one batch): run it beside
   ``mrsp`` with several ``--items`` to see what decoding the prompts together saves.
 
-The text path is the same in all three: rollouts decoded with one copy of the prompt's K/V
-(``shared_prefix.sample_shared_prefixes``, the step's prompts in one batch), log-prob passes with the prompt run once per pass. Every variant trains from the same weights with
-the same seeds, so the sampled responses are the same (MR-SP is numerically the plain step), and the timing
-difference is the vision work. The first step is a warm-up and is dropped.
+The text path is the same in every variant but ``mrsp_prompt_at_a_time``: rollouts decoded with one copy of each
+prompt's K/V, the step's prompts in one batch (``shared_prefix.sample_shared_prefixes``), log-prob passes with the
+prompt run once per pass. Every variant trains from the same weights with the same seeds, so the sampled responses
+are the same (MR-SP is numerically the plain step), and the timing difference is the vision work (or, for
+``mrsp_prompt_at_a_time``, the decode). The first step is a warm-up and is dropped.
 
     python benchmarks/grpo_step.py                      # writes benchmarks/results/grpo_step.json
 """

@@ -108,10 +108,11 @@ def _longer(prompt: PromptInputs, extra: int) -> PromptInputs:
     """``prompt`` with ``extra`` more text tokens in front (a prompt of another length, same video)."""
     head = prompt.input_ids[:, :1].expand(1, extra)
     types = prompt.mm_token_type_ids
+    if types is not None:
+        types = torch.cat([torch.zeros_like(types[:, :1]).expand(1, extra), types], 1)
     return PromptInputs(f"{prompt.key}+{extra}", torch.cat([head, prompt.input_ids], 1),
                         torch.ones(1, prompt.input_ids.shape[1] + extra, dtype=prompt.attention_mask.dtype),
-                        prompt.pixel_values_videos, prompt.video_grid_thw,
-                        None if types is None else torch.cat([torch.zeros_like(types[:, :1]).expand(1, extra), types], 1))
+                        prompt.pixel_values_videos, prompt.video_grid_thw, types)
 
 
 def test_prompts_decoded_together_sample_what_each_samples_alone(tiny):
