@@ -189,3 +189,25 @@ def test_trace_targets_fit_a_24_token_rollout_budget(tmp_path):
     tok = AutoTokenizer.from_pretrained(build_tiny_qwen2vl(tmp_path / "m", seed=0, hidden_size=64))
     items = make_items(200, seed=4, kinds=TIME_KINDS, size=56, reasoning="trace")
     assert max(len(tok(i["target"]).input_ids) for i in items) <= 23
+
+
+def test_learn_summary_says_whether_all_four_time_kinds_were_run(tmp_path):
+    # benchmarks/learn.py's `passed` is over the kinds a run holds; trial T9 ran direction alone, and the issue's
+    # target pools the four time kinds, so the JSON says which were run and whether all four passed
+    import json
+
+    from conftest import load_benchmark
+
+    learn = load_benchmark("learn")
+    seed = {"gain_points": 20.0, "gain_points_time": 20.0, "cpu_s": {"total_with_eval": 900.0},
+            "single_frame_time": 0.5, "chance_time": 0.5}
+    for kinds, all_four in (("direction", False), ("colour," + ",".join(TIME_KINDS), True)):
+        args = learn.build_parser().parse_args(["--kinds", kinds])
+        out = tmp_path / "s.json"
+        learn.summarise([dict(seed, seed=0), dict(seed, seed=1)], args, 10.0, 1800.0, out, tmp_path / "s.png", [])
+        doc = json.loads(out.read_text())
+        assert doc["passed"] is True and doc["passed_on_all_time_kinds"] is all_four
+        assert doc["time_kinds_run"] == [k for k in TIME_KINDS if k in kinds.split(",")]
+    args = learn.build_parser().parse_args(["--kinds", ",".join(TIME_KINDS)])
+    learn.summarise([dict(seed, seed=0, gain_points_time=14.0)], args, 10.0, 900.0, out, tmp_path / "s.png", [])
+    assert json.loads(out.read_text())["passed_on_all_time_kinds"] is False
