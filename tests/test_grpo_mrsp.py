@@ -120,6 +120,33 @@ def test_mrsp_step_equals_plain_step_and_encodes_each_video_once(tiny, items, tm
     assert calls_off == {"policy": 3 + 3 * 2, "policy_grad": 3 * 2, "ref": 3}, calls_off
 
 
+def test_step_with_prompts_decoded_one_at_a_time_equals_the_batched_decode(tiny, items, tmp_path, monkeypatch):
+    """``rollout.prompts_per_decode=1`` (each prompt's rollouts decoded alone) against the default (the step's 3
+    prompts, of different lengths, in one decode batch): the same responses, and the decode's log-probs (the MR-SP
+    step's old log-probs), the update's log-probs, loss and KL within fp32 rounding."""
+    import longreel.engines.shared_prefix as shared_prefix
+
+    lengths: list = []
+    stack = shared_prefix._stack_prompts
+    monkeypatch.setattr(shared_prefix, "_stack_prompts",
+                        lambda pre, layer: (layer or lengths.append([p.length for p in pre]), stack(pre, layer))[1])
+    batched = _one_step(_cfg(tiny, tmp_path / "batched", "mrsp.enabled=true"), items, monkeypatch)
+    assert len(lengths) == 1 and len(lengths[0]) == 3 and len(set(lengths[0])) > 1  # one batch, padded prompts
+    monkeypatch.setattr(shared_prefix, "_stack_prompts", stack)
+    alone = _one_step(_cfg(tiny, tmp_path / "alone", "mrsp.enabled=true", "rollout.prompts_per_decode=1"), items,
+                      monkeypatch)
+    (m_b, r_b, _), (m_a, r_a, _) = batched, alone
+    assert len(r_b) == len(r_a) == 6
+    for a, b in zip(r_b, r_a):
+        assert (a["item"], a["rows"]) == (b["item"], b["rows"])
+        assert torch.equal(a["ids"], b["ids"]) and torch.equal(a["mask"], b["mask"])
+        for k in ("old", "ref", "logp"):
+            assert _masked_maxdiff(a[k], b[k], a["mask"]) <= TOL, k
+    for k in ("reward_mean", "accuracy", "response_len_mean"):
+        assert m_b[k] == m_a[k], k
+    assert abs(m_b["loss"] - m_a["loss"]) <= TOL and abs(m_b["kl"] - m_a["kl"]) <= TOL
+
+
 def test_recompute_and_two_ppo_epochs_match_plain(tiny, items, tmp_path, monkeypatch):
     """ppo_epochs=2: the tower changes between epochs, so each epoch's update must see the current tower."""
     common = ("grpo.ppo_epochs=2", "optim.max_grad_norm=0", "run.save_final=true", "run.steps=1")
