@@ -4,8 +4,9 @@
 
 * ``TransformersEngine``: ``model.generate`` on the trainer's own model (CPU or GPU). The video is encoded once
   per prompt (or taken from ``video_embeds``) and passed as ``mm_encoder_outputs``, so the vision tower does not
-  run once per rollout; the prompt itself is prefilled once per group and its K/V cache repeated for the G rows
-  (:func:`longreel.engines.shared_prefix.sample_shared_prefix`: one copy of its K/V that the G rows attend to).
+  run once per rollout; the prompt itself is prefilled once per group, its K/V kept as one copy that the G rows
+  attend to, and the rows of the call's prompts decode together
+  (:func:`longreel.engines.shared_prefix.sample_shared_prefixes`; ``prompts_per_decode`` caps the batch).
   Rollout ``k`` of prompt ``i`` is sampled from its own seed (``rollout_row_seed(seeds[i], k)``), so a prompt
   gives the same rollouts on whichever rank handles it, after a resume, and when an SP group splits its G
   rollouts over its ranks (``group``: each rank samples its share, then they are all-gathered).

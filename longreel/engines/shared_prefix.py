@@ -2,9 +2,10 @@
 
 * :func:`generate_shared_prefix`: transformers ``generate`` on the prompt's cache repeated to ``n`` rows.
   Generic over Hugging Face models whose forward takes the prompt's keywords and returns a ``DynamicCache``.
-* :func:`sample_shared_prefix`: Qwen2-VL-family decoders (:func:`supports_shared_decode`): the prompt's K/V kept
-  as one copy that every row attends to (no ``n`` copies), and every row sampled from its own seed
-  (:func:`rollout_row_seed`), so any subset of a group's rows can be sampled anywhere (an SP group splits them).
+* :func:`sample_shared_prefixes` (:func:`sample_shared_prefix` for one prompt): Qwen2-VL-family decoders
+  (:func:`supports_shared_decode`): each prompt's K/V kept as one copy that its rows attend to (no ``n`` copies),
+  several prompts' rows decoded in one batch, and every row sampled from its own seed (:func:`rollout_row_seed`),
+  so any subset of a group's rows can be sampled anywhere (an SP group splits them), with any other prompts.
 
 Used by the transformers engine's prepared-inputs path (GRPO rollouts: the G responses of a prompt) and by
 MR-SP's embedding reuse.
