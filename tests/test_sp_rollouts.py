@@ -49,6 +49,18 @@ def _prepared(model, proc, prompt, sampling: Sampling, rows=None, share=True):
                                                    suppress_tokens=engine.suppress, rows=rows)
 
 
+def _decode_vs_trainer_logprobs(model, engine, prompt, c) -> float:
+    """Largest gap between the log-probs the decode reported for completion ``c`` and the trainer's log-prob pass
+    over the same responses."""
+    ids, mask = pad_responses(c.token_ids, engine.pad_id)
+    with torch.no_grad():
+        lp = sequence_logprobs(model, prompt, ids, mask)
+    beh = torch.zeros_like(lp)
+    for i, row in enumerate(c.logprobs):
+        beh[i, :len(row)] = torch.tensor(row)
+    return float(((lp - beh) * mask).abs().max())
+
+
 def test_row_seeds_depend_on_seed_and_row_only():
     assert rollout_row_seed(3, 1) == rollout_row_seed(3, 1)
     seeds = {rollout_row_seed(s, r) for s in range(4) for r in range(8)}
@@ -72,14 +84,8 @@ def test_decode_keeps_one_prompt_copy_and_matches_the_trainers_logprobs(tiny):
     finally:
         handle.remove()
     assert shapes == [(1, prompt.length)]
-    ids, mask = pad_responses(c.token_ids, engine.pad_id)
-    assert int(mask.sum()) > 6  # more than one token per row was decoded
-    with torch.no_grad():
-        lp = sequence_logprobs(model, prompt, ids, mask)
-    beh = torch.zeros_like(lp)
-    for i, row in enumerate(c.logprobs):
-        beh[i, :len(row)] = torch.tensor(row)
-    assert float(((lp - beh) * mask).abs().max()) <= 1e-5
+    assert sum(len(row) for row in c.token_ids) > 6  # more than one token per row was decoded
+    assert _decode_vs_trainer_logprobs(model, engine, prompt, c) <= 1e-5
 
 
 def test_shared_decode_samples_what_generate_samples(tiny):
@@ -141,13 +147,7 @@ def test_prompts_decoded_together_sample_what_each_samples_alone(tiny):
     assert together[0].token_ids != together[2].token_ids  # the seeds, not the prompt, set the samples
     for c, a, p in zip(together, alone, prompts):
         assert max(abs(x - y) for r, q in zip(c.logprobs, a.logprobs) for x, y in zip(r, q)) <= 1e-5
-        ids, mask = pad_responses(c.token_ids, engine.pad_id)
-        with torch.no_grad():
-            lp = sequence_logprobs(model, p, ids, mask)
-        beh = torch.zeros_like(lp)
-        for i, row in enumerate(c.logprobs):
-            beh[i, :len(row)] = torch.tensor(row)
-        assert float(((lp - beh) * mask).abs().max()) <= 1e-5
+        assert _decode_vs_trainer_logprobs(model, engine, p, c) <= 1e-5
 
 
 @pytest.fixture(scope="module")

@@ -40,9 +40,10 @@ def evaluate(model, processor, items: Iterable[dict], *, max_new_tokens: int = 2
         from tqdm import tqdm
 
         bar = tqdm(total=len(items), desc="eval", dynamic_ncols=True)
-    for lo in range(0, len(items), max(1, batch_size)):
+    step = max(1, batch_size)
+    for lo in range(0, len(items), step):
         batch, prompts = [], []
-        for item in items[lo:lo + max(1, batch_size)]:
+        for item in items[lo:lo + step]:
             try:
                 prompts.append(encode_prompt(processor, item, video_token_id=vt).to(device))
                 batch.append(item)
@@ -64,7 +65,7 @@ def evaluate(model, processor, items: Iterable[dict], *, max_new_tokens: int = 2
                 outputs.append({"key": item.get("key"), "output": text, "answer": item["answer"],
                                 "accuracy": r.accuracy, "reason": r.reason})
         if bar is not None:
-            bar.update(len(items[lo:lo + max(1, batch_size)]))
+            bar.update(len(items[lo:lo + step]))
     if bar is not None:
         bar.close()
     mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
