@@ -122,3 +122,36 @@ def chat_completions_server(reply):
         yield f"http://127.0.0.1:{httpd.server_address[1]}/v1", bodies
     finally:
         httpd.shutdown()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the order in which test files start (tests/file_order.py) and the record it is made from
+# ---------------------------------------------------------------------------------------------------------------
+
+def pytest_addoption(parser):
+    parser.addoption("--durations-out", metavar="PATH", default=None,
+                     help="write the seconds each test file took (setup + call + teardown) to PATH as JSON; "
+                          "tests/durations.json, so written, decides which files start first")
+
+
+def pytest_collection_modifyitems(config, items):
+    from file_order import load_durations, longest_first
+
+    order = longest_first([item.nodeid for item in items], load_durations())
+    items[:] = [items[i] for i in order]
+
+
+_file_reports: list = []
+
+
+def pytest_runtest_logreport(report):
+    _file_reports.append((report.nodeid, report.duration))
+
+
+def pytest_sessionfinish(session):
+    path = session.config.getoption("--durations-out")
+    if path and not hasattr(session.config, "workerinput"):  # the xdist controller (or the only process) writes
+        from file_order import file_seconds, write_durations
+
+        write_durations(Path(path), file_seconds(_file_reports),
+                        "./scripts/test.sh --durations-out tests/durations.json (the whole py311 suite)")
