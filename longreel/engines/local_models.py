@@ -11,6 +11,7 @@ import glob
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import threading
 from dataclasses import dataclass
@@ -194,6 +195,43 @@ def _cached_generic_tokenizer(name: str):
         return load_tokenizer(name)  # a model-specific class, or a GGUF not yet converted (load_tokenizer saves it)
     from transformers import PreTrainedTokenizerFast
     return PreTrainedTokenizerFast.from_pretrained(directory, local_files_only=True)
+
+
+def dequantized(name: str) -> str:
+    """A GGUF model (``name`` as :func:`resolve_model` takes it) as a float32 Hugging Face directory under the
+    longreel cache: written by the first process that asks (:func:`dequantize_to_dir`), read by every later one.
+
+    Why: transformers reads a GGUF file by parsing every metadata field in Python before it dequantizes, which
+    took 40 s for SmolLM2-135M's 98 MB (single-threaded; the dequantizing itself is ~3 s), in every process that
+    loads the model (each Beam worker of the QRA, judge and blind stages, each test); the float32 safetensors
+    load in about a second. The key is the GGUF's content hash plus the transformers and gguf versions that
+    dequantized it, so a file or a reader that changes makes a new directory. Processes racing to write it each
+    write their own temporary directory; the first rename wins and the others use it. Raises ``OSError`` when
+    the cache cannot be written (the caller then loads the GGUF itself)."""
+    import shutil
+    from importlib.metadata import PackageNotFoundError, version
+
+    m = resolve_model(name)
+    if not m.gguf_file:
+        raise ValueError(f"{name!r} is not a GGUF model")
+    try:
+        readers = f"transformers-{version('transformers')}-gguf-{version('gguf')}"
+    except PackageNotFoundError:
+        readers = "unversioned"
+    out = os.path.join(cache_dir(), "dequantized", f"{weights_hash(m.directory, m.gguf_file)}-{readers}")
+    if os.path.isfile(os.path.join(out, "config.json")):
+        return out
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    logging.getLogger("longreel").info("dequantizing %s into %s once (later loads read it)", name, out)
+    tmp = f"{out}.tmp-{os.getpid()}"
+    dequantize_to_dir(name, tmp)
+    try:
+        os.replace(tmp, out)
+    except OSError:
+        if not os.path.isfile(os.path.join(out, "config.json")):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)  # another process renamed its copy first: the same bytes
+    return out
 
 
 def dequantize_to_dir(name: str, out_dir: str) -> str:

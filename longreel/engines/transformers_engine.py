@@ -30,7 +30,7 @@ import time
 from collections.abc import Sequence
 
 from longreel.engines.base import Completion, Engine, EngineRequest, Sampling, video_metadata, weights_revision
-from longreel.engines.local_models import load_tokenizer, resolve_model
+from longreel.engines.local_models import dequantized, load_tokenizer, resolve_model
 
 log = logging.getLogger("longreel")
 
@@ -110,7 +110,8 @@ class TransformersEngine(Engine):
         else:
             from transformers import AutoModelForCausalLM
 
-            model = AutoModelForCausalLM.from_pretrained(self.local.directory, **load)
+            path, kw = self._text_weights(load)
+            model = AutoModelForCausalLM.from_pretrained(path, **kw)
         self._model = model.to(resolve_device(self.device)).eval()
         tok = self.tokenizer
         tok.padding_side = "left"
@@ -118,6 +119,19 @@ class TransformersEngine(Engine):
             tok.pad_token = tok.eos_token
         log.info("transformers: loaded %s (%s, %s) in %.1f s", self.model, type(model).__name__, self.revision,
                  time.monotonic() - t0)
+
+    def _text_weights(self, load: dict) -> tuple:
+        """``(path, kwargs)`` for ``from_pretrained``: a GGUF model from its float32 copy in the cache (parsing the
+        GGUF again costs every process tens of seconds; :func:`dequantized`), the GGUF itself where the cache
+        cannot be written."""
+        if not self.local.gguf_file:
+            return self.local.directory, load
+        try:
+            path = dequantized(self.model)
+        except OSError as e:
+            log.warning("transformers: no dequantized copy of %s in the cache (%s); reading the GGUF", self.model, e)
+            return self.local.directory, load
+        return path, {k: v for k, v in load.items() if k != "gguf_file"}
 
     @staticmethod
     def _load_vision(transformers, path: str, load: dict, trust_remote_code: bool):

@@ -22,7 +22,7 @@ import os
 import time
 
 from longreel.engines.base import Completion, Engine, EngineRequest, video_metadata, weights_revision
-from longreel.engines.local_models import cache_dir, dequantize_to_dir, resolve_model, weights_hash
+from longreel.engines.local_models import dequantized
 
 log = logging.getLogger("longreel")
 
@@ -35,18 +35,6 @@ def structured_output(vllm_mod, schema: dict):
     if hasattr(sampling, "StructuredOutputsParams"):
         return "structured_outputs", sampling.StructuredOutputsParams(json=schema)
     return "guided_decoding", sampling.GuidedDecodingParams(json=schema)
-
-
-def dequantized(name: str) -> str:
-    """A GGUF model as a float32 directory under the longreel cache (written once, then reused)."""
-    m = resolve_model(name)
-    out = os.path.join(cache_dir(), "dequantized", weights_hash(m.directory, m.gguf_file))
-    if not os.path.isfile(os.path.join(out, "config.json")):
-        log.info("vllm: dequantizing %s into %s (vLLM does not load this GGUF on every platform)", name, out)
-        tmp = f"{out}.tmp-{os.getpid()}"
-        dequantize_to_dir(name, tmp)
-        os.replace(tmp, out)
-    return out
 
 
 class VLLMEngine(Engine):
