@@ -127,15 +127,16 @@ def chat_completions_server(reply):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# the order in which test files start (tests/file_order.py) and the record it is made from
+# pytest-xdist workers: their torch threads, the order in which test files start (tests/file_order.py) and the
+# record that order is made from
 # ---------------------------------------------------------------------------------------------------------------
 
 def pytest_configure(config):
     """A pytest-xdist worker gets its share of the cores for torch and BLAS threads (1 each with 2 workers on 2
     cores) unless OMP_NUM_THREADS says otherwise. Two workers that each ran torch on every core oversubscribed
     the machine: on 8 model-heavy test files, 2 workers with 1 thread each took 14% less time and about 20% less
-    CPU than with torch's default (two runs each, interleaved). Subprocesses the tests start inherit it; a run that sets its own
-    ``run.threads`` still gets that."""
+    CPU than with torch's default (two runs each, interleaved). Subprocesses the tests start inherit it; a run
+    that sets its own ``run.threads`` still gets that."""
     workers = getattr(config, "workerinput", {}).get("workercount")
     if workers and "OMP_NUM_THREADS" not in os.environ:
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // int(workers)))
