@@ -219,6 +219,7 @@ def _rows_on_prompt_state(model, out, prompt_len: int, resp, mask, pos, rows=Non
     import torch
     from transformers import DynamicCache
 
+    from longreel.engines.kv_cache import cache_kwargs, output_cache
     from longreel.trainer.mrsp.reuse import token_logprobs
 
     if rows is not None:
@@ -226,11 +227,11 @@ def _rows_on_prompt_state(model, out, prompt_len: int, resp, mask, pos, rows=Non
     n, t = resp.shape
     first = out.logits[:, -1:].expand(n, -1, -1)
     cache = DynamicCache()
-    for i, layer in enumerate(out.past_key_values.layers):
+    for i, layer in enumerate(output_cache(out).layers):
         cache.update(layer.keys.expand(n, -1, -1, -1), layer.values.expand(n, -1, -1, -1), i)
     attn = torch.cat([mask.new_ones(n, prompt_len), mask[:, :-1]], dim=1)
     rest = model(input_ids=resp[:, :-1], attention_mask=attn, position_ids=pos.with_responses(n, t)[
-        :, :, prompt_len:prompt_len + t - 1], past_key_values=cache, use_cache=True).logits
+        :, :, prompt_len:prompt_len + t - 1], use_cache=True, **cache_kwargs(cache)).logits
     return token_logprobs(torch.cat([first, rest], dim=1), resp)
 
 

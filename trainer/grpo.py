@@ -488,10 +488,8 @@ class GRPOTrainer:
                 s.dump_grads(cfg.run.dump_grads)
             if signal:
                 grad_norm = s.clip_and_step()
-            else:  # every group tied: the gradient is zero, and AdamW would still move the weights on momentum
-                s.release()
-                s.optimizer.zero_grad(set_to_none=True)
-                s.scheduler.step()
+            else:
+                s.skip_step()
                 grad_norm = 0.0
             loss_total = _replica_sum(epoch_loss, s.info)
         if self.engine.name != "transformers":

@@ -22,6 +22,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from longreel.engines.kv_cache import cache_kwargs
+
 __all__ = ["can_pack_responses", "packed_attention_mask", "packed_positions", "packed_response_logits", "packed_row_mask",
            "packed_row_positions", "packed_row_logits"]
 
@@ -77,7 +79,7 @@ def packed_response_logits(model, cache, response_ids: Tensor, key_mask: Tensor,
     dtype = model.get_input_embeddings().weight.dtype
     mask = packed_attention_mask(key_mask, prefix_len, dtype)
     logits = model(input_ids=response_ids.reshape(1, -1), attention_mask=mask,
-                   position_ids=packed_positions(position_ids), past_key_values=cache, use_cache=True).logits
+                   position_ids=packed_positions(position_ids), use_cache=True, **cache_kwargs(cache)).logits
     return logits.view(n, s, -1)
 
 

@@ -27,6 +27,7 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor
 
+from longreel.engines.kv_cache import cache_kwargs, output_cache
 from longreel.task.prompting import messages_for_qra
 from longreel.trainer.packed_responses import can_pack_responses, packed_response_logits, packed_row_logits
 from longreel.trainer.vision_attention import VISION_ATTENTION, use_batched_vision_attention
@@ -344,7 +345,7 @@ def shared_prefix_logprobs(model, prefix_inputs: Mapping[str, Any], response_ids
     first = out.logits[:, -1:].expand(n, -1, -1)
     if t == 1:
         return token_logprobs(first, response_ids, temperature)
-    cache = out.past_key_values
+    cache = output_cache(out)
     if pack_responses and can_pack_responses(model):
         rest = packed_response_logits(model, cache, response_ids[:, :-1], response_mask[:, :-1],
                                       response_position_ids[..., :-1])
@@ -353,7 +354,7 @@ def shared_prefix_logprobs(model, prefix_inputs: Mapping[str, Any], response_ids
     cache.batch_repeat_interleave(n)
     attn = torch.cat([response_mask.new_ones(n, prefix_len), response_mask[:, :-1]], dim=1)
     rest = model(input_ids=response_ids[:, :-1], attention_mask=attn, position_ids=response_position_ids[..., :-1],
-                 past_key_values=cache, use_cache=True).logits
+                 use_cache=True, **cache_kwargs(cache)).logits
     return token_logprobs(torch.cat([first, rest], dim=1), response_ids, temperature)
 
 

@@ -40,6 +40,7 @@ import logging
 import math
 import os
 import random
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -421,7 +422,10 @@ class TrainSession:
             for p in visual.parameters():
                 p.requires_grad_(False)
         if cfg.model.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable()
+            # transformers 5.24 renamed it (the old name warns); the vLLM lock's 5.19 has only the old one
+            enable = getattr(self.model, "activation_checkpointing_enable", None) or \
+                self.model.gradient_checkpointing_enable
+            enable()
         self.model.train()
         self.out_dir = Path(cfg.run.out_dir)
         self.ckpt_root = self.out_dir / "checkpoints"
@@ -537,6 +541,17 @@ class TrainSession:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def skip_step(self) -> None:
+        """A step without an update (every group tied: the gradient is zero, and AdamW would still move the weights
+        on momentum): no optimizer step, but the schedule advances, so that its position stays the step count."""
+        self.release()
+        self.optimizer.zero_grad(set_to_none=True)
+        with warnings.catch_warnings():
+            # torch takes a schedule step before any optimizer step for swapped calls and warns; here it is the
+            # design (a run whose first steps carry no signal, as the demo's do)
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+            self.scheduler.step()
 
     def clip_and_step(self) -> float:
         self.release()

@@ -18,12 +18,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from longreel.engines.kv_cache import cache_kwargs, output_cache
+
 _PER_TOKEN = ("input_ids", "attention_mask", "mm_token_type_ids")
 
 
 def prefill_prompt_once(model, prompt_inputs: dict[str, Any], n: int):
     """The K/V cache (transformers ``DynamicCache``) of ``input_ids[:, :-1]`` of one prompt, repeated to ``n``
-    rows, for ``model.generate(input_ids=input_ids.expand(n, -1), past_key_values=cache)``.
+    rows, for ``model.generate(input_ids=input_ids.expand(n, -1), **cache_kwargs(cache))``.
 
     ``prompt_inputs``: the prompt's ``model(...)`` keywords (batch 1: ``input_ids`` ``[1, Lp]``, vision inputs,
     per-token tensors such as ``mm_token_type_ids`` ``[1, Lp]``). The last prompt token is left for
@@ -42,7 +44,7 @@ def prefill_prompt_once(model, prompt_inputs: dict[str, Any], n: int):
         # a prompt without vision inputs sets no rope_deltas: generate must not reuse the previous prompt's
         inner.rope_deltas = None
     with torch.no_grad():
-        cache = model(**head, use_cache=True, logits_to_keep=1).past_key_values
+        cache = output_cache(model(**head, use_cache=True, logits_to_keep=1))
     cache.batch_repeat_interleave(n)
     return cache
 
@@ -61,7 +63,7 @@ def generate_shared_prefix(model, prompt_inputs: dict[str, Any], n: int, **gener
         return model.generate(**prompt_inputs, num_return_sequences=n, **generate_kwargs)
     ids = prompt_inputs["input_ids"]
     return model.generate(input_ids=ids.expand(n, -1), attention_mask=torch.ones_like(ids).expand(n, -1),
-                          past_key_values=cache, **generate_kwargs)
+                          **cache_kwargs(cache), **generate_kwargs)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -194,7 +196,7 @@ def _prefill(model, inner, prompt_inputs: dict[str, Any]) -> _Prefilled:
     inner.rope_deltas = None  # the prefill computes this prompt's own
     out = model(**prompt_inputs, use_cache=True, logits_to_keep=1)
     delta = inner.rope_deltas
-    return _Prefilled(out.logits[:, -1], [(layer.keys, layer.values) for layer in out.past_key_values.layers],
+    return _Prefilled(out.logits[:, -1], [(layer.keys, layer.values) for layer in output_cache(out).layers],
                       int(prompt_inputs["input_ids"].shape[1]), int(delta.reshape(-1)[0]) if delta is not None else 0)
 
 

@@ -39,6 +39,15 @@ VISION_MODES = ("frozen", "recompute", "deferred")
 Encoder = Callable[[Tensor, Tensor], Tensor]
 
 
+def activation_checkpointing(model) -> bool:
+    """Whether transformers' activation (gradient) checkpointing is on in ``model``. transformers 5.24 renamed the
+    property ``is_gradient_checkpointing`` to ``is_activation_checkpointing`` and warns at every read of the old
+    name; the vLLM lock's 5.19 has only the old one."""
+    name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") \
+        else "is_gradient_checkpointing"
+    return bool(getattr(model, name, False))
+
+
 def encode_video_features(model, pixel_values_videos: Tensor, video_grid_thw: Tensor) -> Tensor:
     """The model's own ``get_video_features``; returns ``[n_tokens, hidden]`` (all videos of the grid, in order).
 
@@ -190,7 +199,7 @@ class StepEmbedCache:
         """
         tower = base_model(self.model).visual
         was_training = tower.training
-        if getattr(self.model, "is_gradient_checkpointing", False):
+        if activation_checkpointing(self.model):
             tower.train()
         try:
             with torch.enable_grad():

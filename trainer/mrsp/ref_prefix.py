@@ -22,6 +22,7 @@ from collections import OrderedDict
 import torch
 from torch import Tensor
 
+from longreel.engines.kv_cache import cache_kwargs, output_cache
 from longreel.trainer.packed_responses import can_pack_responses, packed_response_logits
 from longreel.trainer.positions import PromptPositions
 
@@ -87,14 +88,14 @@ class PrefixKVStore:
                 self.misses += 1
                 out = model(inputs_embeds=build_inputs_embeds(model, prompt_ids[:, :split], features),
                             position_ids=positions.prompt[..., :split], use_cache=True, logits_to_keep=1)
-                layers = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+                layers = [(layer.keys, layer.values) for layer in output_cache(out).layers]
                 self._put(key, layers)
             cache = DynamicCache()
             for i, (k, v) in enumerate(layers):  # update() keeps these tensors; appending later makes new ones
                 cache.update(k, v, i)
             length = prompt_ids.shape[1]
             rest = model(input_ids=prompt_ids[:, split:], position_ids=positions.prompt[..., split:],
-                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+                         use_cache=True, logits_to_keep=1, **cache_kwargs(cache))
             n, t = response_ids.shape
             first = rest.logits[:, -1:].expand(n, -1, -1)
             if t == 1:
@@ -106,7 +107,7 @@ class PrefixKVStore:
                 cache.batch_repeat_interleave(n)
                 attn = torch.cat([response_mask.new_ones(n, length), response_mask[:, :-1]], dim=1)
                 logits = model(input_ids=response_ids[:, :-1], attention_mask=attn, position_ids=pos,
-                               past_key_values=cache, use_cache=True).logits
+                               use_cache=True, **cache_kwargs(cache)).logits
             return token_logprobs(torch.cat([first, logits], dim=1), response_ids, temperature)
 
     def _put(self, key: str, layers: list[tuple[Tensor, Tensor]]) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from longreel.engines.kv_cache import cache_kwargs, output_cache
 from longreel.trainer.packed_responses import can_pack_responses, packed_response_logits, packed_row_logits
 from longreel.trainer.positions import PromptPositions
 from longreel.trainer.policy import token_logprobs  # noqa: F401  (re-exported: one definition for every log-prob pass)
@@ -148,7 +149,7 @@ class PromptGraph:
         self.length = int(prompt_ids.shape[1])
         embeds = build_inputs_embeds(model, prompt_ids, features)
         out = model(inputs_embeds=embeds, position_ids=positions.prompt, use_cache=True, logits_to_keep=1)
-        self._outputs = [out.logits[:, -1:]] + [x for layer in out.past_key_values.layers
+        self._outputs = [out.logits[:, -1:]] + [x for layer in output_cache(out).layers
                                                for x in (layer.keys, layer.values)]
         self._leaves = [t.detach().requires_grad_(t.requires_grad) for t in self._outputs]
         self.positions = positions
@@ -173,7 +174,7 @@ class PromptGraph:
         else:
             attn = torch.cat([response_mask.new_ones(n, self.length), response_mask[:, :-1]], dim=1)
             rest = model(input_ids=response_ids[:, :-1], attention_mask=attn, position_ids=pos,
-                         past_key_values=cache, use_cache=True).logits
+                         use_cache=True, **cache_kwargs(cache)).logits
         return token_logprobs(torch.cat([first, rest], dim=1), response_ids, temperature)
 
     def backward(self) -> None:

@@ -1,0 +1,73 @@
+"""A training run's log holds what the run says, not the libraries' complaints about how they are called: no
+transformers deprecation (the K/V cache keyword ``past_key_values`` renamed ``cache`` in 5.24, the property
+``is_gradient_checkpointing`` renamed ``is_activation_checkpointing``) and no torch warning about the schedule
+stepping first (a GRPO step whose groups all tie skips its update on purpose). Each run is a subprocess, so
+transformers' warn-once memory starts empty.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from longreel.engines.kv_cache import cache_keyword, cache_kwargs, output_cache
+from longreel.testing.tiny_model import build_tiny_qwen2vl
+from longreel.trainer.logging_utils import read_metrics
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: what the libraries print when a call uses a name they renamed, or steps the schedule before the optimizer
+COMPLAINTS = ("deprecated", "Detected call of `lr_scheduler.step()`", "FutureWarning")
+
+
+def test_the_cache_keyword_is_the_one_the_installed_transformers_takes():
+    from transformers import Qwen2VLForConditionalGeneration
+
+    params = inspect.signature(Qwen2VLForConditionalGeneration.forward).parameters
+    assert cache_keyword() in params
+    assert cache_kwargs(7) == {cache_keyword(): 7}
+
+    class Out:
+        cache = past_key_values = None
+
+    setattr(Out, cache_keyword(), "kv")
+    assert output_cache(Out()) == "kv"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    return build_tiny_qwen2vl(tmp_path_factory.mktemp("tiny") / "m", seed=0)
+
+
+def _train(tmp_path: Path, stage: str, *sets: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    common = [f"run.out_dir={tmp_path / stage}", "run.steps=2", "run.save_final=false", "run.progress=false",
+              "run.tensorboard=false", "run.threads=1", "data.source=synthetic", "data.synthetic_train=4",
+              "data.batch_size=2"]
+    cmd = [sys.executable, "-m", "longreel", "train", stage, *[a for s in common + list(sets) for a in ("--set", s)]]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("variant", ["mrsp-tower-trained-checkpointed", "mrsp-frozen-ref-prefix", "plain"])
+def test_a_grpo_run_logs_no_library_complaints(tiny, tmp_path, variant):
+    """Every path that passes or reads a K/V cache: the shared-prefix rollout, the MR-SP log-prob passes on the
+    prompt's kept K/V (packed responses and per-row), the reference's stored video prefix, the per-sequence
+    log-probs without MR-SP; and the deferred tower backward's checkpointing test. The random tiny policy writes
+    no answer, so its groups tie, and without a KL term the steps skip their updates (the schedule still moves)."""
+    sets = {"mrsp-tower-trained-checkpointed": ["model.gradient_checkpointing=true", "grpo.beta=0.0"],
+            "mrsp-frozen-ref-prefix": ["model.freeze_vision=true", "mrsp.vision=frozen", "grpo.beta=0.1",
+                                       "mrsp.ref_prefix_cache_mb=16"],
+            "plain": ["mrsp.enabled=false", "grpo.beta=0.1"]}[variant]
+    proc = _train(tmp_path, "grpo", f"model.path={tiny}", "rollout.n=2", "rollout.max_new_tokens=6", *sets)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    said = [line for line in proc.stderr.splitlines() if any(c in line for c in COMPLAINTS)]
+    assert not said, "\n".join(said)
+    steps = read_metrics(tmp_path / "grpo" / "metrics.jsonl")
+    assert [m["step"] for m in steps] == [1, 2]
+    if "grpo.beta=0.0" in sets:  # no KL term: tied groups leave no gradient, the update is skipped
+        assert [m["skipped_update"] for m in steps] == [1.0, 1.0]
