@@ -256,8 +256,10 @@ def _zygote() -> None:
         for line in sys.stdin.buffer:
             req = json.loads(line)
             if "log_level" in req:
+                # force: importing Beam above may have logged through the root logger, which then got Python's
+                # default handler, and the workers' lines would not look like the launcher's
                 logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                                    datefmt="%H:%M:%S")
+                                    datefmt="%H:%M:%S", force=True)
                 logging.getLogger("longreel").setLevel(req["log_level"])
                 continue
             if "import" in req:

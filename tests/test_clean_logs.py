@@ -7,6 +7,7 @@ transformers' warn-once memory starts empty.
 from __future__ import annotations
 
 import inspect
+import re
 import os
 import subprocess
 import sys
@@ -71,3 +72,19 @@ def test_a_grpo_run_logs_no_library_complaints(tiny, tmp_path, variant):
     assert [m["step"] for m in steps] == [1, 2]
     if "grpo.beta=0.0" in sets:  # no KL term: tied groups leave no gradient, the update is skipped
         assert [m["skipped_update"] for m in steps] == [1.0, 1.0]
+
+
+def test_a_curate_run_logs_in_one_format(tmp_path):
+    """The pipeline workers' lines (forked processes: probe, segment, caption progress) look like the launcher's.
+    They once came out in Python's default ``INFO:longreel:...`` form: importing Beam logs through the root logger
+    before the worker set its format, which made that setting a no-op."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONHASHSEED="0")
+    proc = subprocess.run([sys.executable, "-m", "longreel", "curate", "--demo", "--out", "out"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = proc.stderr.splitlines()
+    line = re.compile(r"\d\d:\d\d:\d\d (DEBUG|INFO|WARNING|ERROR) [\w.]+: ")
+    assert [s for s in lines if not line.match(s)] == []
+    assert any(" longreel: ingest: " in s for s in lines)  # a worker's progress line is among them
+    said = [s for s in lines if any(c in s for c in COMPLAINTS)]
+    assert not said, "\n".join(said)
