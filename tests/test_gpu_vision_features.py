@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from longreel.testing.tiny_model import build_tiny_qwen2vl
+from longreel.trainer.activation_checkpointing import enable_checkpointing
 from longreel.trainer.policy import encode_prompt, load_policy, sequence_logprobs, video_token_id
 
 pytestmark = pytest.mark.gpu
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.gpu
 def test_update_log_probs_reach_the_vision_tower_on_cuda(tmp_path, checkpointing):
     model, processor = load_policy(build_tiny_qwen2vl(tmp_path / "tiny"), dtype=torch.bfloat16, device="cuda")
     if checkpointing:
-        model.gradient_checkpointing_enable()
+        enable_checkpointing(model)
     model.train()
     g = torch.Generator().manual_seed(0)
     item = {"key": "v", "frames": torch.randint(0, 256, (8, 56, 56, 3), dtype=torch.uint8, generator=g),

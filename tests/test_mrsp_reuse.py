@@ -8,6 +8,7 @@ import torch
 import torchvision  # noqa: F401
 import transformers  # noqa: F401
 
+from longreel.trainer.activation_checkpointing import disable_checkpointing, enable_checkpointing  # noqa: E402
 from longreel.trainer.mrsp.embed_cache import StepEmbedCache, VisionCallCounter, encode_video_features  # noqa: E402
 from longreel.trainer.positions import prompt_positions  # noqa: E402
 from longreel.trainer.mrsp.reuse import generate_with_features, response_logprobs, token_logprobs  # noqa: E402
@@ -286,12 +287,12 @@ def test_deferred_encode_follows_gradient_checkpointing(setup):
     although the model is in eval mode for rollouts), and the tower's gradients are unchanged."""
     model, enc, *_ = setup
     full_bytes, full_grads = _saved_bytes_of_deferred_encode(model, enc)
-    model.gradient_checkpointing_enable()
+    enable_checkpointing(model)
     try:
         ckpt_bytes, ckpt_grads = _saved_bytes_of_deferred_encode(model, enc)
         assert not base_tower_training(model)  # the tower is back in the caller's mode
     finally:
-        model.gradient_checkpointing_disable()
+        disable_checkpointing(model)
         model.zero_grad(set_to_none=True)
     assert ckpt_bytes < 0.6 * full_bytes, (ckpt_bytes, full_bytes)
     assert full_grads and full_grads.keys() == ckpt_grads.keys()

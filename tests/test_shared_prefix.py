@@ -11,6 +11,7 @@ import torch
 import torchvision  # noqa: F401
 import transformers  # noqa: F401
 
+from longreel.trainer.activation_checkpointing import disable_checkpointing, enable_checkpointing  # noqa: E402
 from longreel.trainer.mrsp.embed_cache import StepEmbedCache, encode_video_features  # noqa: E402
 from longreel.trainer.positions import prompt_positions  # noqa: E402
 from longreel.trainer import packed_responses  # noqa: E402
@@ -183,13 +184,13 @@ def test_sequence_logprobs_shared_prefix_equals_per_sequence(setup):
 def checkpointed(setup):
     """The setup's model with gradient checkpointing in training mode (no K/V cache in its layers)."""
     model = setup[1]
-    model.gradient_checkpointing_enable()
+    enable_checkpointing(model)
     model.train()
     try:
         assert not can_share_prompt(model)
         yield setup
     finally:
-        model.gradient_checkpointing_disable()
+        disable_checkpointing(model)
         model.eval()
     assert can_share_prompt(model)
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from longreel.testing.tiny_model import build_tiny_qwen2vl
+from longreel.trainer.activation_checkpointing import enable_checkpointing
 from longreel.trainer.policy import load_policy
 from longreel.trainer.vision_attention import (BATCHED_VISION_ATTENTION, batched_varlen_sdpa,
                                               use_batched_vision_attention)
@@ -59,7 +60,7 @@ def test_batched_under_gradient_checkpointing(tiny):
     native, _ = load_policy(tiny, vision_attention="native")
     batched, _ = load_policy(tiny)
     for m in (native, batched):
-        m.gradient_checkpointing_enable()
+        enable_checkpointing(m)
         m.train()
     pixels, grid = _video_inputs(native.config, [(6, 4, 4)], seed=1)
     _assert_same(_features_and_grads(native, pixels, grid), _features_and_grads(batched, pixels, grid))

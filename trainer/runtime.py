@@ -48,6 +48,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
+from longreel.trainer.activation_checkpointing import enable_checkpointing
 from longreel.trainer.config import DataConfig, OptimConfig
 
 __all__ = ["DistInfo", "init_distributed", "init_sp_groups", "sum_gradients", "all_gather_objects", "all_reduce_sum",
@@ -422,10 +423,7 @@ class TrainSession:
             for p in visual.parameters():
                 p.requires_grad_(False)
         if cfg.model.gradient_checkpointing:
-            # transformers 5.24 renamed it (the old name warns); the vLLM lock's 5.19 has only the old one
-            enable = getattr(self.model, "activation_checkpointing_enable", None) or \
-                self.model.gradient_checkpointing_enable
-            enable()
+            enable_checkpointing(self.model)
         self.model.train()
         self.out_dir = Path(cfg.run.out_dir)
         self.ckpt_root = self.out_dir / "checkpoints"

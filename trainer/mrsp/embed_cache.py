@@ -31,21 +31,13 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from longreel.trainer.activation_checkpointing import checkpointing_on
 from longreel.trainer.positions import PromptPositions, base_model, prompt_positions
 
 __all__ = ["VisionCallCounter", "CachedVideo", "StepEmbedCache", "encode_video_features", "VISION_MODES"]
 
 VISION_MODES = ("frozen", "recompute", "deferred")
 Encoder = Callable[[Tensor, Tensor], Tensor]
-
-
-def activation_checkpointing(model) -> bool:
-    """Whether transformers' activation (gradient) checkpointing is on in ``model``. transformers 5.24 renamed the
-    property ``is_gradient_checkpointing`` to ``is_activation_checkpointing`` and warns at every read of the old
-    name; the vLLM lock's 5.19 has only the old one."""
-    name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") \
-        else "is_gradient_checkpointing"
-    return bool(getattr(model, name, False))
 
 
 def encode_video_features(model, pixel_values_videos: Tensor, video_grid_thw: Tensor) -> Tensor:
@@ -199,7 +191,7 @@ class StepEmbedCache:
         """
         tower = base_model(self.model).visual
         was_training = tower.training
-        if activation_checkpointing(self.model):
+        if checkpointing_on(self.model):
             tower.train()
         try:
             with torch.enable_grad():
