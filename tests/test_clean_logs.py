@@ -1,14 +1,14 @@
-"""A training run's log holds what the run says, not the libraries' complaints about how they are called: no
-transformers deprecation (the K/V cache keyword ``past_key_values`` renamed ``cache`` in 5.24, the property
-``is_gradient_checkpointing`` renamed ``is_activation_checkpointing``) and no torch warning about the schedule
-stepping first (a GRPO step whose groups all tie skips its update on purpose). Each run is a subprocess, so
-transformers' warn-once memory starts empty.
+"""A run's log holds what the run says, not the libraries' complaints about how they are called: in training, no
+transformers deprecation (the K/V cache keyword ``past_key_values`` renamed ``cache`` in 5.24, the checkpointing
+calls renamed ``activation_checkpointing_*``) and no torch warning about the schedule stepping first (a GRPO step
+whose groups all tie skips its update on purpose); in curation, the workers' lines in the launcher's format. Each
+run is a subprocess, so transformers' warn-once memory starts empty.
 """
 from __future__ import annotations
 
 import inspect
-import re
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -56,9 +56,9 @@ def _train(tmp_path: Path, stage: str, *sets: str) -> subprocess.CompletedProces
 
 @pytest.mark.parametrize("variant", ["mrsp-tower-trained-checkpointed", "mrsp-frozen-ref-prefix", "plain"])
 def test_a_grpo_run_logs_no_library_complaints(tiny, tmp_path, variant):
-    """Every path that passes or reads a K/V cache: the shared-prefix rollout, the MR-SP log-prob passes on the
-    prompt's kept K/V (packed responses and per-row), the reference's stored video prefix, the per-sequence
-    log-probs without MR-SP; and the deferred tower backward's checkpointing test. The random tiny policy writes
+    """The paths a default (SDPA) run takes that pass or read a K/V cache: the shared-prefix rollout, the MR-SP
+    log-prob passes on the prompt's kept K/V (packed responses), the reference's stored video prefix, the
+    shared-prefix log-probs without MR-SP; and checkpointing switched on and read by the deferred tower encode. The random tiny policy writes
     no answer, so its groups tie, and without a KL term the steps skip their updates (the schedule still moves)."""
     sets = {"mrsp-tower-trained-checkpointed": ["model.gradient_checkpointing=true", "grpo.beta=0.0"],
             "mrsp-frozen-ref-prefix": ["model.freeze_vision=true", "mrsp.vision=frozen", "grpo.beta=0.1",
