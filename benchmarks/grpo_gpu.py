@@ -17,7 +17,10 @@ of each phase was vision-tower encoding:
   old log-probs and the update's gradient; the tower's activations are held from rollout to update);
 * ``mrsp_recompute``: ``mrsp.vision=recompute`` (the update re-encodes each video once with grad);
 * ``plain_native`` / ``mrsp_native``: as ``plain`` / ``mrsp`` with ``model.vision_attention=native`` (transformers'
-  per-block SDPA loop in the tower instead of :mod:`longreel.trainer.vision_attention`'s batched call).
+  per-block SDPA loop in the tower instead of :mod:`longreel.trainer.vision_attention`'s batched call);
+* ``plain_mask`` / ``mrsp_mask``: as ``plain`` / ``mrsp`` with ``model.packed_row_attention=mask`` (the update's
+  packed row through one SDPA call with an ``[L, L]`` mask instead of :mod:`longreel.trainer.packed_row_attention`'s
+  causal prompt + masked responses).
 
     python benchmarks/grpo_gpu.py                          # on a GPU; writes benchmarks/results/grpo_gpu.json
     python benchmarks/grpo_gpu.py --geometry small --frames 8 --device cpu --out /tmp/g.json   # CPU smoke run
@@ -47,6 +50,9 @@ VARIANTS = {
     # transformers' own vision attention (one SDPA call per two-frame block) instead of the batched default
     "plain_native": ["mrsp.enabled=false", "model.vision_attention=native"],
     "mrsp_native": ["mrsp.enabled=true", "mrsp.vision=deferred", "model.vision_attention=native"],
+    # the packed row's text attention as one SDPA call with its [L, L] mask instead of the split default
+    "plain_mask": ["mrsp.enabled=false", "model.packed_row_attention=mask"],
+    "mrsp_mask": ["mrsp.enabled=true", "mrsp.vision=deferred", "model.packed_row_attention=mask"],
 }
 
 #: Qwen2-VL-2B's published geometry (its config.json), applied to a random init.

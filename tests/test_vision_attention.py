@@ -9,6 +9,7 @@ import torch
 
 from longreel.testing.tiny_model import build_tiny_qwen2vl
 from longreel.trainer.activation_checkpointing import enable_checkpointing
+from longreel.trainer.packed_row_attention import PACKED_ROW_ATTENTION
 from longreel.trainer.policy import load_policy
 from longreel.trainer.vision_attention import (BATCHED_VISION_ATTENTION, batched_varlen_sdpa,
                                               use_batched_vision_attention)
@@ -51,7 +52,8 @@ def test_batched_equals_per_frame(tiny, grids):
     batched, _ = load_policy(tiny)
     assert native.config.vision_config._attn_implementation == "sdpa"
     assert batched.config.vision_config._attn_implementation == BATCHED_VISION_ATTENTION
-    assert batched.config.text_config._attn_implementation == "sdpa"  # the decoder keeps its own attention
+    # the decoder keeps its own attention: SDPA's (split for packed rows only, trainer/packed_row_attention.py)
+    assert batched.config.text_config._attn_implementation == PACKED_ROW_ATTENTION
     pixels, grid = _video_inputs(native.config, grids)
     _assert_same(_features_and_grads(native, pixels, grid), _features_and_grads(batched, pixels, grid))
 

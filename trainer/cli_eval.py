@@ -53,6 +53,7 @@ def main(args, extra: list[str]) -> int:
     model, processor = load_policy(path, dtype=resolve_dtype(cfg.model.dtype, device), device=device,
                                    attn_implementation=cfg.model.attn_implementation,
                                    vision_attention=cfg.model.vision_attention,
+                                   packed_row_attention=cfg.model.packed_row_attention,
                                    trust_remote_code=cfg.model.trust_remote_code)
     model.eval()
     result = evaluate(model, processor, items, max_new_tokens=cfg.eval.max_new_tokens, max_items=cfg.eval.max_items,

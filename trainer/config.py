@@ -24,6 +24,11 @@ class ModelConfig(ConfigModel):
     vision_attention: str = cfg("batched", "Vision tower attention on SDPA: batched (one SDPA call per run of "
                                            "equal-length frames) or native (transformers' per-frame loop; same "
                                            "values, slower).", choices=("batched", "native"))
+    packed_row_attention: str = cfg("split", "Text attention of a packed row (a prompt and its responses in one "
+                                             "row, the update under gradient checkpointing) on SDPA: split (the "
+                                             "prompt causal, only the responses masked) or mask (one call with an "
+                                             "L x L mask; same values, slower and a quadratic mask).",
+                                    choices=("split", "mask"))
     trust_remote_code: bool = cfg(False, "Allow model code shipped with the checkpoint (needed for NVILA). Opt-in.")
     gradient_checkpointing: bool = cfg(False, "Recompute activations in the backward pass to save memory.")
     freeze_vision: bool = cfg(False, "Do not train the vision tower (its parameters get requires_grad=False).")

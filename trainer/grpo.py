@@ -157,6 +157,7 @@ class GRPOTrainer:
             self.ref, _ = load_policy(cfg.model.path, dtype=s.dtype, device=s.device,
                                       attn_implementation=cfg.model.attn_implementation,
                                       vision_attention=cfg.model.vision_attention,
+                                      packed_row_attention=cfg.model.packed_row_attention,
                                       trust_remote_code=cfg.model.trust_remote_code)
             self.ref.eval().requires_grad_(False)
         self.cache = self.ref_cache = self.policy_store = self.ref_prefix = None

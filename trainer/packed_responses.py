@@ -23,11 +23,12 @@ import torch
 from torch import Tensor
 
 from longreel.engines.kv_cache import cache_kwargs
+from longreel.trainer.packed_row_attention import PACKED_ROW_ATTENTION
 
 __all__ = ["can_pack_responses", "packed_attention_mask", "packed_positions", "packed_response_logits", "packed_row_mask",
            "packed_row_positions", "packed_row_logits"]
 
-PACKABLE_ATTENTION = ("eager", "sdpa")
+PACKABLE_ATTENTION = ("eager", "sdpa", PACKED_ROW_ATTENTION)
 
 
 def _text_config(model):
@@ -90,8 +91,10 @@ def packed_response_logits(model, cache, response_ids: Tensor, key_mask: Tensor,
 # update: the text decoder was 12.5-13.5 s of an 18 s GRPO step at 1,024 frames on an H100,
 # benchmarks/results/grpo_gpu.md). Here the prompt and the N packed responses form one row of Lp + N*S tokens
 # with a 4D mask (prompt causal; each response sees the whole prompt and its own earlier tokens), so the prompt
-# runs once and the layers checkpoint as usual. The price is one [L, L] additive mask (L = Lp + N*S) that the
-# layers share: 2 bytes x L^2 in bf16 (1.9 GB at L = 31k).
+# runs once and the layers checkpoint as usual. On a decoder switched to packed_row_attention (load_policy's
+# default for Qwen2-VL-family models on SDPA) the prompt's rows run as plain causal attention and only the
+# responses' rows take a mask, [N*S, L]; elsewhere (eager) the row takes one [L, L] additive mask that the layers
+# share: 2 bytes x L^2 in bf16 (1.9 GB at L = 31k), and the full L x L scores.
 
 
 def packed_row_mask(prefix_len: int, key_mask: Tensor, dtype: torch.dtype) -> Tensor:
@@ -124,7 +127,12 @@ def packed_row_logits(model, row_inputs: dict, prefix_len: int, response_mask: T
     n, t = response_mask.shape
     dtype = model.get_input_embeddings().weight.dtype
     dev = prompt_positions.device
-    logits = model(**row_inputs, attention_mask=packed_row_mask(prefix_len, response_mask[:, :-1].to(dev), dtype),
+    key_mask = response_mask[:, :-1].to(dev)
+    if t > 1 and getattr(_text_config(model), "_attn_implementation", None) == PACKED_ROW_ATTENTION:
+        mask = dict(attention_mask=packed_attention_mask(key_mask, prefix_len, dtype), packed_prompt_len=prefix_len)
+    else:
+        mask = dict(attention_mask=packed_row_mask(prefix_len, key_mask, dtype))
+    logits = model(**row_inputs, **mask,
                    position_ids=packed_row_positions(prompt_positions, response_positions[..., :-1]),
                    logits_to_keep=1 + n * (t - 1), use_cache=False).logits
     first = logits[:, :1].expand(n, -1, -1)

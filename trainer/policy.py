@@ -30,6 +30,7 @@ from torch import Tensor
 from longreel.engines.kv_cache import cache_kwargs, output_cache
 from longreel.task.prompting import messages_for_qra
 from longreel.trainer.packed_responses import can_pack_responses, packed_response_logits, packed_row_logits
+from longreel.trainer.packed_row_attention import PACKED_ROW_MODES, use_packed_row_attention
 from longreel.trainer.vision_attention import VISION_ATTENTION, use_batched_vision_attention
 
 __all__ = [
@@ -69,11 +70,14 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 def load_policy(path: str, *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
                 attn_implementation: str | None = "sdpa", trust_remote_code: bool = False,
-                vision_attention: str = "batched"):
+                vision_attention: str = "batched", packed_row_attention: str = "split"):
     """Load ``(model, processor)`` from a local ``save_pretrained`` directory (nothing is downloaded).
 
     ``vision_attention="batched"``: a Qwen2-VL-family tower on SDPA attends with one SDPA call per run of
-    equal-length frames (:mod:`longreel.trainer.vision_attention`); ``"native"``: transformers' per-frame loop."""
+    equal-length frames (:mod:`longreel.trainer.vision_attention`); ``"native"``: transformers' per-frame loop.
+    ``packed_row_attention="split"``: a Qwen2-VL-family decoder on SDPA runs a packed row's prompt as causal
+    attention and only its responses with a mask (:mod:`longreel.trainer.packed_row_attention`); ``"mask"``: one
+    SDPA call with the row's ``[L, L]`` mask."""
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     if not path or not os.path.isdir(path):
@@ -83,10 +87,14 @@ def load_policy(path: str, *, dtype: torch.dtype = torch.float32, device: torch.
         kwargs["attn_implementation"] = attn_implementation
     if vision_attention not in VISION_ATTENTION:
         raise ValueError(f"vision_attention {vision_attention!r}: expected one of {VISION_ATTENTION}")
+    if packed_row_attention not in PACKED_ROW_MODES:
+        raise ValueError(f"packed_row_attention {packed_row_attention!r}: expected one of {PACKED_ROW_MODES}")
     model = AutoModelForImageTextToText.from_pretrained(path, **kwargs).to(device)
     check_feature_injection(model)
     if vision_attention == "batched":
         use_batched_vision_attention(model)
+    if packed_row_attention == "split":
+        use_packed_row_attention(model)
     processor = AutoProcessor.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
     return model, processor
 

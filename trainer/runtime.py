@@ -415,6 +415,7 @@ class TrainSession:
         self.model, self.processor = load_policy(cfg.model.path, dtype=self.dtype, device=self.device,
                                                  attn_implementation=cfg.model.attn_implementation,
                                                  vision_attention=cfg.model.vision_attention,
+                                                 packed_row_attention=cfg.model.packed_row_attention,
                                                  trust_remote_code=cfg.model.trust_remote_code)
         if cfg.model.freeze_vision:
             visual = getattr(self.model, "visual", None) or getattr(getattr(self.model, "model", None), "visual", None)
