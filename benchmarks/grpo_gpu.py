@@ -284,7 +284,7 @@ def main(argv=None) -> int:
         model_dir = build_policy(work, args.geometry, args.device)
         doc["parameters"] = json.loads((Path(model_dir) / "bench_params.json").read_text())["parameters"]
         for frames in [int(f) for f in args.frames.split(",")]:
-            res = {}
+            res = doc["results"][str(frames)] = {}
             for name in args.variants.split(","):
                 try:
                     res[name] = run_variant(name, model_dir, frames, args, work)
@@ -293,12 +293,12 @@ def main(argv=None) -> int:
                 gc.collect()  # the failed variant's trainer is freed once its traceback is gone
                 if torch.cuda.is_available():
                     torch.cuda.empty_cache()
-            doc["results"][str(frames)] = res
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_text(json.dumps(doc, indent=1) + "\n")  # after each variant: a time-out keeps what finished
             base = res.get("plain", {}).get("median", {}).get("time_step")
             doc["speedup"][str(frames)] = {k: round(base / v["median"]["time_step"], 3) for k, v in res.items()
                                            if base and k != "plain" and "median" in v}
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(doc, indent=1) + "\n")  # after each size: a time-out keeps what finished
+            out.write_text(json.dumps(doc, indent=1) + "\n")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     doc["wall_seconds"] = round(time.time() - t0, 1)
