@@ -105,6 +105,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=64, help="tokens per response")
     ap.add_argument("--repeats", type=int, default=3, help="timed passes per mode, after one warm-up each")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
+                    help="parameter dtype (auto: bf16 on a GPU, fp32 on CPU); fp32 on a GPU checks the two ways agree "
+                         "to fp32 rounding")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "packed_row.json"))
     args = ap.parse_args(argv)
@@ -134,7 +137,8 @@ def main(argv=None) -> int:
            "results": {}}
     try:
         path = build_policy(work, args.geometry, args.device)
-        dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+        auto = "bfloat16" if args.device == "cuda" else "float32"
+        dtype = getattr(torch, auto if args.dtype == "auto" else args.dtype)
         model, processor = load_policy(path, dtype=dtype, device=device)
         enable_checkpointing(model)
         model.train()
