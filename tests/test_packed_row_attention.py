@@ -12,7 +12,8 @@ from longreel.testing.tiny_model import build_tiny_qwen2vl
 from longreel.trainer.activation_checkpointing import disable_checkpointing, enable_checkpointing
 from longreel.trainer.mrsp.embed_cache import encode_video_features
 from longreel.trainer.mrsp.reuse import response_logprobs
-from longreel.trainer.packed_row_attention import PACKED_ROW_ATTENTION, packed_row_sdpa, use_packed_row_attention
+from longreel.trainer.packed_row_attention import (PACKED_ROW_ATTENTION, _causal_prompt, packed_row_sdpa,
+                                                   use_packed_row_attention)
 from longreel.trainer.policy import PromptInputs, load_policy, sequence_logprobs
 from longreel.trainer.positions import prompt_positions
 
@@ -147,6 +148,22 @@ def test_split_rejects_a_mask_of_the_wrong_rows(setup):
         packed_row_sdpa(attn, q, k[:, :, :8], k[:, :, :8], torch.zeros(1, 1, 4, 8), packed_prompt_len=6)
     out, _ = packed_row_sdpa(attn, q, k, k, torch.zeros(1, 1, 4, 10), packed_prompt_len=6)
     assert out.shape == (1, 10, q.shape[1], attn.head_dim)
+
+
+def test_causal_prompt_with_repeated_heads_equals_grouped_query():
+    """The fp32-on-CUDA branch (K/V heads repeated for the memory-efficient kernel) is the same attention as the
+    grouped-query call, values and gradients."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, h, 12, 8, generator=g, requires_grad=True) for h in (4, 2, 2))
+    outs = []
+    for repeat in (False, True):
+        out = _causal_prompt(q, k, v, 0.0, None, repeat_kv=repeat)
+        grads = torch.autograd.grad((out ** 2).sum(), (q, k, v))
+        outs.append((out.detach(), grads))
+    assert outs[0][0].shape == (1, 12, 4, 8)
+    torch.testing.assert_close(outs[1][0], outs[0][0])
+    for a, b in zip(outs[1][1], outs[0][1]):
+        torch.testing.assert_close(b, a)
 
 
 def test_only_sdpa_qwen_decoders_switch(tmp_path):

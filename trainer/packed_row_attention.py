@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = ["PACKED_ROW_ATTENTION", "PACKED_ROW_MODES", "packed_row_sdpa", "use_packed_row_attention"]
@@ -62,11 +63,28 @@ def packed_row_sdpa(module: torch.nn.Module, query: Tensor, key: Tensor, value: 
         raise ValueError(f"packed row: the mask must cover the {length - p} response rows over {length} keys, "
                          f"got {got}")
     kwargs.pop("is_causal", None)
-    head, _ = sdpa_attention_forward(module, query[:, :, :p], key[:, :, :p], value[:, :, :p], None, dropout=dropout,
-                                     scaling=scaling, is_causal=True, **kwargs)
+    head = _causal_prompt(query[:, :, :p], key[:, :, :p], value[:, :, :p], dropout, scaling,
+                          repeat_kv=query.is_cuda and query.dtype == torch.float32)
     tail, _ = sdpa_attention_forward(module, query[:, :, p:], key, value, attention_mask, dropout=dropout,
                                      scaling=scaling, is_causal=False, **kwargs)
     return torch.cat([head, tail], dim=1), None
+
+
+def _causal_prompt(query: Tensor, key: Tensor, value: Tensor, dropout: float, scaling: float | None, *,
+                   repeat_kv: bool = False) -> Tensor:
+    """Causal SDPA of the prompt's rows, ``[B, H, P, D]`` x ``[B, Hkv, P, D]`` -> ``[B, P, H, D]``.
+
+    Called directly rather than through transformers' SDPA function, which asks for grouped-query attention
+    whenever there is no mask: on CUDA only the flash kernel takes that, and flash needs fp16/bf16, so an fp32
+    model would fall to the math kernel and materialise the ``[H, P, P]`` scores (measured on an H200 at 7.9k
+    prompt tokens: +10 GiB and slower than the one masked call). There (``repeat_kv``) the K/V heads are repeated
+    instead, which the memory-efficient kernel takes with ``is_causal``."""
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1 and repeat_kv:
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    out = F.scaled_dot_product_attention(query, key, value, dropout_p=dropout, scale=scaling, is_causal=True,
+                                         enable_gqa=groups > 1 and not repeat_kv)
+    return out.transpose(1, 2).contiguous()
 
 
 def _register() -> None:
