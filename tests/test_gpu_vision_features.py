@@ -1,5 +1,9 @@
 """On a GPU machine: the log-probs the update trains on reach the vision tower (run with ``pytest -m gpu``).
 
+Use the ``pytest`` command, or ``python -m pytest`` from ``tests/``, with longreel installed: ``python -m pytest``
+from the repository root puts the root on ``sys.path``, and its bare ``longreel/`` folder (the layer folders are
+mapped into ``longreel`` only by the install, setup.py) hides ``longreel.trainer`` unless the install is editable.
+
 transformers 5.17 on a lent H100 dropped the ``mm_encoder_outputs`` keyword these passes use, so every log-prob
 there ignored the video and the tower got no gradient, silently (benchmarks/results/grpo_gpu.md, the correction).
 The CPU tests of the trainer check the same gradients on this machine's locked transformers; this one checks the
