@@ -112,4 +112,3 @@ def use_packed_row_attention(model: torch.nn.Module) -> bool:
     log.debug("text decoder attention: %s (a packed row's prompt and responses in two SDPA calls)",
               PACKED_ROW_ATTENTION)
     return True
-
