@@ -11,10 +11,15 @@ from setuptools import find_packages, setup
 LAYERS = ("pipelines", "trainer", "schemas", "data_cards")
 
 
+#: folders of data only (no ``__init__.py``) whose files ``[options.package_data]`` ships: listed as packages too,
+#: because setuptools otherwise warns, on every build, that Python could import them but the build would ignore them
+DATA_FOLDERS = ("pipelines.configs", "pipelines.sample_data", "data_cards.demo")
+
+
 def _packages() -> list[str]:
     own = find_packages(include=["longreel", "longreel.*"])
     layered = [f"longreel.{p}" for p in find_packages(include=[n for layer in LAYERS for n in (layer, f"{layer}.*")])]
-    return sorted(own + layered)
+    return sorted(own + layered + [f"longreel.{p}" for p in DATA_FOLDERS])
 
 
 setup(

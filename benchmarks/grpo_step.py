@@ -10,6 +10,9 @@ included, on the same benchmark-sized model (``mrsp.build_model``) and real fram
 * ``mrsp_frozen``: ``model.freeze_vision=true`` (one tower pass per video per step, reference included);
 * ``plain_per_sequence`` / ``mrsp_per_sequence`` (for ``--checkpointing``): as ``plain`` / ``mrsp`` with the
   log-prob passes' text path as it was before the packed row: under checkpointing, one full sequence per response;
+* ``plain_mask`` / ``mrsp_mask`` (for ``--checkpointing``): as ``plain`` / ``mrsp`` with the packed row's text
+  attention as one SDPA call with its ``[L, L]`` mask (``model.packed_row_attention=mask``) instead of the split
+  causal prompt + masked responses (:mod:`longreel.trainer.packed_row_attention`);
 * ``mrsp_prompt_at_a_time``: as ``mrsp`` with each prompt's rollouts decoded on their own
   (``rollout.prompts_per_decode=1``, as before the step's prompts were decoded in one batch): run it beside
   ``mrsp`` with several ``--items`` to see what decoding the prompts together saves.
@@ -48,6 +51,9 @@ VARIANTS = {
     "plain_per_sequence": ["mrsp.enabled=false"],
     "mrsp_per_sequence": ["mrsp.enabled=true", "mrsp.vision=deferred"],
     "mrsp_prompt_at_a_time": ["mrsp.enabled=true", "mrsp.vision=deferred", "rollout.prompts_per_decode=1"],
+    # with --checkpointing: the packed row through one SDPA call with its [L, L] mask (as before the split)
+    "plain_mask": ["mrsp.enabled=false", "model.packed_row_attention=mask"],
+    "mrsp_mask": ["mrsp.enabled=true", "mrsp.vision=deferred", "model.packed_row_attention=mask"],
 }
 PER_SEQUENCE = ("plain_per_sequence", "mrsp_per_sequence")
 
