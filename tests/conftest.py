@@ -88,6 +88,32 @@ def vtest_video_inputs(proc, shared_videos: Path, question: str = "How many peop
                 return_tensors="pt")
 
 
+def vtest_prompt(proc, shared_videos: Path):
+    """:func:`vtest_video_inputs` as the trainer's ``PromptInputs`` (batch 1, the family's extra tensors kept)."""
+    import torch
+
+    from longreel.trainer.policy import PromptInputs
+
+    enc = vtest_video_inputs(proc, shared_videos)
+    known = {"input_ids", "attention_mask", "pixel_values_videos", "video_grid_thw", "mm_token_type_ids"}
+    return PromptInputs("vtest", enc["input_ids"], enc["attention_mask"], enc["pixel_values_videos"],
+                        enc["video_grid_thw"], enc["mm_token_type_ids"],
+                        {k: v for k, v in enc.items() if k not in known and isinstance(v, torch.Tensor)})
+
+
+def ragged_responses(lengths: list[int], seed: int = 0):
+    """``(ids [N, T], mask [N, T], weights [N, T])``: right-padded random responses of ``lengths`` tokens (ids of
+    ordinary text tokens, below 300) and per-token loss weights, from one seeded generator."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 300, (len(lengths), max(lengths)), generator=g)
+    mask = torch.zeros_like(ids)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1
+    return ids, mask, torch.randn(ids.shape, generator=g)
+
+
 def display_rotated_copy(ffmpeg: str, src: Path, dest: Path, seconds: float = 3.0) -> Path:
     """``src``'s first seconds stream-copied with a 90-degree display rotation (how phones store upright
     footage); skips the test where the ffmpeg binary is too old for ``-display_rotation``."""

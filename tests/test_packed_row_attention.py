@@ -14,7 +14,7 @@ from longreel.trainer.mrsp.embed_cache import encode_video_features
 from longreel.trainer.mrsp.reuse import response_logprobs
 from longreel.trainer.packed_row_attention import (PACKED_ROW_ATTENTION, _causal_prompt, packed_row_sdpa,
                                                    use_packed_row_attention)
-from longreel.trainer.policy import PromptInputs, load_policy, sequence_logprobs
+from longreel.trainer.policy import load_policy, sequence_logprobs
 from longreel.trainer.positions import prompt_positions
 
 TOL = 1e-5
@@ -23,23 +23,14 @@ LENGTHS = [11, 6, 9, 1]  # right-padded responses of different lengths, one of a
 
 @pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl"])
 def setup(request, tmp_path_factory, shared_videos):
-    from conftest import vtest_video_inputs
+    from conftest import ragged_responses, vtest_prompt
 
     torch.set_num_threads(1)
     model_dir = build_tiny_qwen2vl(tmp_path_factory.mktemp(request.param) / "tiny", seed=0, family=request.param)
     split, proc = load_policy(model_dir)
     mask, _ = load_policy(model_dir, packed_row_attention="mask")
-    enc = vtest_video_inputs(proc, shared_videos)
-    known = {"input_ids", "attention_mask", "pixel_values_videos", "video_grid_thw", "mm_token_type_ids"}
-    prompt = PromptInputs("vtest", enc["input_ids"], enc["attention_mask"], enc["pixel_values_videos"],
-                          enc["video_grid_thw"], enc["mm_token_type_ids"],
-                          {k: v for k, v in enc.items() if k not in known and isinstance(v, torch.Tensor)})
-    g = torch.Generator().manual_seed(0)
-    resp = torch.randint(0, 300, (len(LENGTHS), max(LENGTHS)), generator=g)
-    key_mask = torch.zeros_like(resp)
-    for i, n in enumerate(LENGTHS):
-        key_mask[i, :n] = 1
-    weights = torch.randn(resp.shape, generator=g)
+    prompt = vtest_prompt(proc, shared_videos)
+    resp, key_mask, weights = ragged_responses(LENGTHS)
     return {"split": split, "mask": mask}, prompt, resp, key_mask, weights
 
 

@@ -17,7 +17,7 @@ from longreel.trainer.positions import prompt_positions  # noqa: E402
 from longreel.trainer import packed_responses  # noqa: E402
 from longreel.trainer.mrsp.reuse import PromptGraph, generate_with_features, response_logprobs  # noqa: E402
 from longreel.trainer.mrsp.sp_prefill import prefill_logprobs  # noqa: E402
-from longreel.trainer.policy import PromptInputs, can_share_prompt, encode_video, sequence_logprobs  # noqa: E402
+from longreel.trainer.policy import can_share_prompt, encode_video, sequence_logprobs  # noqa: E402
 from longreel.trainer.rollout import SamplingConfig, TransformersEngine  # noqa: E402
 from longreel.testing.tiny_model import build_tiny_qwen2vl  # noqa: E402
 
@@ -29,24 +29,15 @@ LENGTHS = [11, 6, 9, 1]  # right-padded responses of different lengths, one of a
 def setup(request, tmp_path_factory, shared_videos):
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    from conftest import vtest_video_inputs
+    from conftest import ragged_responses, vtest_prompt
 
     torch.set_num_threads(1)
     family = request.param
     model_dir = build_tiny_qwen2vl(tmp_path_factory.mktemp(family) / "tiny", seed=0, family=family)
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32)
     proc = AutoProcessor.from_pretrained(model_dir)
-    enc = vtest_video_inputs(proc, shared_videos)
-    known = {"input_ids", "attention_mask", "pixel_values_videos", "video_grid_thw", "mm_token_type_ids"}
-    prompt = PromptInputs("vtest", enc["input_ids"], enc["attention_mask"], enc["pixel_values_videos"],
-                          enc["video_grid_thw"], enc["mm_token_type_ids"],
-                          {k: v for k, v in enc.items() if k not in known and isinstance(v, torch.Tensor)})
-    g = torch.Generator().manual_seed(0)
-    resp = torch.randint(0, 300, (len(LENGTHS), max(LENGTHS)), generator=g)
-    mask = torch.zeros_like(resp)
-    for i, n in enumerate(LENGTHS):
-        mask[i, :n] = 1
-    weights = torch.randn(resp.shape, generator=g)
+    prompt = vtest_prompt(proc, shared_videos)
+    resp, mask, weights = ragged_responses(LENGTHS)
     model.processor = proc  # the rollout tests need it; a plain attribute on the test's own model
     return family, model, prompt, resp, mask, weights
 
