@@ -90,15 +90,9 @@ def vtest_video_inputs(proc, shared_videos: Path, question: str = "How many peop
 
 def vtest_prompt(proc, shared_videos: Path):
     """:func:`vtest_video_inputs` as the trainer's ``PromptInputs`` (batch 1, the family's extra tensors kept)."""
-    import torch
-
     from longreel.trainer.policy import PromptInputs
 
-    enc = vtest_video_inputs(proc, shared_videos)
-    known = {"input_ids", "attention_mask", "pixel_values_videos", "video_grid_thw", "mm_token_type_ids"}
-    return PromptInputs("vtest", enc["input_ids"], enc["attention_mask"], enc["pixel_values_videos"],
-                        enc["video_grid_thw"], enc["mm_token_type_ids"],
-                        {k: v for k, v in enc.items() if k not in known and isinstance(v, torch.Tensor)})
+    return PromptInputs.from_encoding("vtest", vtest_video_inputs(proc, shared_videos))
 
 
 def ragged_responses(lengths: list[int], seed: int = 0):

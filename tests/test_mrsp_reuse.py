@@ -234,8 +234,7 @@ def test_cache_plugs_into_the_trainers_policy_functions(setup):
     from longreel.trainer.policy import PromptInputs, sequence_logprobs
 
     model, enc, resp, mask, weights = setup
-    prompt = PromptInputs("k", enc["input_ids"], enc["attention_mask"], enc["pixel_values_videos"],
-                          enc["video_grid_thw"], enc["mm_token_type_ids"])
+    prompt = PromptInputs.from_encoding("k", enc)
     model.zero_grad(set_to_none=True)
     (plain_logprobs(model, enc, resp, mask) * weights * mask).sum().backward()
     g_plain = grads(model)

@@ -28,15 +28,13 @@ WORKER = REPO / "tests" / "sp_rollouts_worker.py"
 def tiny(tmp_path_factory, shared_videos):
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    from conftest import vtest_video_inputs
+    from conftest import vtest_prompt
 
     torch.set_num_threads(1)
     model_dir = build_tiny_qwen2vl(tmp_path_factory.mktemp("sprollouts") / "tiny", seed=0)
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
     proc = AutoProcessor.from_pretrained(model_dir)
-    enc = vtest_video_inputs(proc, shared_videos)
-    prompt = PromptInputs("vtest", enc["input_ids"], enc["attention_mask"], enc["pixel_values_videos"],
-                          enc["video_grid_thw"], enc["mm_token_type_ids"])
+    prompt = vtest_prompt(proc, shared_videos)
     return model_dir, model, proc, prompt
 
 

@@ -213,6 +213,15 @@ class PromptInputs:
                             mv(self.video_grid_thw), mv(self.mm_token_type_ids),
                             {k: mv(v) for k, v in self.extra.items()})
 
+    @classmethod
+    def from_encoding(cls, key: str, enc: Mapping[str, Any]) -> "PromptInputs":
+        """From a processor's output for one prompt (``return_tensors="pt"``): the named fields, and every other
+        tensor it returned as ``extra`` (the family's own, e.g. ``second_per_grid_ts``)."""
+        extra = {k: v for k, v in enc.items() if k not in _KNOWN_KEYS and isinstance(v, Tensor)}
+        return cls(key=key, input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
+                   pixel_values_videos=enc["pixel_values_videos"], video_grid_thw=enc["video_grid_thw"],
+                   mm_token_type_ids=enc.get("mm_token_type_ids"), extra=extra)
+
 
 _KNOWN_KEYS = {"input_ids", "attention_mask", "pixel_values_videos", "video_grid_thw", "mm_token_type_ids"}
 
@@ -247,10 +256,7 @@ def encode_prompt(processor, item: Mapping[str, Any], *, video_token_id: int, me
             f"sample {key!r}: the prompt has {n_placeholders} video placeholder tokens but the video gives "
             f"{n_features} visual features (video_grid_thw={grid.tolist()}, merge {merge}); a question or option "
             f"containing placeholder text, or a truncated prompt, causes this")
-    extra = {k: v for k, v in enc.items() if k not in _KNOWN_KEYS and isinstance(v, Tensor)}
-    return PromptInputs(key=key, input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
-                        pixel_values_videos=enc["pixel_values_videos"], video_grid_thw=grid,
-                        mm_token_type_ids=enc.get("mm_token_type_ids"), extra=extra)
+    return PromptInputs.from_encoding(key, enc)
 
 
 # --------------------------------------------------------------------------------------------------
