@@ -54,8 +54,10 @@ Two text paths, measured separately (``text_path`` in the JSON):
 
 Ceiling (``--step-only``): the policy's tower alone on the same video (role ``tower``: a forward without grad, a
 forward keeping its graph, the backward), turned by :func:`tower_ceilings` into the stage-1 ratio a step would show
-if the language model cost nothing. With the tower trained, the baseline's tower work is 3F + Fg + B and stage 1's
-F + Fg + B: when the backward costs about twice a forward the ceiling is about 1.5, whatever the text model costs.
+if the language model cost nothing. With the tower trained and one update micro-batch, the baseline's tower work is
+3F + Fg + B and stage 1's F + Fg + B: when the backward costs about twice a forward the ceiling is about 1.5,
+whatever the text model costs. With ``--grad-accum k`` the baseline encodes (and backpropagates through the tower)
+in each of the k micro-batches, 3F + k(Fg + B), while stage 1 still does F + Fg + B: about 2.25 at k = 2.
 
 Memory: peak resident memory of the prefill (forward + backward of one sequence's log-probs, video features
 precomputed) measured per rank as VmHWM - VmRSS, after resetting VmHWM through /proc/self/clear_refs, one
@@ -582,7 +584,7 @@ def role_mem(args) -> None:
 
 
 # ---------------------------------------------------------------------------- the tower's own share: a ceiling
-def tower_ceilings(forward_s: float, forward_graph_s: float, backward_s: float) -> dict:
+def tower_ceilings(forward_s: float, forward_graph_s: float, backward_s: float, micro_batches: int = 1) -> dict:
     """Upper bounds on stage 1's step speed-up over the shared-prefill baseline from the vision tower's own costs:
     the ratio a step would show if the language model cost nothing. It bounds the measured ratio because the text
     passes gain less from reuse: of the baseline's ~6 prompt-length passes (rollout, old, reference, the update's
@@ -591,19 +593,24 @@ def tower_ceilings(forward_s: float, forward_graph_s: float, backward_s: float) 
     Tower work in one step on one video, F a forward without grad, Fg a forward that keeps its graph, B the backward
     through the tower:
 
-    * baseline, tower trained: ``3F + Fg + B`` (the rollout, old and reference passes each encode; the update
-      encodes with its graph and backpropagates);
-    * stage 1, tower trained: ``F + Fg + B`` (the policy encodes once keeping its graph, the reference once);
+    * baseline, tower trained: ``3F + k (Fg + B)`` (the rollout, old and reference passes each encode; each of
+      the update's ``k = micro_batches`` micro-batches (``optim.grad_accum``) encodes with its graph and
+      backpropagates, as a trainer without reuse runs the whole sequence per micro-batch);
+    * stage 1, tower trained: ``F + Fg + B`` (the policy encodes once keeping its graph for every micro-batch, the
+      reference once);
     * stage 1 with the reference's features from the cross-step store (a video seen before): ``Fg + B``;
-    * tower frozen: baseline ``4F``, stage 1 ``F`` (one pass serves policy and reference): 4 whatever F is.
+    * tower frozen: baseline ``(3 + k) F``, stage 1 ``F`` (one pass serves policy and reference): ``3 + k``
+      whatever F is.
     """
     if min(forward_s, forward_graph_s, backward_s) <= 0:
         raise ValueError(f"tower times must be positive, got {forward_s}, {forward_graph_s}, {backward_s}")
-    f, fg, b = forward_s, forward_graph_s, backward_s
-    baseline = 3 * f + fg + b
+    if micro_batches < 1:
+        raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
+    f, fg, b, k = forward_s, forward_graph_s, backward_s, micro_batches
+    baseline = 3 * f + k * (fg + b)
     return {"tower_trained": round(baseline / (f + fg + b), 3),
             "tower_trained_reference_from_store": round(baseline / (fg + b), 3),
-            "tower_frozen": 4.0}
+            "tower_frozen": float(3 + k)}
 
 
 def role_tower(args) -> None:
@@ -657,10 +664,12 @@ LONG_RL_NOTE = (
 CEILING_NOTE = (
     "the stage-1 speed-up over the shared-prefill baseline if the language model cost nothing, from the tower's own "
     "forward (F, no grad), forward keeping its graph (Fg) and backward (B) on this video, measured in this run (role "
-    "tower): tower trained (3F + Fg + B) / (F + Fg + B); with the reference's features from the store "
-    "(3F + Fg + B) / (Fg + B); tower frozen 4F / F. The text passes gain less from reuse (of the baseline's ~6 "
-    "prompt-length passes, counting the update's backward as 2, stage 1 saves only the old pass's: ~1.2x), so they "
-    "pull a measured ratio below its ceiling")
+    "tower), k the update's micro-batches (config.grad_accum_1rank; the baseline re-encodes in each): tower trained "
+    "(3F + k(Fg + B)) / (F + Fg + B); with the reference's features from the store (3F + k(Fg + B)) / (Fg + B); "
+    "tower frozen (3 + k)F / F. The text passes gain less from reuse (at k = 1, of the baseline's ~6 prompt-length "
+    "passes, counting the update's backward as 2, stage 1 saves only the old pass's: ~1.2x; each further "
+    "micro-batch adds a prompt forward and backward to the baseline only), so they pull a measured ratio below its "
+    "ceiling")
 
 
 def step_only_result(steps: dict, args, step_inputs: dict, command: str, tower: dict) -> dict:
@@ -688,8 +697,9 @@ def step_only_result(steps: dict, args, step_inputs: dict, command: str, tower: 
 
     trained, frozen = table("total")
     trained_cpu, frozen_cpu = table("cpu_total")
-    ceilings = {"wall": tower_ceilings(tower["forward_s"], tower["forward_graph_s"], tower["backward_s"]),
-                "cpu": tower_ceilings(tower["cpu_forward_s"], tower["cpu_forward_graph_s"], tower["cpu_backward_s"])}
+    k = max(1, args.grad_accum)
+    ceilings = {"wall": tower_ceilings(tower["forward_s"], tower["forward_graph_s"], tower["backward_s"], k),
+                "cpu": tower_ceilings(tower["cpu_forward_s"], tower["cpu_forward_graph_s"], tower["cpu_backward_s"], k)}
     return {
         "benchmark": "mrsp (--step-only: the shared-prefix GRPO-step variants)",
         "command": command,

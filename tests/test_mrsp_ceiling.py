@@ -25,3 +25,17 @@ def test_a_cheaper_backward_or_graph_raises_the_ceiling():
 def test_non_positive_times_are_refused():
     with pytest.raises(ValueError, match="positive"):
         _mrsp().tower_ceilings(0.0, 1.0, 2.0)
+
+
+def test_micro_batches_add_the_update_encode_to_the_baseline_only():
+    # k = 2 micro-batches: the baseline encodes with its graph and backpropagates twice, stage 1 once
+    c = _mrsp().tower_ceilings(1.0, 1.0, 2.0, micro_batches=2)
+    assert c["tower_trained"] == 2.25  # (3 + 2 * (1 + 2)) / (1 + 1 + 2)
+    assert c["tower_trained_reference_from_store"] == 3.0  # 9 / (1 + 2)
+    assert c["tower_frozen"] == 5.0  # (3 + 2) F / F
+    assert _mrsp().tower_ceilings(1.0, 1.0, 2.0, micro_batches=1) == _mrsp().tower_ceilings(1.0, 1.0, 2.0)
+
+
+def test_zero_micro_batches_are_refused():
+    with pytest.raises(ValueError, match="micro_batches"):
+        _mrsp().tower_ceilings(1.0, 1.0, 2.0, micro_batches=0)
