@@ -712,7 +712,8 @@ def step_only_result(steps: dict, args, step_inputs: dict, command: str, tower: 
         "variants": {
             "no_reuse_per_request": "tower trained; every rollout request and every pass encodes (G + 3)",
             "no_reuse_per_pass": "tower trained; the shared-prefill baseline: one rollout request per group, every "
-                                 "pass (rollout, old, ref, update) encodes: 4 tower passes",
+                                 "pass (rollout, old, ref, update) encodes: 4 tower passes (3 + k with k update "
+                                 "micro-batches: each encodes)",
             "reuse": "tower trained; MR-SP stage 1 with per-step caches: policy encodes once (graph kept for the "
                      "update), reference once: 2 passes",
             "reuse_store_cold": "as reuse, the reference's features through the cross-step store on a video's "
@@ -728,8 +729,8 @@ def step_only_result(steps: dict, args, step_inputs: dict, command: str, tower: 
                                          "question, the generation prompt and the responses: 1 pass",
             "reuse_frozen_store_prefix_steady": "as reuse_frozen_store_steady, and the reference's video-prefix K/V "
                                                 "from the store: 0 passes",
-            "no_reuse_per_pass_frozen": "tower frozen; the shared-prefill baseline: 4 tower passes, no tower "
-                                        "backward",
+            "no_reuse_per_pass_frozen": "tower frozen; the shared-prefill baseline: 4 tower passes (3 + k with k "
+                                        "update micro-batches), no tower backward",
             "reuse_frozen": "tower frozen; stage 1: one pass serves policy and reference",
             "reuse_frozen_store_cold": "tower frozen; the policy's features through the cross-step store on first "
                                        "sight: 1 pass",
