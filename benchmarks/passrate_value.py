@@ -78,14 +78,17 @@ def curves(run_dir: Path) -> dict:
 def run_seed(seed: int, args, work: Path) -> dict:
     total = _Clock()
     kinds = args.kinds.split(",")
-    shape = {"n_frames": args.frames, "size": args.size, "radius": args.radius}
+    shape = {"n_frames": args.frames, "size": args.size, "radius": args.radius, "reasoning": args.reasoning}
+    tps = args.temporal_patch  # the cached video_grid_thw must match the policy processor's frames per patch
     base = build_base(seed, args, work)
     wall, cpu = {}, {}
 
     sft_items = make_items(args.sft_items, seed=300 + seed, kinds=kinds, **shape)
-    sft_index = write_shards(sft_items, str(work / f"sft_shards{seed}"), dataset="sft", split="sft")
+    sft_index = write_shards(sft_items, str(work / f"sft_shards{seed}"), dataset="sft", split="sft",
+                             temporal_patch_size=tps)
     held_out = make_items(args.eval_items, seed=5000 + seed, kinds=kinds, **shape)
-    eval_index = write_shards(held_out, str(work / f"eval_shards{seed}"), dataset="heldout", split="test")
+    eval_index = write_shards(held_out, str(work / f"eval_shards{seed}"), dataset="heldout", split="test",
+                              temporal_patch_size=tps)
     sft_dir = work / f"sft{seed}"
     c = _Clock()
     reused = args.reuse_sft and (sft_dir / "final" / "config.json").exists()
@@ -99,7 +102,7 @@ def run_seed(seed: int, args, work: Path) -> dict:
                      args.max_new_tokens)
 
     pool = make_items(args.pool_items, seed=100 + seed, kinds=kinds, **shape)
-    pool_index = write_shards(pool, str(work / f"pool{seed}"), dataset="pool", split="rl")
+    pool_index = write_shards(pool, str(work / f"pool{seed}"), dataset="pool", split="rl", temporal_patch_size=tps)
     c = _Clock()
     filt = run_filter_cli(pool_index, str(sft_dir / "final"), work / f"filter{seed}", args, seed)
     wall["filter"], cpu["filter"] = c.lap()
@@ -119,7 +122,8 @@ def run_seed(seed: int, args, work: Path) -> dict:
     out = {}
     for name in ARMS:
         items = arms[name]
-        index = write_shards(items, str(work / f"arm_{name}{seed}"), dataset=name, split="rl")
+        index = write_shards(items, str(work / f"arm_{name}{seed}"), dataset=name, split="rl",
+                             temporal_patch_size=tps)
         run_dir = work / f"grpo_{name}{seed}"
         c = _Clock()
         run_grpo(_cfg(_common(seed, args, index) + [
