@@ -79,16 +79,26 @@ def _eval(path: str, items, max_new_tokens: int) -> dict:
     return evaluate(model, processor, items, max_new_tokens=max_new_tokens)
 
 
+def run_items(n: int, seed: int, args) -> list[dict]:
+    """``n`` synthetic items of the run's kinds, frame shape and reasoning style (``--kinds``, ``--frames``,
+    ``--size``, ``--radius``, ``--reasoning``); every benchmark built on this one draws its items here."""
+    return make_items(n, seed=seed, kinds=args.kinds.split(","), n_frames=args.frames, size=args.size,
+                      radius=args.radius, reasoning=args.reasoning)
+
+
+def write_run_shards(items: list[dict], out_dir: Path, args, **kw) -> str:
+    """``items`` written as shards with the pack writer (the task goes through the project's own shard writer and
+    loader, like real data); the cached ``video_grid_thw`` is the ``--temporal-patch`` processor's, which the
+    loader checks against the policy's. Returns the index path."""
+    return write_shards(items, str(out_dir), temporal_patch_size=args.temporal_patch, **kw)
+
+
 def prepare_data(seed: int, args, work: Path):
     """Train/held-out items of ``seed`` written as shards with the pack writer; return (train_index, held_out)."""
-    kinds = args.kinds.split(",")
-    shape = {"n_frames": args.frames, "size": args.size, "radius": args.radius, "reasoning": args.reasoning}
-    train = make_items(args.train_items, seed=100 + seed, kinds=kinds, **shape)
-    held_out = make_items(args.eval_items, seed=5000 + seed, kinds=kinds, **shape)
-    # the task goes through the project's own shard writer and loader, like real data
-    tps = args.temporal_patch
-    train_index = write_shards(train, str(work / f"shards{seed}"), split="rl", temporal_patch_size=tps)
-    eval_index = write_shards(held_out, str(work / f"shards{seed}"), split="test", temporal_patch_size=tps)
+    train = run_items(args.train_items, 100 + seed, args)
+    held_out = run_items(args.eval_items, 5000 + seed, args)
+    train_index = write_run_shards(train, work / f"shards{seed}", args, split="rl")
+    eval_index = write_run_shards(held_out, work / f"shards{seed}", args, split="test")
     held_out = load_items(DataConfig(source="shards", eval_urls=[eval_index]), "eval")
     return train_index, held_out
 

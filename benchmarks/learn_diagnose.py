@@ -47,7 +47,7 @@ from longreel.trainer.policy import encode_prompt, encode_video, load_policy, se
 from longreel.task.rewards import score  # noqa: E402
 from longreel.trainer.rollout import SamplingConfig, TransformersEngine  # noqa: E402
 from longreel.trainer.sft import run_sft  # noqa: E402
-from longreel.trainer.synthetic_task import COLOURS, make_items  # noqa: E402
+from longreel.trainer.synthetic_task import COLOURS  # noqa: E402
 
 NAMES = list(COLOURS)
 LETTER = dict(zip(NAMES, "ABCD"))
@@ -305,8 +305,7 @@ def diagnose_seed(seed: int, args, work: Path) -> dict:
     t0 = time.perf_counter()
     base = L.build_base(seed, args, work)
     train_index, held_out = L.prepare_data(seed, args, work)
-    shape = {"n_frames": args.frames, "size": args.size, "radius": args.radius}
-    probe_items = make_items(args.probe_items, seed=9000 + seed, kinds=args.kinds.split(","), **shape)
+    probe_items = L.run_items(args.probe_items, 9000 + seed, args)
     ans_items = held_out[:args.answer_items]
     torch.set_num_threads(args.threads)
     res: dict = {"seed": seed}

@@ -31,12 +31,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import learn  # noqa: E402  (benchmarks/learn.py: the same SFT/GRPO settings and helpers)
-from learn import REPO, _cfg, _common, _Clock, _eval, build_base, cpu_seconds, pooled, sft_config  # noqa: E402
+from learn import (REPO, _cfg, _common, _Clock, _eval, build_base, cpu_seconds, pooled, run_items,  # noqa: E402
+                   sft_config, write_run_shards)
 
 from longreel.trainer.grpo import run_grpo  # noqa: E402
 from longreel.trainer.logging_utils import read_metrics  # noqa: E402
 from longreel.trainer.sft import run_sft  # noqa: E402
-from longreel.trainer.synthetic_task import TIME_KINDS, make_items, write_shards  # noqa: E402
+from longreel.trainer.synthetic_task import TIME_KINDS  # noqa: E402
 
 ARMS = ("medium", "unfiltered")
 
@@ -77,18 +78,13 @@ def curves(run_dir: Path) -> dict:
 
 def run_seed(seed: int, args, work: Path) -> dict:
     total = _Clock()
-    kinds = args.kinds.split(",")
-    shape = {"n_frames": args.frames, "size": args.size, "radius": args.radius, "reasoning": args.reasoning}
-    tps = args.temporal_patch  # the cached video_grid_thw must match the policy processor's frames per patch
     base = build_base(seed, args, work)
     wall, cpu = {}, {}
 
-    sft_items = make_items(args.sft_items, seed=300 + seed, kinds=kinds, **shape)
-    sft_index = write_shards(sft_items, str(work / f"sft_shards{seed}"), dataset="sft", split="sft",
-                             temporal_patch_size=tps)
-    held_out = make_items(args.eval_items, seed=5000 + seed, kinds=kinds, **shape)
-    eval_index = write_shards(held_out, str(work / f"eval_shards{seed}"), dataset="heldout", split="test",
-                              temporal_patch_size=tps)
+    sft_index = write_run_shards(run_items(args.sft_items, 300 + seed, args), work / f"sft_shards{seed}", args,
+                                 dataset="sft", split="sft")
+    held_out = run_items(args.eval_items, 5000 + seed, args)
+    eval_index = write_run_shards(held_out, work / f"eval_shards{seed}", args, dataset="heldout", split="test")
     sft_dir = work / f"sft{seed}"
     c = _Clock()
     reused = args.reuse_sft and (sft_dir / "final" / "config.json").exists()
@@ -101,8 +97,8 @@ def run_seed(seed: int, args, work: Path) -> dict:
     sft_eval = _eval(str(sft_dir / "final"), load_items(DataConfig(source="shards", eval_urls=[eval_index]), "eval"),
                      args.max_new_tokens)
 
-    pool = make_items(args.pool_items, seed=100 + seed, kinds=kinds, **shape)
-    pool_index = write_shards(pool, str(work / f"pool{seed}"), dataset="pool", split="rl", temporal_patch_size=tps)
+    pool = run_items(args.pool_items, 100 + seed, args)
+    pool_index = write_run_shards(pool, work / f"pool{seed}", args, dataset="pool", split="rl")
     c = _Clock()
     filt = run_filter_cli(pool_index, str(sft_dir / "final"), work / f"filter{seed}", args, seed)
     wall["filter"], cpu["filter"] = c.lap()
@@ -122,8 +118,7 @@ def run_seed(seed: int, args, work: Path) -> dict:
     out = {}
     for name in ARMS:
         items = arms[name]
-        index = write_shards(items, str(work / f"arm_{name}{seed}"), dataset=name, split="rl",
-                             temporal_patch_size=tps)
+        index = write_run_shards(items, work / f"arm_{name}{seed}", args, dataset=name, split="rl")
         run_dir = work / f"grpo_{name}{seed}"
         c = _Clock()
         run_grpo(_cfg(_common(seed, args, index) + [

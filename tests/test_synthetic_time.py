@@ -211,3 +211,26 @@ def test_learn_summary_says_whether_all_four_time_kinds_were_run(tmp_path):
     args = learn.build_parser().parse_args(["--kinds", ",".join(TIME_KINDS)])
     learn.summarise([dict(seed, seed=0, gain_points_time=14.0)], args, 10.0, 900.0, out, tmp_path / "s.png", [])
     assert json.loads(out.read_text())["passed_on_all_time_kinds"] is False
+
+
+def test_learning_benchmarks_draw_and_pack_items_with_the_runs_reasoning_and_patch(tmp_path):
+    # benchmarks/passrate_value.py once wrote its shards with short reasoning and 2-frame patches whatever
+    # --reasoning / --temporal-patch said; learn.py's run_items / write_run_shards are now the one place both
+    # benchmarks (and learn_diagnose.py) draw and pack their items
+    from conftest import load_benchmark
+
+    from longreel.trainer.config import DataConfig
+    from longreel.trainer.runtime import load_items
+
+    learn = load_benchmark("learn")
+    args = learn.build_parser().parse_args(["--kinds", "direction,change", "--reasoning", "trace",
+                                            "--temporal-patch", "1", "--size", "56"])
+    items = learn.run_items(4, 7, args)
+    trace = make_items(4, seed=7, kinds=("direction", "change"), size=56, reasoning="trace")
+    short = make_items(4, seed=7, kinds=("direction", "change"), size=56)
+    assert [i["target"] for i in items] == [i["target"] for i in trace] != [i["target"] for i in short]
+    index = learn.write_run_shards(items, tmp_path / "s", args, split="rl")
+    got = load_items(DataConfig(source="shards", train_urls=[index]), "train")
+    assert [list(g["video_grid_thw"]) for g in got] == [[4, 4, 4]] * 4  # 4 frames, one per temporal patch
+    pv = load_benchmark("passrate_value")
+    assert pv.run_items is pv.learn.run_items and pv.write_run_shards is pv.learn.write_run_shards
