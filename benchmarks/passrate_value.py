@@ -31,8 +31,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import learn  # noqa: E402  (benchmarks/learn.py: the same SFT/GRPO settings and helpers)
-from learn import (REPO, _cfg, _common, _Clock, _eval, build_base, cpu_seconds, pooled, run_items,  # noqa: E402
-                   sft_config, write_run_shards)
+from learn import (REPO, _cfg, _common, _Clock, _eval, build_base, cpu_seconds, curve_row, pooled,  # noqa: E402
+                   run_items, sft_config, write_run_shards)
 
 from longreel.trainer.grpo import run_grpo  # noqa: E402
 from longreel.trainer.logging_utils import read_metrics  # noqa: E402
@@ -67,8 +67,7 @@ def run_filter_cli(pool_index: str, model: str, out_dir: Path, args, seed: int) 
 def curves(run_dir: Path) -> dict:
     reward, evals = [], []
     for r in read_metrics(run_dir / "metrics.jsonl"):
-        reward.append({"step": r["step"], "reward_mean": r["reward_mean"], "accuracy": r["accuracy"],
-                       "format_rate": r["format_rate"]})
+        reward.append(curve_row(r))
         if "eval_accuracy" in r:
             evals.append({"step": r["step"], "accuracy": r["eval_accuracy"],
                           "per_kind": {k.split("/", 1)[1]: v for k, v in r.items()

@@ -1,6 +1,7 @@
 """The synthetic task's time kinds need the video: one frame is at chance, all frames answer every item."""
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -234,3 +235,24 @@ def test_learning_benchmarks_draw_and_pack_items_with_the_runs_reasoning_and_pat
     assert [list(g["video_grid_thw"]) for g in got] == [[4, 4, 4]] * 4  # 4 frames, one per temporal patch
     pv = load_benchmark("passrate_value")
     assert pv.run_items is pv.learn.run_items and pv.write_run_shards is pv.learn.write_run_shards
+
+
+def test_learning_benchmarks_curves_keep_kl_signal_and_truncation(tmp_path):
+    # the pass-rate ablation's per-run curves once kept only reward, accuracy and format: the KL to the reference,
+    # the share of groups with signal and of truncated responses (what explained P3's one unstable arm) had to be
+    # read back from the run directories
+    from conftest import load_benchmark
+
+    pv = load_benchmark("passrate_value")
+    rows = [{"stage": "grpo", "step": 1, "reward_mean": 0.5, "format_rate": 1.0, "accuracy": 0.5,
+             "response_len_mean": 9.0, "groups_with_signal": 0.75, "kl": 0.12, "truncated_frac": 0.0625,
+             "reward_mean/direction": 0.25},
+            {"stage": "grpo", "step": 2, "reward_mean": 0.25, "format_rate": 0.5, "accuracy": 0.25,
+             "response_len_mean": 11.0, "eval_accuracy": 0.4, "eval_accuracy/direction": 0.4}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cv = pv.curves(tmp_path)
+    first, second = cv["reward"]
+    assert (first["kl"], first["groups_with_signal"], first["truncated_frac"]) == (0.12, 0.75, 0.0625)
+    assert first["reward_by_kind"] == {"direction": 0.25}
+    assert "kl" not in second and second["reward_mean"] == 0.25  # not logged, not invented
+    assert cv["held_out"] == [{"step": 2, "accuracy": 0.4, "per_kind": {"direction": 0.4}}]
