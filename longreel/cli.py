@@ -12,15 +12,9 @@ import sys
 import threading
 import traceback
 
+from longreel.task.beam_quiet import quiet_beam_import
 
-class _DropBeamImportNoise(logging.Filter):
-    """Beam warns at import that optional GCP client libraries are absent; irrelevant unless using GCP."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "apitools not found" not in record.getMessage()
-
-
-logging.getLogger().addFilter(_DropBeamImportNoise())
+quiet_beam_import()  # before any subcommand imports Beam
 
 # name -> (module, one-line help). Modules expose add_arguments(parser) and main(args, extra_args) -> int.
 COMMANDS = {

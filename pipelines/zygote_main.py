@@ -6,14 +6,15 @@ A module of its own so that the filter is set before anything imports Beam (the 
 top, so a filter set inside them would come too late), and so that :mod:`longreel.pipelines.zygote`, which the
 worker modules import, does not import them back."""
 import gc
-import logging
+
+from longreel.task.beam_quiet import quiet_beam_import
 
 # The zygote only imports, then forks: no collection in it can free anything worth the time (see _zygote)
 gc.disable()
 
 # Beam warns at import that optional GCP client libraries are absent: true of every local run, and a line that a
 # quiet (-q) run of several workers printed each time
-logging.getLogger().addFilter(lambda r: "apitools not found" not in r.getMessage())
+quiet_beam_import()
 
 from longreel.pipelines.forked_workers import _zygote  # noqa: E402 - after the filter, on purpose
 

@@ -350,3 +350,16 @@ def test_s3_gs_and_pipe_urls_go_through_argument_list_subprocesses(shards, tmp_p
         list(ShardDataset(["s3://bucket/ds/missing-000000.tar"]))
     ds = ShardDataset(["s3://bucket/ds/missing-000000.tar", f"s3://bucket/ds/{names[0]}"], on_error="skip")
     assert len(_ids(ds)) == sum(QUESTIONS[:3]) and ds.stats.skipped_shards == 1
+
+
+def test_the_shard_writer_imports_beam_without_its_gcp_warning():
+    # the trainer's benchmarks write shards through longreel.task.shard_format without the CLI's logging set-up;
+    # Beam's import warned there that optional GCP libraries are absent (a line in every benchmark's output)
+    import subprocess
+    import sys
+
+    code = ("import logging; logging.basicConfig(level=logging.INFO); import longreel.task.shard_format; "
+            "logging.getLogger().warning('after the import')")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert "after the import" in run.stderr  # other records still pass
+    assert "apitools" not in run.stderr

@@ -10,9 +10,11 @@ import hashlib
 import io
 import tarfile
 
-from apache_beam.io.filesystems import FileSystems
-
 from longreel.schemas.atomic import atomic_open
+from longreel.task.beam_quiet import quiet_beam_import
+
+quiet_beam_import()  # the trainer's side writes shards without the CLI's logging set-up
+from apache_beam.io.filesystems import FileSystems  # noqa: E402 - after the filter, on purpose
 
 INDEX_KIND = "wids-shard-index-v1"
 SAMPLE_LAYOUT = "longreel-video-v1"
