@@ -69,8 +69,20 @@ def rng_roundtrip(out: str, rank: int, strategy: str) -> dict:
     return {"saved": saved, "scrambled": scrambled, "loaded": rng_digest()}
 
 
+def length_parity_rewards(self, texts, item):
+    """A GRPOTrainer._score for tests of dynamic sampling: a random tiny model never writes the answer format, so
+    every real reward would tie. Scores the parity of each response's length on the 'count' items (mixed groups)
+    and 0 on the 'colour' ones (tied groups). On in this worker when DIST_WORKER_PARITY_REWARDS=1."""
+    r = [float(len(t) % 2) if item["category"] == "count" else 0.0 for t in texts]
+    return r, [0.0] * len(texts), r
+
+
 def main(argv: list[str]) -> None:
     model, out, stage, strategy, *sets = argv
+    if os.environ.get("DIST_WORKER_PARITY_REWARDS") == "1":
+        from longreel.trainer.grpo import GRPOTrainer
+
+        GRPOTrainer._score = length_parity_rewards
     # a collective mismatch would hang every rank: dump the stacks and exit instead
     faulthandler.dump_traceback_later(float(os.environ.get("DIST_WORKER_TIMEOUT", "400")), exit=True)
     dist.init_process_group("gloo")

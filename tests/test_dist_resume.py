@@ -38,9 +38,10 @@ def _torchrun(n: int) -> list[str]:
             "--master_port", str(free_port())]
 
 
-def _run(cmd: list[str]) -> None:
+def _run(cmd: list[str], **extra_env: str) -> None:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
-               OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+               OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               **extra_env)
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     # the head of stderr holds the first rank's traceback; the tail, torchrun's summary
     assert proc.returncode == 0, \
@@ -145,6 +146,31 @@ def test_two_rank_resume_is_exact(tiny, tmp_path, strategy):
         assert r["resumed"] == r["straight"]
         assert r["loaded"] == r["saved"] != r["scrambled"]
     assert rng[0]["saved"] != rng[1]["saved"]  # each rank got its own states back, not rank 0's
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_rank_dynamic_sampling_draws_as_one_process_and_resumes_exactly(tiny, tmp_path, strategy):
+    """``grpo.dynamic_sampling`` on 2 ranks: the ranks agree on every extra draw and on the groups kept (each rank
+    holds one prompt of a draw, so often one rank keeps nothing; under FSDP it runs a weight-0 pass), step 1
+    draws and keeps what one process does, and 3 steps + resume + 3 equal 6 straight, bitwise."""
+    sets = ["grpo.dynamic_sampling=true", "grpo.max_draws=3", "grpo.beta=0.05"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    two.mkdir()
+    _run([*_torchrun(1), str(WORKER), tiny, str(one), "grpo", strategy, *sets], DIST_WORKER_PARITY_REWARDS="1")
+    _run([*_torchrun(2), str(WORKER), tiny, str(two), "grpo", strategy, *sets], DIST_WORKER_PARITY_REWARDS="1")
+    m1, m2 = read_metrics(one / "straight" / "metrics.jsonl"), read_metrics(two / "straight" / "metrics.jsonl")
+    assert [r["dynamic_draws"] for r in m2 if "dynamic_draws" in r] and m1[0]["step"] == m2[0]["step"] == 1
+    for k in ("dynamic_draws", "dynamic_kept_groups", "reward_mean", "groups_with_signal", "response_len_mean"):
+        assert m1[0][k] == m2[0][k], k
+    assert abs(m1[0]["loss"] - m2[0]["loss"]) <= 1e-6
+    assert any(r["dynamic_draws"] > 1 for r in m2)  # the tied colour groups made ranks draw again
+    keys = ("step", "loss", "reward_mean", "grad_norm", "kl", "dynamic_draws", "dynamic_kept_groups")
+    resumed = read_metrics(two / "resumed" / "metrics.jsonl")
+    assert [tuple(r.get(k) for k in keys) for r in m2] == [tuple(r.get(k) for k in keys) for r in resumed]
+    a, b = (load_file(str(two / run / "final" / "model.safetensors")) for run in ("straight", "resumed"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 EXIT_SCRIPT = """

@@ -97,6 +97,13 @@ class GRPOConfig(ConfigModel):
     behaviour_correction: bool = cfg(False, "Apply the capped behaviour weight when rollouts come from older weights "
                                             "(engine logprobs differ from the trainer's proximal ones).")
     reward_format_weight: float = cfg(0.0, "longreel.task.rewards format_weight: reward of a well-formatted wrong answer.")
+    dynamic_sampling: bool = cfg(False, "DAPO's dynamic sampling, an online pass-rate filter: a group whose rewards "
+                                        "all tie (every rollout right, or every one wrong) has no advantage, so it is "
+                                        "dropped and more prompts are drawn until the step has data.batch_size "
+                                        "groups with signal or grpo.max_draws batches were drawn. Extra draws advance "
+                                        "the loader (its position is checkpointed) and cost rollouts.")
+    max_draws: int = cfg(3, "dynamic_sampling: most batches of prompts drawn in one step (1: drop tied groups, draw "
+                            "no more).")
 
 
 class SFTConfig(ConfigModel):
@@ -240,6 +247,7 @@ class TrainConfig(ConfigModel):
         need(self.grpo.ppo_epochs >= 1, "grpo.ppo_epochs must be >= 1")
         need(self.grpo.behaviour_cap > 0, "grpo.behaviour_cap must be > 0")
         need(0.0 <= self.grpo.reward_format_weight <= 1.0, "grpo.reward_format_weight must be in [0, 1]")
+        need(self.grpo.max_draws >= 1, "grpo.max_draws must be >= 1")
         need(self.run.steps >= 0, "run.steps must be >= 0")
         need(self.run.save_every >= 0, "run.save_every must be >= 0")
         need(self.run.keep_checkpoints >= 1, "run.keep_checkpoints must be >= 1")

@@ -85,6 +85,13 @@ class GroupBatch:
     video_key: str | None = None  # MR-SP: the StepEmbedCache key of the prompt's video
     positions: Any = None         # MR-SP: the prompt's cached M-RoPE positions (trainer.mrsp.positions)
     old_from_rollout: bool = False  # MR-SP: old_logp are the rollout decode's own log-probs (no old pass)
+    position: int = -1  # the prompt's position among the step's draws (what dynamic sampling keeps by)
+    pad: bool = False  # FSDP lockstep only: its passes run at weight 0 and its tokens are not counted
+
+
+def _has_signal(b: GroupBatch) -> bool:
+    """Whether a group's rewards differ (else every advantage is zero and only the KL term would move the policy)."""
+    return b.rewards.numel() > 1 and bool(b.rewards.max() > b.rewards.min())
 
 
 def _replica_sum(value: float, info: DistInfo) -> float:
@@ -95,6 +102,7 @@ def _replica_sum(value: float, info: DistInfo) -> float:
 
 def _denominator(groups: list[GroupBatch], agg: str, info) -> float:
     """Global count the aggregated loss divides by: valid tokens (token_mean) or non-empty sequences."""
+    groups = [g for g in groups if not g.pad]
     if agg == "token_mean":
         local = sum(float(g.response_mask.sum()) for g in groups)
     else:
@@ -309,38 +317,85 @@ class GRPOTrainer:
         return mixed, r[0], f[0], a[0]
 
     def step(self) -> dict[str, Any]:
-        """One GRPO step: rollouts, rewards and advantages, old/reference log-probs, the update, and the metrics
-        (global over ranks)."""
+        """One GRPO step: rollouts, rewards and advantages (with ``grpo.dynamic_sampling``, more draws until the
+        step has its groups with signal), old/reference log-probs, the update, and the metrics (global over ranks)."""
         s = self.sess
         step = s.step + 1
         t0 = time.perf_counter()
-        local = self._prompts(s.local_batch())
+        clock = {"time_rollout": 0.0, "time_reward": 0.0}
         with s.gathered():  # FSDP: the no-grad phases on gathered weights (ranks generate different lengths)
-            groups, embeds, vkeys, positions = self._rollout(step, local)
-            t_rollout = time.perf_counter()
-            batches, stats = self._score_groups(local, groups, embeds, vkeys, positions)
+            batches, stats = self._draw_and_score(step, 0, clock)
+            if self.cfg.grpo.dynamic_sampling:
+                batches = self._fill_with_signal(step, batches, stats, clock)
             t_reward = time.perf_counter()
             sums_behav = self._old_and_ref_logprobs(batches)
             t_logprob = time.perf_counter()
         loss_total, sums, grad_norm, signal = self._update(step, batches)
         t_update = time.perf_counter()
         s.step = step
-        times = {"time_rollout": t_rollout - t0, "time_reward": t_reward - t_rollout,
-                 "time_logprob": t_logprob - t_reward, "time_update": t_update - t_logprob,
+        times = {**clock, "time_logprob": t_logprob - t_reward, "time_update": t_update - t_logprob,
                  "time_step": t_update - t0}
         return self._metrics(stats, sums, sums_behav, loss_total, grad_norm, signal, times)
 
-    def _rollout(self, step: int, local: list) -> tuple[list, list, list, list]:
+    def _draw_and_score(self, step: int, draw: int, clock: dict, stats: dict | None = None):
+        """The next batch of prompts from the loader, its rollouts and its scored groups. ``draw`` > 0 (dynamic
+        sampling's extra batches) shifts the prompts' positions past the earlier draws', so their rollout seeds and
+        cache keys are new; draw 0 samples exactly what a step without dynamic sampling does."""
+        t = time.perf_counter()
+        offset = draw * self.cfg.data.batch_size
+        local = [(offset + j, i, item, p) for j, i, item, p in self._prompts(self.sess.local_batch())]
+        groups, embeds, vkeys, positions = self._rollout(step, local, fresh=draw == 0)
+        t_rollout = time.perf_counter()
+        batches, stats = self._score_groups(local, groups, embeds, vkeys, positions, stats=stats)
+        clock["time_rollout"] += t_rollout - t
+        clock["time_reward"] += time.perf_counter() - t_rollout
+        return batches, stats
+
+    def _fill_with_signal(self, step: int, batches: list[GroupBatch], stats: dict,
+                          clock: dict) -> list[GroupBatch]:
+        """DAPO's dynamic sampling: keep the groups whose rewards do not all tie, drawing more batches while the
+        replicas together hold fewer than ``data.batch_size`` of them (at most ``grpo.max_draws`` batches in all),
+        then keep the first ``data.batch_size`` by position. Every rank takes the same decisions (they are made on
+        the gathered positions), so collectives stay in lockstep; the loader's extra draws are part of its
+        checkpointed position, so a resumed run draws the same prompts."""
+        cfg, info = self.cfg, self.sess.info
+        want = cfg.data.batch_size
+        kept = [b for b in batches if _has_signal(b)]
+        draws = 1
+        while True:
+            # an SP group's ranks hold the same prompts: the union of positions counts each prompt once
+            signal_positions = sorted(set().union(*all_gather_objects([b.position for b in kept], info)))
+            if len(signal_positions) >= want or draws >= cfg.grpo.max_draws:
+                break
+            more, _ = self._draw_and_score(step, draws, clock, stats=stats)
+            kept += [b for b in more if _has_signal(b)]
+            draws += 1
+        chosen = set(signal_positions[:want])
+        stats["draws"] = draws
+        stats["kept_groups"] = len(chosen)
+        if not chosen:  # no group with signal in any draw: the first draw's step, as without dynamic sampling
+            return batches
+        out = [b for b in kept if b.position in chosen]
+        if not out and chosen and self.sess.fsdp and batches:
+            # every FSDP rank must run the update's passes (each runs the layers' collectives): a rank none of whose
+            # groups was kept runs one of its own at weight 0
+            batches[0].pad = True
+            out = batches[:1]
+        return out
+
+    def _rollout(self, step: int, local: list, fresh: bool = True) -> tuple[list, list, list, list]:
         """G responses per prompt; each video is encoded once (with MR-SP once per unique video of the step) and
-        its embeddings are reused by every later pass. Returns (groups, embeds, video keys, positions)."""
+        its embeddings are reused by every later pass. ``fresh``: the step's first draw (MR-SP starts the step's
+        cache; later draws add to it). Returns (groups, embeds, video keys, positions)."""
         cfg, model = self.cfg, self.sess.model
         model.eval()
         vkeys: list[str | None] = [None] * len(local)
         positions: list = [None] * len(local)
         if self.mrsp:
-            self.cache.begin_step()
-            if self.ref_cache is not None:
-                self.ref_cache.begin_step()
+            if fresh:
+                self.cache.begin_step()
+                if self.ref_cache is not None:
+                    self.ref_cache.begin_step()
             embeds, vkeys, positions = self._encode_step_videos(local)
         else:
             with torch.no_grad():
@@ -350,16 +405,18 @@ class GRPOTrainer:
                                       items=[it for _, _, it, _ in local])
         return groups, embeds, vkeys, positions
 
-    def _score_groups(self, local: list, groups: list, embeds: list, vkeys: list,
-                      positions: list) -> tuple[list[GroupBatch], dict]:
+    def _score_groups(self, local: list, groups: list, embeds: list, vkeys: list, positions: list,
+                      stats: dict | None = None) -> tuple[list[GroupBatch], dict]:
         """Rewards and advantages per group (an item whose reference cannot be scored is skipped and counted);
-        with ``grpo.mix_policy`` the last response of a group is the item's offline CoT target."""
+        with ``grpo.mix_policy`` the last response of a group is the item's offline CoT target. ``stats``: an
+        earlier draw's of this step, added to (the step's metrics cover every group sampled)."""
         s, cfg = self.sess, self.cfg
         pad_id = getattr(self.engine, "pad_id", 0)
         eos_id = s.processor.tokenizer.eos_token_id
         batches: list[GroupBatch] = []
-        stats = {"reward": [], "format": [], "accuracy": [], "length": [], "truncated": 0, "offline": 0,
-                 "groups": {}}
+        if stats is None:
+            stats = {"reward": [], "format": [], "accuracy": [], "length": [], "truncated": 0, "offline": 0,
+                     "groups": {}}
         for (j, i, item, prompt), g, emb, vkey, pos in zip(local, groups, embeds, vkeys, positions):
             try:
                 rewards, fmts, accs = self._score(g.texts, item)
@@ -385,7 +442,7 @@ class GRPOTrainer:
             tally_group(stats["groups"], rewards, item.get("category"))
             offline = bool(cfg.grpo.mix_policy and item.get("target"))
             batches.append(GroupBatch(i, prompt, ids, mask, adv, r, embeds=emb, old_logp=behav, offline=offline,
-                                      video_key=vkey, positions=pos,
+                                      video_key=vkey, positions=pos, position=j,
                                       old_from_rollout=bool(g.behav_is_policy and behav is not None and not offline)))
         return batches, stats
 
@@ -451,7 +508,7 @@ class GRPOTrainer:
                 self.cache.begin_step()
             prompt_graph = None
             for pi, (b, rows) in enumerate(padded):
-                pad = pi >= len(passes)
+                pad = pi >= len(passes) or b.pad
                 if not pad and (pi == 0 or padded[pi - 1][0] is not b) and not s.fsdp \
                         and len(_row_chunks(b.response_ids.shape[0], chunks)) > 1:
                     # a group's first micro-batch: its prompt runs once with grad for all of them (not under FSDP,
@@ -531,6 +588,7 @@ class GRPOTrainer:
             "rejected_items": sum(gth["rejected"] for gth in gathered),
             "skipped_update": 0.0 if signal else 1.0,
             "offline_groups": sum(gth["stats"]["offline"] for gth in gathered),
+            **self._dynamic_metrics(gathered),
             **group_metrics(merge_tallies(gth["stats"]["groups"] for gth in gathered)),
         }
         behav_tokens = sum(gth["behav"][1] for gth in gathered)
@@ -538,6 +596,14 @@ class GRPOTrainer:
             # mean |logp_trainer - logp_engine| on the sampled tokens: ~0 when the engine's weights are in sync
             metrics["behav_logp_absdiff"] = sum(gth["behav"][0] for gth in gathered) / behav_tokens
         return metrics
+
+    def _dynamic_metrics(self, gathered: list[dict]) -> dict[str, float]:
+        """Dynamic sampling's bill: batches drawn this step and the groups the update kept (every replica took the
+        same number of draws; kept groups are global already)."""
+        if not self.cfg.grpo.dynamic_sampling:
+            return {}
+        return {"dynamic_draws": float(gathered[0]["stats"]["draws"]),
+                "dynamic_kept_groups": float(gathered[0]["stats"]["kept_groups"])}
 
     def train(self) -> dict[str, Any]:
         try:
