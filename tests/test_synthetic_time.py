@@ -256,3 +256,34 @@ def test_learning_benchmarks_curves_keep_kl_signal_and_truncation(tmp_path):
     assert first["reward_by_kind"] == {"direction": 0.25}
     assert "kl" not in second and second["reward_mean"] == 0.25  # not logged, not invented
     assert cv["held_out"] == [{"step": 2, "accuracy": 0.4, "per_kind": {"direction": 0.4}}]
+
+
+def test_passrate_ablation_compares_arms_and_borrows_only_from_a_run_with_the_same_settings(tmp_path):
+    # benchmarks/passrate_value.py --arms online --compare EARLIER.json: the new arm runs alone and the earlier
+    # run's other arms of the same seed join the comparisons, but only when that run measured the same thing
+    from conftest import load_benchmark
+
+    pv = load_benchmark("passrate_value")
+    held = lambda *accs: [{"step": 50 * i, "accuracy": a} for i, a in enumerate(accs)]  # noqa: E731
+    arm = lambda *accs: {"held_out": held(*accs), "final_accuracy": accs[-1],  # noqa: E731
+                         "mean_held_out": pv.mean_after_sft(held(*accs))}
+    assert pv.mean_after_sft(held(0.1, 0.5, 0.7)) == pytest.approx(0.6)  # step 0 (the SFT model) left out
+    args = pv.build_parser().parse_args(["--arms", "online", "--seeds", "0"])
+    earlier = {"settings": dict(vars(pv.build_parser().parse_args([])), arms="medium,unfiltered"),
+               "per_seed": [{"seed": 0, "sft_accuracy": 0.4, "arms": {"medium": arm(0.4, 0.5, 0.5),
+                                                                      "unfiltered": arm(0.4, 0.45, 0.55)}}]}
+    path = tmp_path / "earlier.json"
+    path.write_text(json.dumps(earlier))
+    results = [{"seed": 0, "sft_accuracy": 0.4, "arms": {"online": arm(0.4, 0.6, 0.6)}}]
+    pv.add_compared_arms(results, str(path), args)
+    r = results[0]
+    assert r["arms"]["online"].get("from") is None and r["arms"]["medium"]["from"].endswith("earlier.json")
+    c = r["comparisons"]
+    assert c["online_minus_unfiltered"]["final_points"] == pytest.approx(5.0)
+    assert c["online_minus_unfiltered"]["mean_over_evaluations_points"] == pytest.approx(10.0)
+    assert c["medium_minus_unfiltered"]["mean_over_evaluations_points"] == pytest.approx(0.0)
+    other = pv.build_parser().parse_args(["--arms", "online", "--seeds", "0", "--grpo-lr", "0.003"])
+    with pytest.raises(SystemExit, match="settings differ .*grpo_lr"):
+        pv.add_compared_arms([dict(results[0], arms={"online": arm(0.4, 0.6)})], str(path), other)
+    with pytest.raises(SystemExit, match="SFT model differs"):
+        pv.add_compared_arms([dict(results[0], sft_accuracy=0.41)], str(path), args)
