@@ -119,7 +119,6 @@ def curves(run_dir: Path) -> dict:
 
 def run_seed(seed: int, args, work: Path) -> dict:
     total = _Clock()
-    base = build_base(seed, args, work)
     wall, cpu = {}, {}
 
     sft_index = write_run_shards(run_items(args.sft_items, 300 + seed, args), work / f"sft_shards{seed}", args,
@@ -127,11 +126,14 @@ def run_seed(seed: int, args, work: Path) -> dict:
     held_out = run_items(args.eval_items, 5000 + seed, args)
     eval_index = write_run_shards(held_out, work / f"eval_shards{seed}", args, dataset="heldout", split="test")
     sft_dir = work / f"sft{seed}"
-    c = _Clock()
     reused = args.reuse_sft and (sft_dir / "final" / "config.json").exists()
     if not reused:  # SFT is deterministic under the seed: --reuse-sft takes an earlier run's (same settings)
+        c = _Clock()
+        base = build_base(seed, args, work)  # only SFT starts from it
+        wall["build"], cpu["build"] = c.lap()
+        c = _Clock()
         run_sft(sft_config(seed, args, base, sft_index, sft_dir))
-    wall["sft"], cpu["sft"] = c.lap()
+        wall["sft"], cpu["sft"] = c.lap()
     from longreel.trainer.config import DataConfig
     from longreel.trainer.runtime import load_items
 

@@ -149,17 +149,21 @@ def test_two_rank_resume_is_exact(tiny, tmp_path, strategy):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "fsdp-sp"])
 def test_two_rank_dynamic_sampling_draws_as_one_process_and_resumes_exactly(tiny, tmp_path, strategy):
     """``grpo.dynamic_sampling`` on 2 ranks: the ranks agree on every extra draw and on the groups kept (each rank
-    holds one prompt of a draw, so often one rank keeps nothing; under FSDP it runs a weight-0 pass), step 1
-    draws and keeps what one process does, and 3 steps + resume + 3 equal 6 straight, bitwise."""
+    holds one prompt of a draw, so often one rank keeps nothing; under FSDP it runs a weight-0 pass; ``fsdp-sp``:
+    the 2 ranks are one sequence-parallel group, holding the same prompts, which must count once), step 1 draws
+    and keeps what one process does, and 3 steps + resume + 3 equal 6 straight, bitwise."""
+    strategy, *sp = strategy.split("-")
     sets = ["grpo.dynamic_sampling=true", "grpo.max_draws=3", "grpo.beta=0.05"]
+    sp_sets = ["mrsp.sp_size=2", "mrsp.sp_min_tokens=1"] if sp else []
     one, two = tmp_path / "one", tmp_path / "two"
     one.mkdir()
     two.mkdir()
     _run([*_torchrun(1), str(WORKER), tiny, str(one), "grpo", strategy, *sets], DIST_WORKER_PARITY_REWARDS="1")
-    _run([*_torchrun(2), str(WORKER), tiny, str(two), "grpo", strategy, *sets], DIST_WORKER_PARITY_REWARDS="1")
+    _run([*_torchrun(2), str(WORKER), tiny, str(two), "grpo", strategy, *sets, *sp_sets],
+         DIST_WORKER_PARITY_REWARDS="1")
     m1, m2 = read_metrics(one / "straight" / "metrics.jsonl"), read_metrics(two / "straight" / "metrics.jsonl")
     assert [r["dynamic_draws"] for r in m2 if "dynamic_draws" in r] and m1[0]["step"] == m2[0]["step"] == 1
     for k in ("dynamic_draws", "dynamic_kept_groups", "reward_mean", "groups_with_signal", "response_len_mean"):
