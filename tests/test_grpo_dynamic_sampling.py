@@ -19,8 +19,8 @@ from longreel.trainer import grpo as G  # noqa: E402
 from longreel.trainer.config import TrainConfig  # noqa: E402
 from longreel.trainer.logging_utils import read_metrics  # noqa: E402
 from longreel.trainer.runtime import DistInfo  # noqa: E402
-from longreel.testing.tiny_model import build_tiny_qwen2vl  # noqa: E402
 from dist_resume_worker import length_parity_rewards as _length_parity_rewards  # noqa: E402
+from test_checkpoint import _cfg as checkpoint_cfg, tiny  # noqa: E402,F401 - the tiny model fixture
 
 
 def _group(position: int, rewards: list[float]) -> G.GroupBatch:
@@ -89,17 +89,10 @@ def test_max_draws_is_validated():
         load_yaml(TrainConfig, None, ["grpo.max_draws=0"])
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> str:
-    return build_tiny_qwen2vl(tmp_path_factory.mktemp("tiny") / "m", seed=0)
-
-
 def _cfg(model: str, out: Path, *extra: str) -> TrainConfig:
-    return load_yaml(TrainConfig, None, [
-        f"model.path={model}", f"run.out_dir={out}", "data.source=synthetic", "data.synthetic_train=12",
-        "data.synthetic_kinds=[colour, count]", "data.batch_size=2", "run.steps=6", "run.save_every=3",
-        "run.progress=false", "run.tensorboard=false", "run.seed=3", "optim.lr=3e-3", "rollout.n=4",
-        "rollout.max_new_tokens=8", "grpo.dynamic_sampling=true", "grpo.max_draws=3", *extra])
+    """tests/test_checkpoint.py's resume run (6 steps, a checkpoint at 3) with dynamic sampling on."""
+    return checkpoint_cfg(model, out, "data.synthetic_train=12", "grpo.dynamic_sampling=true", "grpo.max_draws=3",
+                          *extra)
 
 
 def test_dynamic_sampling_trains_only_on_groups_with_signal_and_resumes_exactly(tiny, tmp_path, monkeypatch):
