@@ -376,7 +376,7 @@ class GRPOTrainer:
         if not chosen:  # no group with signal in any draw: the first draw's step, as without dynamic sampling
             return batches
         out = [b for b in kept if b.position in chosen]
-        if not out and chosen and self.sess.fsdp and batches:
+        if not out and self.sess.fsdp and batches:
             # every FSDP rank must run the update's passes (each runs the layers' collectives): a rank none of whose
             # groups was kept runs one of its own at weight 0
             batches[0].pad = True
