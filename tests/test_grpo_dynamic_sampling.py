@@ -52,7 +52,7 @@ def test_tied_groups_are_replaced_by_later_draws_and_the_first_by_position_kept(
     kept = G.GRPOTrainer._fill_with_signal(fake, 1, first, stats, {})
     assert calls == [1]  # one more draw gave enough; the third was never drawn
     assert [b.position for b in kept] == [1, 3, 4, 6]  # 7 had signal too, but the first 4 by position win
-    assert all(G._has_signal(b) for b in kept)
+    assert all(G.has_signal(b.rewards.tolist()) for b in kept)
     assert (stats["draws"], stats["kept_groups"]) == (2, 4)
 
 

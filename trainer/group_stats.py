@@ -11,7 +11,13 @@ from __future__ import annotations
 import re
 from typing import Iterable, Mapping
 
-__all__ = ["tally_group", "merge_tallies", "group_metrics", "metric_name"]
+__all__ = ["has_signal", "tally_group", "merge_tallies", "group_metrics", "metric_name"]
+
+
+def has_signal(rewards: Iterable[float]) -> bool:
+    """Whether a group's rewards are not all equal (else every advantage is zero)."""
+    r = [float(x) for x in rewards]
+    return len(r) > 1 and max(r) > min(r)
 
 
 def tally_group(tally: dict, rewards: Iterable[float], category: str | None) -> None:
@@ -21,7 +27,7 @@ def tally_group(tally: dict, rewards: Iterable[float], category: str | None) -> 
     :func:`metric_name` ("Goal and Purpose" -> "goal_and_purpose"), fit for a TensorBoard tag."""
     r = [float(x) for x in rewards]
     tally["groups"] = tally.get("groups", 0) + 1
-    tally["signal_groups"] = tally.get("signal_groups", 0) + int(len(r) > 1 and max(r) > min(r))
+    tally["signal_groups"] = tally.get("signal_groups", 0) + int(has_signal(r))
     name = metric_name(category) if category else ""
     if name:
         row = tally.setdefault("by_category", {}).setdefault(name, [0.0, 0])

@@ -55,7 +55,7 @@ from torch import Tensor
 
 from longreel.trainer import algorithms as A
 from longreel.trainer.config import TrainConfig
-from longreel.trainer.group_stats import group_metrics, merge_tallies, tally_group
+from longreel.trainer.group_stats import group_metrics, has_signal, merge_tallies, tally_group
 from longreel.trainer.policy import (PromptInputs, VideoEmbeds, VideoTokenMismatch, check_video_features, encode_prompt,
                             encode_video, sequence_logprobs, video_token_id)
 from longreel.task.rewards import score
@@ -87,11 +87,6 @@ class GroupBatch:
     old_from_rollout: bool = False  # MR-SP: old_logp are the rollout decode's own log-probs (no old pass)
     position: int = -1  # the prompt's position among the step's draws (what dynamic sampling keeps by)
     pad: bool = False  # FSDP lockstep only: its passes run at weight 0 and its tokens are not counted
-
-
-def _has_signal(b: GroupBatch) -> bool:
-    """Whether a group's rewards differ (else every advantage is zero and only the KL term would move the policy)."""
-    return b.rewards.numel() > 1 and bool(b.rewards.max() > b.rewards.min())
 
 
 def _replica_sum(value: float, info: DistInfo) -> float:
@@ -360,7 +355,7 @@ class GRPOTrainer:
         checkpointed position, so a resumed run draws the same prompts."""
         cfg, info = self.cfg, self.sess.info
         want = cfg.data.batch_size
-        kept = [b for b in batches if _has_signal(b)]
+        kept = [b for b in batches if has_signal(b.rewards.tolist())]
         draws = 1
         while True:
             # an SP group's ranks hold the same prompts: the union of positions counts each prompt once
@@ -368,7 +363,7 @@ class GRPOTrainer:
             if len(signal_positions) >= want or draws >= cfg.grpo.max_draws:
                 break
             more, _ = self._draw_and_score(step, draws, clock, stats=stats)
-            kept += [b for b in more if _has_signal(b)]
+            kept += [b for b in more if has_signal(b.rewards.tolist())]
             draws += 1
         chosen = set(signal_positions[:want])
         stats["draws"] = draws
