@@ -188,10 +188,11 @@ def pooled(per_category: dict, kinds) -> float | None:
 
 def curve_row(metrics: dict) -> dict:
     """One GRPO step of the reward curve: the step's means, the share of groups with signal (rewards not all
-    equal), the KL to the reference, the share of truncated responses and the training reward per kind (the
-    trainer's ``reward_mean/<category>``), where the trainer logged them."""
+    equal), the KL to the reference, the share of truncated responses, the batches drawn and groups kept under
+    ``grpo.dynamic_sampling`` and the training reward per kind (the trainer's ``reward_mean/<category>``), where
+    the trainer logged them."""
     row = {k: metrics[k] for k in ("step", "reward_mean", "format_rate", "accuracy", "response_len_mean")}
-    for k in ("groups_with_signal", "kl", "truncated_frac"):
+    for k in ("groups_with_signal", "kl", "truncated_frac", "dynamic_draws", "dynamic_kept_groups"):
         if k in metrics:
             row[k] = metrics[k]
     by_kind = {k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith("reward_mean/")}

@@ -246,15 +246,16 @@ def test_learning_benchmarks_curves_keep_kl_signal_and_truncation(tmp_path):
     pv = load_benchmark("passrate_value")
     rows = [{"stage": "grpo", "step": 1, "reward_mean": 0.5, "format_rate": 1.0, "accuracy": 0.5,
              "response_len_mean": 9.0, "groups_with_signal": 0.75, "kl": 0.12, "truncated_frac": 0.0625,
-             "reward_mean/direction": 0.25},
+             "dynamic_draws": 2, "dynamic_kept_groups": 8, "reward_mean/direction": 0.25},
             {"stage": "grpo", "step": 2, "reward_mean": 0.25, "format_rate": 0.5, "accuracy": 0.25,
              "response_len_mean": 11.0, "eval_accuracy": 0.4, "eval_accuracy/direction": 0.4}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     cv = pv.curves(tmp_path)
     first, second = cv["reward"]
     assert (first["kl"], first["groups_with_signal"], first["truncated_frac"]) == (0.12, 0.75, 0.0625)
+    assert (first["dynamic_draws"], first["dynamic_kept_groups"]) == (2, 8)  # dynamic sampling's cost per step
     assert first["reward_by_kind"] == {"direction": 0.25}
-    assert "kl" not in second and second["reward_mean"] == 0.25  # not logged, not invented
+    assert "kl" not in second and "dynamic_draws" not in second and second["reward_mean"] == 0.25  # not invented
     assert cv["held_out"] == [{"step": 2, "accuracy": 0.4, "per_kind": {"direction": 0.4}}]
 
 
