@@ -93,14 +93,21 @@ def write_run_shards(items: list[dict], out_dir: Path, args, **kw) -> str:
     return write_shards(items, str(out_dir), temporal_patch_size=args.temporal_patch, **kw)
 
 
+HELD_OUT_STREAM = 5000  # item stream of seed s's held-out set: 5000 + s (training: 100 + s)
+
+
+def held_out_items(seed: int, args, work: Path) -> list[dict]:
+    """The ``--eval-items`` held-out items of ``seed``, written as shards and read back through the loader."""
+    items = run_items(args.eval_items, HELD_OUT_STREAM + seed, args)
+    eval_index = write_run_shards(items, work / f"shards{seed}", args, split="test")
+    return load_items(DataConfig(source="shards", eval_urls=[eval_index]), "eval")
+
+
 def prepare_data(seed: int, args, work: Path):
     """Train/held-out items of ``seed`` written as shards with the pack writer; return (train_index, held_out)."""
     train = run_items(args.train_items, 100 + seed, args)
-    held_out = run_items(args.eval_items, 5000 + seed, args)
     train_index = write_run_shards(train, work / f"shards{seed}", args, split="rl")
-    eval_index = write_run_shards(held_out, work / f"shards{seed}", args, split="test")
-    held_out = load_items(DataConfig(source="shards", eval_urls=[eval_index]), "eval")
-    return train_index, held_out
+    return train_index, held_out_items(seed, args, work)
 
 
 def _common(seed: int, args, train_index: str) -> list[str]:

@@ -9,7 +9,8 @@ import pytest
 
 from longreel.task.rewards import score
 from longreel.trainer.synthetic_solvers import find_balls, oracle_answer, single_frame_answer
-from longreel.trainer.synthetic_task import COLOURS, KINDS, TIME_KINDS, make_item, make_items
+from longreel.trainer.synthetic_task import (CHANGES, COLOURS, KINDS, TIME_KINDS, answer_from_trace, make_item,
+                                             make_items, trace_words)
 
 N_PER_KIND = 300
 
@@ -133,22 +134,32 @@ def test_answer_variance_share_of_the_varshare_diagnostic():
 
 
 def _trace_of(target: str) -> list[str]:
-    return target.split("<think>", 1)[1].split("</think>", 1)[0].rstrip(".").split()
+    return trace_words(target)
 
 
 def _answer_from_trace(item: dict) -> str:
     """The answer a reader of the trace alone gives (the rule each trace is written for)."""
-    w, opts, kind = _trace_of(item["target"]), item["options"], item["category"]
-    if kind == "order":
-        first = w[0] if int(w[1]) < int(w[3]) else w[2]
-        return "ABCD"[opts.index(first)]
-    if kind == "count_colours":
-        return "ABCD"[opts.index(str(len(set(w))))]
-    if kind == "direction":
-        step = (int(w[1]) - int(w[0])) % 4
-        return "ABCD"[opts.index("right" if step == 1 else "left")]
-    a, b = w[:3], w[3:]  # change: colour, cell, size of the first and the last frame
-    return "ABCD"[opts.index(["colour", "position", "size"][[x != y for x, y in zip(a, b)].index(True)])]
+    return answer_from_trace(item["category"], _trace_of(item["target"]), item["options"])
+
+
+def test_a_malformed_trace_implies_no_answer():
+    # a model's trace may be anything: the reads diagnostic (benchmarks/learn_reads.py) must tell "no rule
+    # applies" from an answer
+    opts = ["left", "right"]
+    assert answer_from_trace("direction", ["3", "0", "1", "2"], opts) == "B"  # 3 -> 0 wraps: one step right
+    assert answer_from_trace("direction", ["2", "1"], opts) == "A"
+    assert answer_from_trace("direction", ["gre", "2"], opts) is None
+    assert answer_from_trace("order", ["red", "2", "blue"], ["red", "blue"]) is None
+    assert answer_from_trace("order", ["red", "3", "blue", "1"], ["red", "blue"]) == "B"
+    assert answer_from_trace("order", ["red", "1", "green", "3"], ["red", "blue"]) == "A"
+    assert answer_from_trace("order", ["green", "1", "red", "3"], ["red", "blue"]) is None  # not an option
+    assert answer_from_trace("count_colours", ["red", "red", "blue"], ["1", "2", "3", "4"]) == "B"
+    assert answer_from_trace("count_colours", ["gre", "12"], ["1", "2", "3", "4"]) is None
+    assert answer_from_trace("change", ["red", "1", "small", "red", "1", "small"], list(CHANGES)) is None
+    assert answer_from_trace("change", ["red", "1", "small", "red", "5", "small"], list(CHANGES)) == "B"
+    assert answer_from_trace("colour", ["red"], ["red"]) is None
+    assert trace_words("<think>1 2 3 0.</think><answer>B</answer>") == ["1", "2", "3", "0"]
+    assert trace_words("<think>1 2 3 0.") is None and trace_words("no tags") is None
 
 
 def test_trace_reasoning_keeps_the_item_and_spells_out_the_frames():
@@ -288,3 +299,31 @@ def test_passrate_ablation_compares_arms_and_borrows_only_from_a_run_with_the_sa
         pv.add_compared_arms([dict(results[0], arms={"online": arm(0.4, 0.6)})], str(path), other)
     with pytest.raises(SystemExit, match="SFT model differs"):
         pv.add_compared_arms([dict(results[0], sft_accuracy=0.41)], str(path), args)
+
+
+def test_reads_tell_a_policy_that_misreads_the_frames_from_one_that_skips_the_rule():
+    # benchmarks/learn_reads.py: per-position trace-word accuracy and whether the answer follows the model's own trace
+    from conftest import load_benchmark
+
+    lr = load_benchmark("learn_reads")
+    items = [i for i in make_items(8, seed=3, kinds=TIME_KINDS, size=56, reasoning="trace")
+             if i["category"] == "direction"]
+    assert len(items) == 2
+    row = lambda item, output, acc: {"kind": item["category"], "target": item["target"],  # noqa: E731
+                                     "options": item["options"], "output": output, "accuracy": acc}
+    exact = lr.trace_reads([row(i, i["target"], 1.0) for i in items])["direction"]
+    assert exact == {"n": 2, "accuracy": 1.0, "trace_word_accuracy": [1.0] * 4, "well_formed": 1.0,
+                     "answer_follows_own_trace": 1.0}
+    # the right columns with the other letter: read, rule not applied
+    flip = {"A": "B", "B": "A"}
+    skipped = [row(i, i["target"].replace(f"<answer>{i['answer']}<", f"<answer>{flip[i['answer']]}<"), 0.0)
+               for i in items]
+    assert lr.trace_reads(skipped)["direction"]["trace_word_accuracy"] == [1.0] * 4
+    assert lr.trace_reads(skipped)["direction"]["answer_follows_own_trace"] == 0.0
+    # a degenerate trace: nothing read, no rule to apply
+    junk = lr.trace_reads([row(i, "<think>gre 2.</think><answer>A</answer>", 0.5) for i in items])["direction"]
+    assert junk["trace_word_accuracy"] == [0.0] * 4 and junk["well_formed"] == 0.0
+    assert junk["answer_follows_own_trace"] is None and junk["accuracy"] == 0.5
+    # kinds without a trace are not counted
+    colour = make_items(1, seed=3, kinds=("colour",), size=56)[0]
+    assert lr.trace_reads([row(colour, colour["target"], 1.0)]) == {}

@@ -41,7 +41,7 @@ import numpy as np
 from longreel.schemas.atomic import write_atomic
 
 __all__ = ["KINDS", "TIME_KINDS", "COLOURS", "GRID", "SIZES", "CHANGES", "REASONING", "make_item", "make_items",
-           "render", "write_shards"]
+           "render", "write_shards", "trace_words", "answer_from_trace"]
 
 COLOURS = {"red": (220, 40, 40), "green": (40, 200, 60), "blue": (50, 80, 230), "yellow": (230, 220, 40)}
 TIME_KINDS = ("order", "count_colours", "direction", "change")
@@ -221,6 +221,37 @@ def _trace(kind: str, facts: dict) -> str | None:
         return " ".join(str(c) for c in facts["columns"]) + "."
     if kind == "change":
         return " ".join(f"{c} {cell} {size}" for c, cell, size in (facts["first"], facts["last"])) + "."
+    return None
+
+
+def trace_words(text: str) -> list[str] | None:
+    """The words of the reasoning in a ``<think>...</think>`` response (a target or a model's output), trailing full
+    stop dropped; None when there is no closed think block."""
+    if "<think>" not in text or "</think>" not in text.split("<think>", 1)[1]:
+        return None
+    return text.split("<think>", 1)[1].split("</think>", 1)[0].strip().rstrip(".").split()
+
+
+def answer_from_trace(kind: str, words: list[str], options: list[str]) -> str | None:
+    """The answer letter a reader of a time kind's trace alone gives, by the rule :func:`_trace` is written for
+    (order: the ball with the earlier move; count_colours: the distinct colours; direction: right when the second
+    column is the first plus one, mod ``GRID``; change: the first attribute that differs between the first and the
+    last frame). None when the words are not a well-formed trace of that kind, as a model's may not be: a
+    diagnostic can then tell a wrong reading from a wrong rule."""
+    try:
+        if kind == "order" and len(words) == 4:
+            first = words[0] if int(words[1]) < int(words[3]) else words[2]
+            return LETTERS[options.index(first)]
+        if kind == "count_colours" and len(words) == len([w for w in words if w in COLOURS]) > 0:
+            return LETTERS[options.index(str(len(set(words))))]
+        if kind == "direction" and len(words) >= 2:
+            step = (int(words[1]) - int(words[0])) % GRID
+            return LETTERS[options.index("right" if step == 1 else "left")]
+        if kind == "change" and len(words) == 6:
+            differs = [x != y for x, y in zip(words[:3], words[3:])]
+            return LETTERS[options.index(CHANGES[differs.index(True)])] if any(differs) else None
+    except ValueError:  # a number that is not one, an option the item does not have
+        return None
     return None
 
 
