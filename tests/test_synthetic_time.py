@@ -149,6 +149,9 @@ def test_a_malformed_trace_implies_no_answer():
     assert answer_from_trace("direction", ["3", "0", "1", "2"], opts) == "B"  # 3 -> 0 wraps: one step right
     assert answer_from_trace("direction", ["2", "1"], opts) == "A"
     assert answer_from_trace("direction", ["gre", "2"], opts) is None
+    assert answer_from_trace("direction", ["2", "2", "2", "2"], opts) is None  # no step: no direction implied
+    assert answer_from_trace("direction", ["0", "2"], opts) is None
+    assert answer_from_trace("order", ["red", "2", "blue", "2"], ["red", "blue"]) is None
     assert answer_from_trace("order", ["red", "2", "blue"], ["red", "blue"]) is None
     assert answer_from_trace("order", ["red", "3", "blue", "1"], ["red", "blue"]) == "B"
     assert answer_from_trace("order", ["red", "1", "green", "3"], ["red", "blue"]) == "A"

@@ -235,17 +235,20 @@ def trace_words(text: str) -> list[str] | None:
 def answer_from_trace(kind: str, words: list[str], options: list[str]) -> str | None:
     """The answer letter a reader of a time kind's trace alone gives, by the rule :func:`_trace` is written for
     (order: the ball with the earlier move; count_colours: the distinct colours; direction: right when the second
-    column is the first plus one, mod ``GRID``; change: the first attribute that differs between the first and the
-    last frame). None when the words are not a well-formed trace of that kind, as a model's may not be: a
-    diagnostic can then tell a wrong reading from a wrong rule."""
+    column is the first plus one, mod ``GRID``, left when minus one; change: the first attribute that differs
+    between the first and the last frame). None when the words are not a trace of that kind that implies an answer
+    (malformed, equal move times, a column step of 0 or 2, nothing changed), as a model's may not be: a diagnostic
+    can then tell a wrong reading from a wrong rule."""
     try:
-        if kind == "order" and len(words) == 4:
+        if kind == "order" and len(words) == 4 and int(words[1]) != int(words[3]):
             first = words[0] if int(words[1]) < int(words[3]) else words[2]
             return LETTERS[options.index(first)]
         if kind == "count_colours" and len(words) == len([w for w in words if w in COLOURS]) > 0:
             return LETTERS[options.index(str(len(set(words))))]
         if kind == "direction" and len(words) >= 2:
             step = (int(words[1]) - int(words[0])) % GRID
+            if step not in (1, GRID - 1):  # a ball that stays, or jumps two: no direction to read
+                return None
             return LETTERS[options.index("right" if step == 1 else "left")]
         if kind == "change" and len(words) == 6:
             differs = [x != y for x, y in zip(words[:3], words[3:])]
