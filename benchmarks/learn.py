@@ -93,12 +93,10 @@ def write_run_shards(items: list[dict], out_dir: Path, args, **kw) -> str:
     return write_shards(items, str(out_dir), temporal_patch_size=args.temporal_patch, **kw)
 
 
-HELD_OUT_STREAM = 5000  # item stream of seed s's held-out set: 5000 + s (training: 100 + s)
-
-
 def held_out_items(seed: int, args, work: Path) -> list[dict]:
-    """The ``--eval-items`` held-out items of ``seed``, written as shards and read back through the loader."""
-    items = run_items(args.eval_items, HELD_OUT_STREAM + seed, args)
+    """The ``--eval-items`` held-out items of ``seed`` (stream 5000 + seed), written as shards and read back through
+    the loader."""
+    items = run_items(args.eval_items, 5000 + seed, args)
     eval_index = write_run_shards(items, work / f"shards{seed}", args, split="test")
     return load_items(DataConfig(source="shards", eval_urls=[eval_index]), "eval")
 

@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import learn  # noqa: E402  (puts the repository on sys.path)
 
+from longreel.task.rewards.extract import extract_answer_text  # noqa: E402
 from longreel.trainer.eval import evaluate  # noqa: E402
 from longreel.trainer.policy import load_policy  # noqa: E402
 from longreel.trainer.synthetic_task import TIME_KINDS, answer_from_trace, trace_words  # noqa: E402
@@ -57,7 +58,7 @@ def trace_reads(rows: list[dict]) -> dict:
         implied = answer_from_trace(r["kind"], got, r["options"])
         if implied is not None:
             s["well_formed"] += 1
-            s["follows"] += int(implied == _answer(r["output"]))
+            s["follows"] += int(implied == extract_answer_text(r["output"]))
     return {kind: {"n": s["n"], "accuracy": s["accuracy"] / s["n"],
                    "trace_word_accuracy": [h / s["n"] for h in s["hits"]],
                    "well_formed": s["well_formed"] / s["n"],
@@ -65,15 +66,9 @@ def trace_reads(rows: list[dict]) -> dict:
             for kind, s in sorted(out.items())}
 
 
-def _answer(text: str) -> str | None:
-    if "<answer>" not in text or "</answer>" not in text.split("<answer>", 1)[1]:
-        return None
-    return text.split("<answer>", 1)[1].split("</answer>", 1)[0].strip()
-
-
-def decode_rows(checkpoint: str, held_out: list[dict], targets: dict[str, str], max_new_tokens: int) -> list[dict]:
-    """Greedy outputs of ``checkpoint`` on ``held_out`` as :func:`trace_reads` rows (``targets``: video id ->
-    the item's CoT target; the loader's items do not carry it)."""
+def decode_rows(checkpoint: str, held_out: list[dict], max_new_tokens: int) -> list[dict]:
+    """Greedy outputs of ``checkpoint`` on ``held_out`` (loaded items, which carry their CoT ``target``) as
+    :func:`trace_reads` rows."""
     model, processor = load_policy(checkpoint)
     model.eval()
     result = evaluate(model, processor, held_out, max_new_tokens=max_new_tokens, keep_outputs=True)
@@ -81,7 +76,7 @@ def decode_rows(checkpoint: str, held_out: list[dict], targets: dict[str, str], 
     rows = []
     for o in result["outputs"]:
         item = by_key[o["key"]]
-        rows.append({"kind": item["category"], "target": targets[item["video_id"]], "options": item["options"],
+        rows.append({"kind": item["category"], "target": item["target"], "options": item["options"],
                      "output": o["output"], "accuracy": o["accuracy"]})
     return rows
 
@@ -99,14 +94,12 @@ def main(argv=None) -> int:
     seed = int(args.seeds.split(",")[0])
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="longreel-reads-"))
     held_out = learn.held_out_items(seed, args, work)
-    targets = {it["video_id"]: it["target"]
-               for it in learn.run_items(args.eval_items, learn.HELD_OUT_STREAM + seed, args)}
     doc = {"benchmark": "learn_reads", "seed": seed, "eval_items": args.eval_items,
            "command": "python " + " ".join(["benchmarks/learn_reads.py"] + list(argv if argv is not None
                                                                                else sys.argv[1:])),
            "checkpoints": {}}
     for ck in args.checkpoints.split(","):
-        reads = trace_reads(decode_rows(ck, held_out, targets, args.max_new_tokens))
+        reads = trace_reads(decode_rows(ck, held_out, args.max_new_tokens))
         doc["checkpoints"][ck] = reads
         for kind, r in reads.items():
             follows = "-" if r["answer_follows_own_trace"] is None else f"{r['answer_follows_own_trace']:.2f}"

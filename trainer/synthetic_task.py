@@ -39,6 +39,7 @@ from typing import Iterable
 import numpy as np
 
 from longreel.schemas.atomic import write_atomic
+from longreel.task.rewards.extract import THINK_CLOSE, THINK_OPEN
 
 __all__ = ["KINDS", "TIME_KINDS", "COLOURS", "GRID", "SIZES", "CHANGES", "REASONING", "make_item", "make_items",
            "render", "write_shards", "trace_words", "answer_from_trace"]
@@ -227,9 +228,9 @@ def _trace(kind: str, facts: dict) -> str | None:
 def trace_words(text: str) -> list[str] | None:
     """The words of the reasoning in a ``<think>...</think>`` response (a target or a model's output), trailing full
     stop dropped; None when there is no closed think block."""
-    if "<think>" not in text or "</think>" not in text.split("<think>", 1)[1]:
+    if THINK_OPEN not in text or THINK_CLOSE not in text.split(THINK_OPEN, 1)[1]:
         return None
-    return text.split("<think>", 1)[1].split("</think>", 1)[0].strip().rstrip(".").split()
+    return text.split(THINK_OPEN, 1)[1].split(THINK_CLOSE, 1)[0].strip().rstrip(".").split()
 
 
 def answer_from_trace(kind: str, words: list[str], options: list[str]) -> str | None:
