@@ -75,6 +75,30 @@ def test_resume_is_exact(tiny, tmp_path, stage):
     assert any(not torch.equal(base[k], v) for k, v in _weights(straight).items())
 
 
+@pytest.mark.parametrize("stage", ["grpo", "sft"])
+def test_a_step_checkpoint_is_a_policy_directory(tiny, tmp_path, stage):
+    from longreel.trainer.grpo import run_grpo
+    from longreel.trainer.policy import load_policy
+    from longreel.trainer.sft import run_sft
+
+    run = run_grpo if stage == "grpo" else run_sft
+    # mix-policy: a random policy's own groups may all score the same, and then no step changes the weights
+    extra = ("grpo.mix_policy=true",) if stage == "grpo" else ()
+    run(_cfg(tiny, tmp_path / "run", *extra))
+    ckpts = tmp_path / "run" / "checkpoints"
+
+    def loaded(path) -> dict:
+        model, processor = load_policy(str(path))
+        assert processor.tokenizer is not None
+        return model.state_dict()
+
+    final = loaded(tmp_path / "run" / "final")
+    _assert_bitwise_equal(loaded(ckpts / "step-000006"), final)
+    # step 3's checkpoint holds step 3's weights, not a copy of the last
+    step3 = loaded(ckpts / "step-000003")
+    assert step3.keys() == final.keys() and any(not torch.equal(step3[k], final[k]) for k in final)
+
+
 def test_checkpoint_files_are_pickle_free_and_atomic(tiny, tmp_path):
     from longreel.trainer.policy import load_policy
     from longreel.trainer.runtime import build_optimizer, build_scheduler

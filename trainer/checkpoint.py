@@ -9,6 +9,10 @@ A step checkpoint is a directory ``<out>/checkpoints/step-000006/`` holding
 ``rng-rank<R>.safetensors`` + ``rng-rank<R>.json``  torch CPU/CUDA, numpy and Python RNG states of each rank
 ``trainer_state.json``     step, loader position, config hash, anything else the loop needs to continue
 
+plus, from a training run, the policy's ``config.json``, generation config and processor files (``policy_files``),
+so that a step checkpoint is also a policy directory: ``load_policy``, ``longreel eval`` and ``from_pretrained`` read
+it as they read ``final/``, as with the Hugging Face Trainer's ``checkpoint-N`` directories.
+
 A sharded checkpoint (an FSDP run) holds ``sharded/`` instead of ``model.safetensors`` and
 ``optimizer.safetensors``: every rank writes its own shards of the weights and of the AdamW state through
 ``torch.distributed.checkpoint`` (``get_state_dict`` / ``set_state_dict`` and the safetensors storage writer, whose
@@ -154,11 +158,13 @@ def load_sharded(path: str | os.PathLike, model: torch.nn.Module, optimizer: tor
 
 def save_checkpoint(ckpt_root: str | os.PathLike, step: int, *, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer | None, scheduler, trainer_state: dict, rank: int = 0,
-                    world: int = 1, barrier=None, sharded: bool = False) -> Path:
+                    world: int = 1, barrier=None, sharded: bool = False, policy_files=None) -> Path:
     """Write checkpoint ``step`` under ``ckpt_root`` (rank 0 writes the shared files; every rank its RNG).
 
     ``barrier``: a callable synchronising ranks (``torch.distributed.barrier``) when ``world > 1``.
     ``sharded``: every rank writes its shards of the (FSDP) model and optimizer (``save_sharded``); collective.
+    ``policy_files``: a callable writing the policy's config and processor files into a directory (rank 0, unsharded
+    checkpoints only: a sharded one has no ``model.safetensors`` for ``from_pretrained`` to read).
     """
     root = Path(ckpt_root)
     root.mkdir(parents=True, exist_ok=True)
@@ -180,6 +186,8 @@ def save_checkpoint(ckpt_root: str | os.PathLike, step: int, *, model: torch.nn.
     if rank == 0:
         if not sharded:
             save_model(model, str(tmp / "model.safetensors"))
+            if policy_files is not None:
+                policy_files(tmp)
         if optimizer is not None and not sharded:
             ot, om = _optimizer_to_files(optimizer)
             save_file(ot, str(tmp / "optimizer.safetensors"))

@@ -13,6 +13,7 @@ accuracy overall, per category and per problem_type; items that cannot be evalua
 
   longreel eval --model RUN/final --set data.eval_urls='[shards/ds-test-{000000..000003}.tar]'
   longreel eval --model RUN/final --set data.source=synthetic          # the procedural task's held-out items
+  longreel eval --model RUN/checkpoints/step-000300 --set data.source=synthetic   # a step checkpoint
 """
 
 

@@ -21,7 +21,8 @@ Every config key can be set from the command line, e.g. --set rollout.n=8 --set 
 --show-config. Runs resume from RUN/checkpoints when a checkpoint exists (run.resume). Multi-process data parallel:
   torchrun --nproc_per_node 2 -m longreel train grpo --config train.yaml
 (gloo on CPU, NCCL on GPU; dist.strategy=fsdp shards the model on GPU).
-Outputs in run.out_dir: metrics.jsonl, tensorboard/, checkpoints/step-N/, final/ (save_pretrained).
+Outputs in run.out_dir: metrics.jsonl, tensorboard/, checkpoints/step-N/, final/ (save_pretrained). A step
+checkpoint also holds the config and processor files: `longreel eval --model RUN/checkpoints/step-N` reads it.
 """
 
 

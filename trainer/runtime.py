@@ -589,7 +589,7 @@ class TrainSession:
         self.release()
         save_checkpoint(self.ckpt_root, self.step, model=self.model, optimizer=self.optimizer,
                         scheduler=self.scheduler, trainer_state=state, rank=self.info.rank, world=self.info.world,
-                        barrier=self.barrier, sharded=self.fsdp)
+                        barrier=self.barrier, sharded=self.fsdp, policy_files=self.write_policy_files)
         if self.info.is_main:
             prune_checkpoints(self.ckpt_root, self.cfg.run.keep_checkpoints)
 
@@ -620,6 +620,15 @@ class TrainSession:
         if (every and self.step % every == 0) or stop:
             self.save()
         return stop
+
+    def write_policy_files(self, path) -> None:
+        """Everything of a ``save_pretrained`` directory but the weights: the step checkpoint beside them is then a
+        policy directory too (evaluate step 300 without copying files in)."""
+        self.model.config.save_pretrained(path)
+        generation = getattr(self.model, "generation_config", None)
+        if generation is not None:
+            generation.save_pretrained(path)
+        self.processor.save_pretrained(path)
 
     def finish(self) -> str | None:
         """Final checkpoint + ``save_pretrained`` of model and processor to ``out_dir/final``."""
