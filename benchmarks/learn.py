@@ -323,64 +323,90 @@ def _plot_reward_by_kind(ax, results: list[dict], w: int) -> None:
     ax.legend(fontsize=6, ncol=2)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", default="0,1")
-    p.add_argument("--kinds", default="colour", help="synthetic question kinds, comma-separated")
-    p.add_argument("--frames", type=int, default=4, help="frames per video")
-    p.add_argument("--size", type=int, default=112, help="frame side in pixels (a multiple of 28)")
-    p.add_argument("--radius", type=float, default=0.25, help="ball radius as a fraction of the frame side")
-    p.add_argument("--reasoning", default="short", choices=REASONING,
+def add_item_options(p, *, train: bool = True) -> None:
+    """The synthetic items of a seed: which kinds, how the videos are drawn, how many (``train``: the training items
+    too, not only the held-out ones)."""
+    g = p.add_argument_group("items")
+    g.add_argument("--seeds", default="0,1")
+    g.add_argument("--kinds", default="colour", help="synthetic question kinds, comma-separated")
+    g.add_argument("--frames", type=int, default=4, help="frames per video")
+    g.add_argument("--size", type=int, default=112, help="frame side in pixels (a multiple of 28)")
+    g.add_argument("--radius", type=float, default=0.25, help="ball radius as a fraction of the frame side")
+    g.add_argument("--reasoning", default="short", choices=REASONING,
                    help="CoT targets of the time kinds: a one-phrase reason, or 'trace' (what each frame shows, "
                         "then the answer; synthetic_task._trace)")
-    p.add_argument("--train-items", type=int, default=512)
-    p.add_argument("--eval-items", type=int, default=100)
-    p.add_argument("--hidden-size", type=int, default=64, help="tiny model text width (build parameter)")
-    p.add_argument("--layers", type=int, default=2, help="tiny model text decoder layers (build parameter)")
-    p.add_argument("--rope-theta", type=float, default=1e6,
+    if train:
+        g.add_argument("--train-items", type=int, default=512)
+    g.add_argument("--eval-items", type=int, default=100)
+
+
+def add_build_options(p) -> None:
+    """The tiny policy SFT starts from."""
+    g = p.add_argument_group("tiny model build")
+    g.add_argument("--hidden-size", type=int, default=64, help="tiny model text width (build parameter)")
+    g.add_argument("--layers", type=int, default=2, help="tiny model text decoder layers (build parameter)")
+    g.add_argument("--rope-theta", type=float, default=1e6,
                    help="tiny model text rotary base (build parameter; Qwen2-VL's 1e6)")
-    p.add_argument("--temporal-patch", type=int, default=2,
-                   help="frames per vision patch of the tiny model (build parameter; Qwen's 2)")
-    p.add_argument("--spatial-merge", type=int, default=2,
+    g.add_argument("--temporal-patch", type=int, default=2,
+                   help="frames per vision patch of the tiny model (build parameter; Qwen's 2); the shards are "
+                        "written for it")
+    g.add_argument("--spatial-merge", type=int, default=2,
                    help="patches per side of one merged vision token of the tiny model (build parameter; Qwen's 2; "
                         "8 at 112 px: one token per frame group)")
-    p.add_argument("--patch-embed", default="random", choices=PATCH_EMBEDS,
+    g.add_argument("--patch-embed", default="random", choices=PATCH_EMBEDS,
                    help="tiny model vision patch embedding (build parameter): the library's random init, or "
                         "'frame_difference' (most channels see consecutive frames' difference; see tiny_model)")
-    p.add_argument("--tower-pretrain-steps", type=int, default=0,
+    g.add_argument("--tower-pretrain-steps", type=int, default=0,
                    help="steps of perception pretraining of the vision tower before SFT (0: the random tower): "
                         "per-cell, per-frame labels read from the pixels (longreel.testing.perception_tower), "
                         "never the questions; its CPU time counts in the seed-run's")
-    p.add_argument("--tower-pretrain-items", type=int, default=1024)
-    p.add_argument("--tower-pretrain-batch", type=int, default=16)
-    p.add_argument("--tower-pretrain-lr", type=float, default=1e-3)
-    p.add_argument("--sft-items", type=int, default=64)
-    p.add_argument("--sft-steps", type=int, default=60)
-    p.add_argument("--sft-batch", type=int, default=4)
-    p.add_argument("--sft-lr", type=float, default=3e-3)
-    p.add_argument("--sft-set", action="append", default=[], metavar="KEY=VALUE",
+    g.add_argument("--tower-pretrain-items", type=int, default=1024)
+    g.add_argument("--tower-pretrain-batch", type=int, default=16)
+    g.add_argument("--tower-pretrain-lr", type=float, default=1e-3)
+
+
+def add_max_new_tokens(p) -> None:
+    p.add_argument("--max-new-tokens", type=int, default=16, help="response length cap of rollouts and evaluation")
+
+
+def add_training_options(p) -> None:
+    """SFT and GRPO settings."""
+    g = p.add_argument_group("training")
+    g.add_argument("--sft-items", type=int, default=64)
+    g.add_argument("--sft-steps", type=int, default=60)
+    g.add_argument("--sft-batch", type=int, default=4)
+    g.add_argument("--sft-lr", type=float, default=3e-3)
+    g.add_argument("--sft-set", action="append", default=[], metavar="KEY=VALUE",
                    help="extra trainer.config override for the SFT stage (repeatable)")
-    p.add_argument("--grpo-steps", type=int, default=250)
-    p.add_argument("--grpo-batch", type=int, default=8)
-    p.add_argument("--group", type=int, default=8)
-    p.add_argument("--grpo-lr", type=float, default=1e-3)
-    p.add_argument("--grpo-warmup", type=int, default=0, help="optim.warmup_steps of the GRPO stage")
-    p.add_argument("--ppo-epochs", type=int, default=1, help="grpo.ppo_epochs")
-    p.add_argument("--grpo-beta", type=float, default=0.1,
+    g.add_argument("--grpo-steps", type=int, default=250)
+    g.add_argument("--grpo-batch", type=int, default=8)
+    g.add_argument("--group", type=int, default=8)
+    g.add_argument("--grpo-lr", type=float, default=1e-3)
+    g.add_argument("--grpo-warmup", type=int, default=0, help="optim.warmup_steps of the GRPO stage")
+    g.add_argument("--ppo-epochs", type=int, default=1, help="grpo.ppo_epochs")
+    g.add_argument("--grpo-beta", type=float, default=0.1,
                    help="grpo.beta: KL (k3) to the SFT reference; keeps the answer distribution from collapsing "
                         "before the weak colour features are learned")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--loss-agg", default="token_mean")
-    p.add_argument("--grpo-set", action="append", default=[], metavar="KEY=VALUE",
+    g.add_argument("--temperature", type=float, default=1.0)
+    g.add_argument("--loss-agg", default="token_mean")
+    g.add_argument("--grpo-set", action="append", default=[], metavar="KEY=VALUE",
                    help="extra trainer.config override for the GRPO stage (repeatable)")
-    p.add_argument("--max-new-tokens", type=int, default=16)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--cpu-budget-s", type=float, default=1200.0, help="the CPU-seconds target (20 CPU-minutes)")
-    p.add_argument("--notes", default="", help="free text stored in the JSON")
-    p.add_argument("--work", default="", help="working directory (default: a temp dir)")
-    p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "learn.json"))
-    p.add_argument("--replot", action="store_true", help="only redraw the PNG from an existing --out JSON")
-    p.add_argument("--merge", default="", metavar="A.json,B.json",
+    add_max_new_tokens(g)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_item_options(p)
+    add_build_options(p)
+    add_training_options(p)
+    g = p.add_argument_group("run")
+    g.add_argument("--threads", type=int, default=1)
+    g.add_argument("--cpu-budget-s", type=float, default=1200.0, help="the CPU-seconds target (20 CPU-minutes)")
+    g.add_argument("--notes", default="", help="free text stored in the JSON")
+    g.add_argument("--work", default="", help="working directory (default: a temp dir)")
+    g.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "learn.json"))
+    g.add_argument("--replot", action="store_true", help="only redraw the PNG from an existing --out JSON")
+    g.add_argument("--merge", default="", metavar="A.json,B.json",
                    help="combine the JSONs of seeds run as separate processes into --out (no training)")
     return p
 

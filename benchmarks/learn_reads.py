@@ -21,10 +21,11 @@ direction's columns (at chance), a 1,200-step SFT does, and GRPO from it still d
 
 Pass the build options of the run that made the checkpoints (``--temporal-patch``, ``--spatial-merge``, frame
 options): they fix the held-out videos' vision grid, which the loader checks against the policy's. A checkpoint is
-a policy directory (a run's ``final``, with its config and processor).
+a policy directory: a run's ``final`` or one of its ``checkpoints/step-N`` (which carry the config and processor).
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import tempfile
@@ -81,11 +82,18 @@ def decode_rows(checkpoint: str, held_out: list[dict], max_new_tokens: int) -> l
     return rows
 
 
-def build_parser():
-    p = learn.build_parser()
-    p.description = __doc__
-    p.add_argument("--checkpoints", required=True, help="policy directories, comma-separated")
-    p.set_defaults(out="")
+def build_parser() -> argparse.ArgumentParser:
+    """What decides the held-out items and the decoding: ``learn.py``'s item and build options, the same definitions,
+    so the build part of a run's command line carries over (of the build options only ``--temporal-patch`` changes
+    the held-out shards), and none of its training options."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoints", required=True,
+                   help="policy directories, comma-separated: a run's final/ or any checkpoints/step-N/")
+    learn.add_item_options(p, train=False)
+    learn.add_build_options(p)
+    learn.add_max_new_tokens(p)
+    p.add_argument("--work", default="", help="where the held-out shards are written (default: a temp dir)")
+    p.add_argument("--out", default="", help="write the reads as JSON here (default: print only)")
     return p
 
 

@@ -330,3 +330,26 @@ def test_reads_tell_a_policy_that_misreads_the_frames_from_one_that_skips_the_ru
     # kinds without a trace are not counted
     colour = make_items(1, seed=3, kinds=("colour",), size=56)[0]
     assert lr.trace_reads([row(colour, colour["target"], 1.0)]) == {}
+
+
+def test_reads_tool_decodes_a_policy_directory_from_a_runs_command_line(tmp_path):
+    # learn_reads.py end to end on a tiny policy; the build part of a learn.py command line (--spatial-merge,
+    # --layers) parses, the training part is not asked for
+    from conftest import load_benchmark
+    from longreel.testing.tiny_model import build_tiny_qwen2vl
+
+    lr = load_benchmark("learn_reads")
+    policy = build_tiny_qwen2vl(tmp_path / "m", seed=0)
+    out = tmp_path / "reads.json"
+    argv = ["--checkpoints", str(policy), "--seeds", "3", "--kinds", "direction,change", "--reasoning", "trace",
+            "--size", "56", "--eval-items", "6", "--max-new-tokens", "8", "--spatial-merge", "2", "--layers", "2",
+            "--work", str(tmp_path / "w"), "--out", str(out)]
+    assert lr.main(argv) == 0
+    doc = json.loads(out.read_text())
+    reads = doc["checkpoints"][str(policy)]
+    assert doc["seed"] == 3 and set(reads) <= {"direction", "change"}
+    assert sum(r["n"] for r in reads.values()) == 6
+    for r in reads.values():
+        assert 0.0 <= r["accuracy"] <= 1.0 and 0.0 <= r["well_formed"] <= 1.0
+    with pytest.raises(SystemExit):
+        lr.build_parser().parse_args(argv + ["--grpo-steps", "10"])
