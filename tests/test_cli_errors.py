@@ -140,3 +140,34 @@ def test_an_internal_error_shows_its_traceback(tmp_path, video, capsys, monkeypa
     monkeypatch.setattr(curate, "build_curate", bug)
     rc, _, err = _run(capsys, ["curate", video, "--out", str(tmp_path / "out"), "--set", "stages=[]"])
     assert rc == 1 and "Traceback" in err and "internal error" in err
+
+
+def test_a_training_runs_missing_model_or_shards_is_a_usage_error(tmp_path, capsys):
+    """``longreel train`` / ``eval`` check the policy directory and the shard patterns before they start: one line,
+    exit 2 (these were tracebacks reported as internal errors, after the model load)."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (tmp_path / "empty").mkdir()
+    (model / "config.json").write_text("{}")
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    (shards / "ds-rl-000000.tar").write_bytes(b"")
+    out = ["--set", f"run.out_dir={tmp_path / 'run'}"]
+    cases = [
+        (["train", "sft", "--set", f"model.path={tmp_path / 'nope'}"], "is not a local directory"),
+        (["train", "grpo", "--set", f"model.path={tmp_path / 'empty'}"], "holds no config.json"),
+        (["train", "sft", "--set", f"model.path={model}", "--set", f"data.train_urls=[{shards}/*-sft-*.tar]"],
+         "matches no file"),
+        (["train", "sft", "--set", f"model.path={model}",
+          "--set", f'data.train_urls=["{shards}/ds-rl-{{000000..000001}}.tar"]'], "no such shard file"),
+        (["train", "grpo", "--set", f"model.path={model}", "--set", "data.train_urls=[gs://bucket/*.tar]"],
+         "globs are expanded for local paths only"),
+        (["train", "grpo", "--set", f"model.path={model}", "--set", f"data.train_urls=[{shards}/*-rl-*.tar]",
+          "--set", "eval.every=10"], "data.eval_urls is empty"),
+        (["eval", "--model", str(tmp_path / "nope"), "--set", "data.source=synthetic"], "is not a local directory"),
+    ]
+    for argv, message in cases:
+        rc, _, err = _run(capsys, argv + (out if argv[0] == "train" else []))
+        assert rc == 2 and message in err and "Traceback" not in err, (argv, err)
+        assert len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "run").exists()

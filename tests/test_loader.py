@@ -114,7 +114,10 @@ def test_brace_pattern_and_list_equal_index(shards):
     a = _ids(ShardDataset(shards["index"]))
     b = _ids(ShardDataset(f"{d}/toy-train-{{000000..000001}}.tar"))
     c = _ids(ShardDataset(shards["tars"]))
-    assert a == b == c
+    g = _ids(ShardDataset(f"{d}/toy-train-*.tar"))
+    assert a == b == c == g
+    # an index given by a glob is still read as an index (its sha256s kept)
+    assert resolve_shards(f"{d}/*.json") == resolve_shards(shards["index"])
     assert [s.sha256 for s in resolve_shards(shards["index"])] == [
         hashlib.sha256(open(t, "rb").read()).hexdigest() for t in shards["tars"]]
 
@@ -363,3 +366,22 @@ def test_the_shard_writer_imports_beam_without_its_gcp_warning():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
     assert "after the import" in run.stderr  # other records still pass
     assert "apitools" not in run.stderr
+
+
+def test_local_globs_expand_sorted_and_must_match(tmp_path):
+    # what the README's `data.train_urls=[OUT/shards/*-sft-*.tar]` relies on
+    for name in ("ds-sft-000001.tar", "ds-sft-000000.tar", "ds-rl-000000.tar"):
+        (tmp_path / name).write_bytes(b"")
+    (tmp_path / "ds-sft-dir.tar").mkdir()  # a directory is not a shard
+    want = [str(tmp_path / "ds-sft-000000.tar"), str(tmp_path / "ds-sft-000001.tar")]
+    assert [s.url for s in resolve_shards(f"{tmp_path}/*-sft-*.tar")] == want
+    assert [s.url for s in resolve_shards(f"file://{tmp_path}/ds-sft-00000[01].tar")] == want
+    # braces first, then each alternative globbed
+    assert [s.url for s in resolve_shards(f"{tmp_path}/ds-{{rl,sft}}-*.tar")] == [str(tmp_path / "ds-rl-000000.tar"),
+                                                                                  *want]
+    with pytest.raises(ValueError, match="matches no file"):
+        resolve_shards(f"{tmp_path}/*-test-*.tar")
+    with pytest.raises(ValueError, match="local paths only"):
+        resolve_shards("s3://bucket/ds-*.tar")
+    # an http(s) URL is not a glob: '?' starts its query
+    assert [s.url for s in resolve_shards("https://host/ds-000000.tar?sig=a*b")] == ["https://host/ds-000000.tar?sig=a*b"]

@@ -11,7 +11,7 @@ DESCRIPTION = """\
 Evaluate a policy on held-out shards: greedy decoding, scored with the trainer's reward code (trainer.rewards),
 accuracy overall, per category and per problem_type; items that cannot be evaluated are counted with their reason.
 
-  longreel eval --model RUN/final --set data.eval_urls='[shards/ds-test-{000000..000003}.tar]'
+  longreel eval --model RUN/final --set 'data.eval_urls=["shards/ds-test-{000000..000003}.tar"]'
   longreel eval --model RUN/final --set data.source=synthetic          # the procedural task's held-out items
   longreel eval --model RUN/checkpoints/step-000300 --set data.source=synthetic   # a step checkpoint
 """
@@ -40,6 +40,13 @@ def main(args, extra: list[str]) -> int:
     path = args.model or cfg.model.path
     if not path:
         print("longreel eval: give --model or model.path", file=sys.stderr)
+        return 2
+    from longreel.trainer.preflight import InputCheckError, check_model_dir
+
+    try:
+        check_model_dir(path, "--model" if args.model else "model.path")
+    except InputCheckError as e:
+        print(f"longreel eval: {e}", file=sys.stderr)
         return 2
     from longreel.trainer.eval import evaluate
     from longreel.trainer.policy import load_policy, resolve_device, resolve_dtype

@@ -78,8 +78,12 @@ def main(args, extra: list[str]) -> int:
     if args.print_config:
         print(dump_yaml(cfg), end="")
         return 0
-    if not cfg.model.path:
-        print("longreel train: model.path is required (a local model directory)", file=sys.stderr)
+    from longreel.trainer.preflight import InputCheckError, check_run_inputs
+
+    try:
+        check_run_inputs(cfg)
+    except InputCheckError as e:
+        print(f"longreel train {args.stage}: {e}", file=sys.stderr)
         return 2
     if args.stage == "sft":
         from longreel.trainer.sft import run_sft as run

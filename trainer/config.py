@@ -38,8 +38,11 @@ class DataConfig(ConfigModel):
     source: str = cfg("shards", "Where training items come from: 'shards' (WebDataset shards via trainer.data) or "
                                 "'synthetic' (the procedural task of trainer.synthetic_task, generated in memory).",
                       choices=("shards", "synthetic"))
-    train_urls: list[str] = cfg(default_factory=list, help="Training shard URLs or globs (local, http(s), gs://, s3://).")
-    eval_urls: list[str] = cfg(default_factory=list, help="Held-out shard URLs or globs for evaluation.")
+    train_urls: list[str] = cfg(default_factory=list,
+                                help="Training shards: URLs (local, file://, http(s)://, gs://, s3://), brace patterns "
+                                     "(ds-rl-{000000..000031}.tar), local globs (OUT/shards/*-rl-*.tar) or a wids "
+                                     "index (.json).")
+    eval_urls: list[str] = cfg(default_factory=list, help="Held-out shards for evaluation, as data.train_urls.")
     batch_size: int = cfg(4, "Prompts per optimizer step across all ranks (the global batch; must divide by the "
                              "world size).")
     shuffle: bool = cfg(True, "Shuffle the item order each epoch (deterministically from run.seed and the epoch).")

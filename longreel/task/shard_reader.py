@@ -2,7 +2,9 @@
 ``longreel card verify``, so that what the card checks is what training reads.
 
 Sources: shard URLs, brace patterns (``dir/ds-sft-{000000..000011}.tar``, expanded by ``braceexpand``, the library
-webdataset uses) or wids index files, whose shard URLs are resolved against the index's own location. URLs may be
+webdataset uses), local globs (``dir/*-sft-*.tar``, sorted) or wids index files, whose shard URLs are resolved against
+the index's own location. A glob must match a file; remote URLs are not globbed (an object store would need listing
+credentials here): give a brace pattern or the index. URLs may be
 local paths, ``file://``, ``http(s)://`` (standard library), ``gs://`` (``gsutil cat``), ``s3://`` (``aws s3 cp
 URL -``), both run as argument lists through webdataset's ``Pipe``, or an explicit ``pipe:COMMAND`` (webdataset's
 shell pipe: the user's own command, refused when ``WDS_SECURE=1``).
@@ -17,6 +19,7 @@ buffers so that frames become zero-copy numpy views, and it tells a truncated or
 """
 from __future__ import annotations
 
+import glob
 import hashlib
 import http.client
 import io
@@ -81,26 +84,55 @@ def _join(base: str, rel: str) -> str:
 
 
 def resolve_shards(source) -> list[ShardSpec]:
-    """URLs, brace patterns or wids index files (``*.json``) -> shard specs, in the given order."""
+    """URLs, brace patterns, local globs or wids index files (``*.json``; they too may be a pattern) -> shard specs,
+    in the given order (a glob's matches sorted)."""
     items = [source] if isinstance(source, (str, os.PathLike)) else list(source)
     out: list[ShardSpec] = []
     for item in items:
         if isinstance(item, ShardSpec):
             out.append(item)
             continue
-        s = os.fspath(item)
-        if s.endswith(".json"):
-            with open_url(s) as fh:
-                doc = json.loads(fh.read())
-            if doc.get("__kind__") != "wids-shard-index-v1" or not isinstance(doc.get("shardlist"), list):
-                raise ValueError(f"{s} is not a wids shard index (__kind__ wids-shard-index-v1 with a shardlist)")
-            for e in doc["shardlist"]:
-                out.append(ShardSpec(_join(s, e["url"]), e.get("sha256"), e.get("bytes"), e.get("nsamples")))
-        else:
-            out.extend(ShardSpec(u) for u in braceexpand(s))
+        for s in (u for pattern in braceexpand(os.fspath(item)) for u in _glob(pattern)):
+            if s.endswith(".json"):
+                out.extend(_index_specs(s))
+            else:
+                out.append(ShardSpec(s))
     if not out:
         raise ValueError(f"no shards in {source!r}")
     return out
+
+
+def _index_specs(s: str) -> list[ShardSpec]:
+    """The shards a wids index lists, their URLs resolved against the index's own location."""
+    with open_url(s) as fh:
+        doc = json.loads(fh.read())
+    if doc.get("__kind__") != "wids-shard-index-v1" or not isinstance(doc.get("shardlist"), list):
+        raise ValueError(f"{s} is not a wids shard index (__kind__ wids-shard-index-v1 with a shardlist)")
+    return [ShardSpec(_join(s, e["url"]), e.get("sha256"), e.get("bytes"), e.get("nsamples")) for e in doc["shardlist"]]
+
+
+def local_path(url: str) -> str | None:
+    """The filesystem path of a local path or ``file://`` URL; None for anything read over a network or a pipe."""
+    if url.startswith("file://"):
+        return urllib.parse.urlparse(url).path
+    if _is_url(url) or url.startswith("pipe:"):
+        return None
+    return url
+
+
+def _glob(pattern: str) -> list[str]:
+    """A local glob's files, sorted (the order every rank and every run sees); anything else as it is. ``http(s)``
+    URLs pass untouched: ``?`` there starts a query."""
+    if pattern.startswith(("http://", "https://", "pipe:")) or not glob.has_magic(pattern):
+        return [pattern]
+    if _is_url(pattern) and not pattern.startswith("file://"):
+        raise ValueError(f"{pattern}: globs are expanded for local paths only; for a URL give a brace pattern "
+                         "(ds-rl-{000000..000031}.tar) or the shard index (.json)")
+    local = local_path(pattern)
+    found = sorted(f for f in glob.glob(local) if os.path.isfile(f))
+    if not found:
+        raise ValueError(f"{pattern}: matches no file")
+    return found
 
 
 def open_url(url: str):
