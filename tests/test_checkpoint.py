@@ -24,12 +24,15 @@ def tiny(tmp_path_factory) -> str:
     return build_tiny_qwen2vl(tmp_path_factory.mktemp("tiny") / "m", seed=0)
 
 
+def _overrides(model: str, out: Path) -> list[str]:
+    return [f"model.path={model}", f"run.out_dir={out}", "data.source=synthetic", "data.synthetic_train=8",
+            "data.synthetic_kinds=[colour, count]", "data.batch_size=2", "run.steps=6", "run.save_every=3",
+            "run.progress=false", "run.tensorboard=false", "run.seed=3", "optim.lr=3e-3", "optim.warmup_steps=2",
+            "optim.schedule=cosine", "rollout.n=4", "rollout.max_new_tokens=8"]
+
+
 def _cfg(model: str, out: Path, *extra: str) -> TrainConfig:
-    return load_yaml(TrainConfig, None, [
-        f"model.path={model}", f"run.out_dir={out}", "data.source=synthetic", "data.synthetic_train=8",
-        "data.synthetic_kinds=[colour, count]", "data.batch_size=2", "run.steps=6", "run.save_every=3",
-        "run.progress=false", "run.tensorboard=false", "run.seed=3", "optim.lr=3e-3", "optim.warmup_steps=2",
-        "optim.schedule=cosine", "rollout.n=4", "rollout.max_new_tokens=8", *extra])
+    return load_yaml(TrainConfig, None, [*_overrides(model, out), *extra])
 
 
 def _weights(run: Path) -> dict:
@@ -134,3 +137,30 @@ def test_checkpoint_files_are_pickle_free_and_atomic(tiny, tmp_path):
             assert torch.equal(torch.as_tensor(s1["state"][i][name]), torch.as_tensor(s2["state"][i][name]))
     assert sched2.last_epoch == sched.last_epoch and sched2.get_last_lr() == sched.get_last_lr()
     assert json.loads((path / "trainer_state.json").read_text())["step"] == 1
+
+
+def test_a_run_resumes_only_its_own_configuration(tiny, tmp_path, capsys):
+    from longreel.cli import main
+    from longreel.trainer.preflight import InputCheckError
+    from longreel.trainer.sft import run_sft
+
+    out = tmp_path / "run"
+    run_sft(_cfg(tiny, out, "run.stop_after=3"))
+    # what the run trains with is written beside what it writes, and reads back as the same config
+    assert load_yaml(TrainConfig, str(out / "config.yaml")) == _cfg(tiny, out, "run.stop_after=3")
+    # a changed learning rate would have been replaced by the saved schedule's: refused, naming the key
+    with pytest.raises(InputCheckError, match=r"optim.lr: 0.003 there, 0.01 in this run"):
+        run_sft(_cfg(tiny, out, "optim.lr=1e-2"))
+    rc = main(["train", "sft", *[a for o in (*_overrides(tiny, out), "optim.lr=1e-2") for a in ("--set", o)]])
+    err = capsys.readouterr().err
+    assert rc == 2 and "optim.lr" in err and "Traceback" not in err
+    # another stage in the same directory is refused too
+    with pytest.raises(InputCheckError, match="holds a 'sft' run"):
+        from longreel.trainer.grpo import run_grpo
+        run_grpo(_cfg(tiny, out))
+    # keys that do not change a step's arithmetic may differ (run.stop_after, run.steps' end, logging, eval)
+    assert run_sft(_cfg(tiny, out, "run.progress=false", "eval.max_new_tokens=4"))["step"] == 6
+    # run.resume=false starts over: the earlier run's checkpoints are removed, not left beside the new ones
+    run_sft(_cfg(tiny, out, "optim.lr=1e-2", "run.resume=false", "run.steps=2", "run.save_every=0"))
+    assert sorted(p.name for p in (out / "checkpoints").glob("step-*")) == ["step-000002"]
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2]

@@ -26,6 +26,7 @@ JSON only (``torch.load`` is never needed; were it used, it would be with ``weig
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import shutil
@@ -39,8 +40,10 @@ from safetensors.torch import load_file, load_model, save_file, save_model
 
 from longreel.schemas.atomic import write_atomic
 
-__all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "prune_checkpoints", "rng_state",
-           "set_rng_state", "write_json_atomic"]
+log = logging.getLogger("longreel")
+
+__all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "prune_checkpoints", "clear_checkpoints",
+           "rng_state", "set_rng_state", "write_json_atomic"]
 
 LATEST = "latest"
 
@@ -211,6 +214,22 @@ def save_checkpoint(ckpt_root: str | os.PathLike, step: int, *, model: torch.nn.
     if barrier is not None and world > 1:
         barrier()
     return final
+
+
+def clear_checkpoints(ckpt_root: str | os.PathLike) -> int:
+    """Remove every step checkpoint (and ``latest``) under ``ckpt_root``: a run that starts over
+    (``run.resume=false``) must not leave an earlier run's steps beside its own. Returns how many were removed."""
+    root = Path(ckpt_root)
+    if not root.is_dir():
+        return 0
+    steps = sorted(p for p in root.glob("step-*") if p.is_dir())
+    if steps:
+        log.warning("run.resume=false: removing the %d checkpoints of the earlier run in %s (%s ... %s)", len(steps),
+                    root, steps[0].name, steps[-1].name)
+    for p in steps:
+        shutil.rmtree(p)
+    (root / LATEST).unlink(missing_ok=True)
+    return len(steps)
 
 
 def latest_checkpoint(ckpt_root: str | os.PathLike) -> Path | None:

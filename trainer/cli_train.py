@@ -81,7 +81,7 @@ def main(args, extra: list[str]) -> int:
     from longreel.trainer.preflight import InputCheckError, check_run_inputs
 
     try:
-        check_run_inputs(cfg)
+        check_run_inputs(cfg, args.stage)
     except InputCheckError as e:
         print(f"longreel train {args.stage}: {e}", file=sys.stderr)
         return 2

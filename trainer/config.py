@@ -120,7 +120,10 @@ class RunConfig(ConfigModel):
     seed: int = cfg(0, "Seed of the model-independent randomness (data order, rollout sampling).")
     save_every: int = cfg(50, "Save a resumable checkpoint every N steps (0: only at the end).")
     keep_checkpoints: int = cfg(2, "Keep the newest N step checkpoints (older ones are deleted).")
-    resume: bool = cfg(True, "Resume from the newest checkpoint in out_dir/checkpoints when there is one.")
+    resume: bool = cfg(True, "Resume from the newest checkpoint in out_dir/checkpoints when there is one (its stage "
+                             "and config must match this run's, but for where/how long it runs, logging, saving, "
+                             "launch and eval keys: trainer.preflight.RESUMABLE). false: start over, removing the "
+                             "checkpoints there.")
     save_final: bool = cfg(True, "Write out_dir/final with save_pretrained (model + processor) at the end.")
     log_every: int = cfg(1, "Write metrics every N steps.")
     tensorboard: bool = cfg(True, "Also write TensorBoard event files (out_dir/tensorboard).")

@@ -8,11 +8,21 @@ opened when the loader reaches them (their errors name the shard).
 """
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
+from longreel.schemas.config import to_dict
 from longreel.task.shard_reader import local_path, resolve_shards
 
-__all__ = ["InputCheckError", "check_model_dir", "check_shards", "check_run_inputs"]
+__all__ = ["InputCheckError", "check_model_dir", "check_shards", "check_out_dir", "check_resume", "check_run_inputs",
+           "config_record", "RESUMABLE"]
+
+#: keys a resumed run may change: where and how long it runs, what it logs and saves, how it is launched, and its
+#: evaluation; none of them changes a training step's arithmetic (a different world size is warned about)
+RESUMABLE = ("run.out_dir", "run.steps", "run.stop_after", "run.save_every", "run.keep_checkpoints", "run.resume",
+             "run.save_final", "run.log_every", "run.tensorboard", "run.progress", "run.threads", "run.device",
+             "run.dump_grads", "data.eval_urls", "eval.", "dist.")
 
 
 class InputCheckError(ValueError):
@@ -46,10 +56,64 @@ def check_shards(urls: list[str], key: str) -> int:
     return len(specs)
 
 
-def check_run_inputs(cfg) -> None:
-    """What ``longreel train`` reads before its first step: the policy directory and, for shard data, the
-    training shards (and the held-out ones when the run evaluates during training)."""
+def config_record(cfg) -> dict:
+    """The config as a checkpoint keeps it (``trainer_state.json``): plain JSON values, compared on resume."""
+    return json.loads(json.dumps(to_dict(cfg), sort_keys=True, default=str))
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _resumable(key: str) -> bool:
+    return any(key == r or (r.endswith(".") and key.startswith(r)) for r in RESUMABLE)
+
+
+def check_out_dir(cfg) -> None:
+    out = cfg.run.out_dir
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise InputCheckError(f"run.out_dir {out!r} is not a directory")
+
+
+def check_resume(cfg, stage: str, checkpoint: Path) -> None:
+    """A run resumes only what it would have written itself: the same stage, and the same config but for
+    :data:`RESUMABLE` keys. Otherwise the saved optimizer, schedule and loader state would be continued under other
+    settings (a changed ``optim.lr`` was silently replaced by the saved schedule's)."""
+    state = json.loads((checkpoint / "trainer_state.json").read_text(encoding="utf-8"))
+    out = cfg.run.out_dir
+    if state.get("stage") != stage:
+        raise InputCheckError(f"run.out_dir {out!r} holds a {state.get('stage')!r} run ({checkpoint.name}), not "
+                              f"{stage!r}: give this stage its own run.out_dir")
+    saved = state.get("config")
+    if saved is None:  # written before checkpoints kept their config: nothing to compare
+        return
+    there, here = _flat(saved), _flat(config_record(cfg))
+    differ = [k for k in sorted(set(there) | set(here)) if not _resumable(k) and there.get(k) != here.get(k)]
+    if differ:
+        shown = "; ".join(f"{k}: {there.get(k)!r} there, {here.get(k)!r} in this run" for k in differ[:3])
+        more = f" (and {len(differ) - 3} more)" if len(differ) > 3 else ""
+        raise InputCheckError(f"run.out_dir {out!r} holds {checkpoint.name} of a run with another configuration: "
+                              f"{shown}{more}. Resume it with its own settings, give another run.out_dir, or set "
+                              "run.resume=false to start over there")
+
+
+def check_run_inputs(cfg, stage: str) -> None:
+    """What ``longreel train <stage>`` reads before its first step: the policy directory, the output directory and
+    the checkpoint it would resume, and, for shard data, the training shards (and the held-out ones when the run
+    evaluates during training)."""
+    from longreel.trainer.checkpoint import latest_checkpoint
+
     check_model_dir(cfg.model.path)
+    check_out_dir(cfg)
+    latest = latest_checkpoint(Path(cfg.run.out_dir) / "checkpoints") if cfg.run.resume else None
+    if latest is not None:
+        check_resume(cfg, stage, latest)
     if cfg.data.source != "shards":
         return
     check_shards(cfg.data.train_urls, "data.train_urls")

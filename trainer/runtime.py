@@ -394,8 +394,10 @@ class TrainSession:
                  sp_size: int | None = None):
         from pathlib import Path
 
-        from longreel.schemas.config import config_hash
-        from longreel.trainer.checkpoint import latest_checkpoint, load_checkpoint
+        from longreel.schemas.atomic import write_atomic
+        from longreel.schemas.config import config_hash, dump_yaml
+        from longreel.trainer.preflight import check_resume
+        from longreel.trainer.checkpoint import clear_checkpoints, latest_checkpoint, load_checkpoint
         from longreel.trainer.logging_utils import MetricsLogger
         from longreel.trainer.policy import load_policy, resolve_device, resolve_dtype
 
@@ -437,6 +439,8 @@ class TrainSession:
         self.total_steps = int(total_steps if total_steps is not None else cfg.run.steps)
         self.step = 0
         resume_from = latest_checkpoint(self.ckpt_root) if cfg.run.resume else None
+        if not cfg.run.resume and self.info.is_main:
+            clear_checkpoints(self.ckpt_root)
         self.fsdp = cfg.dist.strategy == "fsdp" and self.info.enabled
         self._units: dict[str, list] = {"layers": [], "resident": []}
         self._held = self._gathered = False
@@ -448,11 +452,10 @@ class TrainSession:
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, self.total_steps)
         self.config_hash = config_hash(cfg)
         if resume_from is not None:
+            check_resume(cfg, stage, resume_from)
             # a sharded (FSDP) checkpoint loads into the sharded model and optimizer on every rank together
             state = load_checkpoint(resume_from, model=self.model, optimizer=self.optimizer,
                                     scheduler=self.scheduler, rank=self.info.rank, sharded=self.fsdp)
-            if state.get("stage") != stage:
-                raise ValueError(f"{resume_from} is a {state.get('stage')!r} checkpoint, not {stage!r}")
             if state.get("world") != self.info.world:
                 log.warning("resuming a %s-rank checkpoint on %s ranks", state.get("world"), self.info.world)
             self.stream.load_state_dict(state["loader"])
@@ -461,6 +464,8 @@ class TrainSession:
         self.logger = MetricsLogger(self.out_dir, stage=stage, enabled=self.info.is_main,
                                     tensorboard=cfg.run.tensorboard, progress=cfg.run.progress,
                                     total_steps=self.total_steps, start_step=self.step)
+        if self.info.is_main:  # what this run trains with, beside what it writes
+            write_atomic(self.out_dir / "config.yaml", dump_yaml(cfg))
 
     # ------------------------------------------------------------------ distributed helpers
     def hold_resident(self) -> None:
@@ -584,8 +589,10 @@ class TrainSession:
 
     def save(self) -> None:
         from longreel.trainer.checkpoint import prune_checkpoints, save_checkpoint
+        from longreel.trainer.preflight import config_record
 
-        state = {"stage": self.stage, "loader": self.stream.state_dict(), "config_hash": self.config_hash}
+        state = {"stage": self.stage, "loader": self.stream.state_dict(), "config_hash": self.config_hash,
+                 "config": config_record(self.cfg)}
         self.release()
         save_checkpoint(self.ckpt_root, self.step, model=self.model, optimizer=self.optimizer,
                         scheduler=self.scheduler, trainer_state=state, rank=self.info.rank, world=self.info.world,
