@@ -100,6 +100,15 @@ def test_a_step_checkpoint_is_a_policy_directory(tiny, tmp_path, stage):
     # step 3's checkpoint holds step 3's weights, not a copy of the last
     step3 = loaded(ckpts / "step-000003")
     assert step3.keys() == final.keys() and any(not torch.equal(step3[k], final[k]) for k in final)
+    # and `longreel eval` takes it (its --out may name a directory not made yet)
+    from longreel.cli import main
+
+    res = tmp_path / "eval" / "step3" / "result.json"
+    rc = main(["eval", "--model", str(ckpts / "step-000003"), "--set", "data.source=synthetic",
+               "--set", "data.synthetic_eval=3", "--set", "eval.max_new_tokens=4", "--set", "run.progress=false",
+               "--out", str(res)])
+    doc = json.loads(res.read_text())
+    assert rc == 0 and doc["n"] == 3 and doc["model"] == str(ckpts / "step-000003")
 
 
 def test_checkpoint_files_are_pickle_free_and_atomic(tiny, tmp_path):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from longreel.schemas.config import ConfigError, load_yaml
@@ -69,8 +70,10 @@ def main(args, extra: list[str]) -> int:
     result["model"] = path
     text = json.dumps(result, indent=1, sort_keys=True)
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as fh:
-            fh.write(text + "\n")
+        from longreel.schemas.atomic import write_atomic
+
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        write_atomic(args.out, text + "\n")
         print(f"accuracy {result['accuracy']:.4f} on {result['n']} items ({result['skipped']} skipped); wrote {args.out}")
     else:
         print(text)
