@@ -142,7 +142,7 @@ def test_an_internal_error_shows_its_traceback(tmp_path, video, capsys, monkeypa
     assert rc == 1 and "Traceback" in err and "internal error" in err
 
 
-def test_a_training_runs_missing_model_or_shards_is_a_usage_error(tmp_path, capsys):
+def test_a_training_runs_missing_model_or_shards_is_a_usage_error(tmp_path, capsys, monkeypatch):
     """``longreel train`` / ``eval`` check the policy directory and the shard patterns before they start: one line,
     exit 2 (these were tracebacks reported as internal errors, after the model load)."""
     model = tmp_path / "model"
@@ -165,9 +165,19 @@ def test_a_training_runs_missing_model_or_shards_is_a_usage_error(tmp_path, caps
         (["train", "grpo", "--set", f"model.path={model}", "--set", f"data.train_urls=[{shards}/*-rl-*.tar]",
           "--set", "eval.every=10"], "data.eval_urls is empty"),
         (["eval", "--model", str(tmp_path / "nope"), "--set", "data.source=synthetic"], "is not a local directory"),
+        (["train", "grpo", "--set", f"model.path={model}", "--set", "data.source=synthetic",
+          "--set", "mrsp.sp_size=2"], "needs torchrun with a world size divisible by it"),
+        (["train", "sft", "--set", f"model.path={model}", "--set", f"run.out_dir={model / 'config.json'}"],
+         "is not a directory"),
     ]
     for argv, message in cases:
-        rc, _, err = _run(capsys, argv + (out if argv[0] == "train" else []))
+        own_out = any(a.startswith("run.out_dir=") for a in argv)
+        rc, _, err = _run(capsys, argv + (out if argv[0] == "train" and not own_out else []))
         assert rc == 2 and message in err and "Traceback" not in err, (argv, err)
         assert len(err.strip().splitlines()) == 1, err
+    # under torchrun (WORLD_SIZE) the global batch must split over the ranks
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    rc, _, err = _run(capsys, ["train", "grpo", "--set", f"model.path={model}", "--set", "data.source=synthetic",
+                               "--set", "data.batch_size=3", *out])
+    assert rc == 2 and "data.batch_size 3 must divide by the world size 2" in err
     assert not (tmp_path / "run").exists()

@@ -89,7 +89,11 @@ def main(args, extra: list[str]) -> int:
         from longreel.trainer.sft import run_sft as run
     else:
         from longreel.trainer.grpo import run_grpo as run
-    result = run(cfg)
+    try:
+        result = run(cfg)
+    except InputCheckError as e:  # found once the data or the model is loaded: still the user's input, not a bug
+        print(f"longreel train {args.stage}: {e}", file=sys.stderr)
+        return 2
     import os
 
     if int(os.environ.get("RANK", "0")) == 0:

@@ -56,6 +56,7 @@ from torch import Tensor
 from longreel.trainer import algorithms as A
 from longreel.trainer.config import TrainConfig
 from longreel.trainer.group_stats import group_metrics, has_signal, merge_tallies, tally_group
+from longreel.trainer.preflight import InputCheckError
 from longreel.trainer.policy import (PromptInputs, VideoEmbeds, VideoTokenMismatch, check_video_features, encode_prompt,
                             encode_video, sequence_logprobs, video_token_id)
 from longreel.task.rewards import score
@@ -184,7 +185,7 @@ class GRPOTrainer:
         vcfg = getattr(s.model.config, "vision_config", None)
         if getattr(vcfg, "deepstack_visual_indexes", None):
             # the cache keeps the merged features only; deepstack families feed per-layer features too
-            raise ValueError("mrsp.enabled: this model family feeds deepstack vision features to the decoder, which "
+            raise InputCheckError("mrsp.enabled: this model family feeds deepstack vision features to the decoder, which "
                              "the MR-SP cache does not carry yet; set mrsp.enabled=false")
         group = s.info.sp_group
         sharded = (lambda m: make_sharded_encoder(m, group=group)) if s.info.sp_size > 1 else (lambda m: None)

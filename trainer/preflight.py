@@ -15,8 +15,8 @@ from pathlib import Path
 from longreel.schemas.config import to_dict
 from longreel.task.shard_reader import local_path, resolve_shards
 
-__all__ = ["InputCheckError", "check_model_dir", "check_shards", "check_out_dir", "check_resume", "check_run_inputs",
-           "config_record", "RESUMABLE"]
+__all__ = ["InputCheckError", "check_model_dir", "check_shards", "check_out_dir", "check_topology", "check_resume",
+           "check_run_inputs", "config_record", "RESUMABLE"]
 
 #: keys a resumed run may change: where and how long it runs, what it logs and saves, how it is launched, and its
 #: evaluation; none of them changes a training step's arithmetic (a different world size is warned about)
@@ -81,6 +81,20 @@ def check_out_dir(cfg) -> None:
         raise InputCheckError(f"run.out_dir {out!r} is not a directory")
 
 
+def check_topology(cfg, stage: str, world: int) -> None:
+    """The launch must fit the config: sequence-parallel groups cut the world evenly (GRPO with MR-SP), and the
+    global batch splits evenly over the data-parallel replicas (``torchrun`` sets ``WORLD_SIZE``)."""
+    sp = cfg.mrsp.sp_size if stage == "grpo" and cfg.mrsp.enabled else 1
+    if sp < 1 or world % sp or (sp > 1 and world == 1):
+        raise InputCheckError(f"mrsp.sp_size={sp} needs torchrun with a world size divisible by it (world size "
+                              f"{world})")
+    dp = world // sp
+    if cfg.data.batch_size % dp:
+        what = (f"the data-parallel size {dp} (world {world} / mrsp.sp_size {sp})" if sp > 1
+                else f"the world size {world}")
+        raise InputCheckError(f"data.batch_size {cfg.data.batch_size} must divide by {what}")
+
+
 def check_resume(cfg, stage: str, checkpoint: Path) -> None:
     """A run resumes only what it would have written itself: the same stage, and the same config but for
     :data:`RESUMABLE` keys. Otherwise the saved optimizer, schedule and loader state would be continued under other
@@ -111,6 +125,7 @@ def check_run_inputs(cfg, stage: str) -> None:
 
     check_model_dir(cfg.model.path)
     check_out_dir(cfg)
+    check_topology(cfg, stage, int(os.environ.get("WORLD_SIZE", "1")))
     latest = latest_checkpoint(Path(cfg.run.out_dir) / "checkpoints") if cfg.run.resume else None
     if latest is not None:
         check_resume(cfg, stage, latest)

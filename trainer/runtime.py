@@ -50,6 +50,7 @@ import torch
 
 from longreel.trainer.activation_checkpointing import enable_checkpointing
 from longreel.trainer.config import DataConfig, OptimConfig
+from longreel.trainer.preflight import InputCheckError
 
 __all__ = ["DistInfo", "init_distributed", "init_sp_groups", "sum_gradients", "all_gather_objects", "all_reduce_sum",
            "all_reduce_max", "fsdp_mixed_precision", "shard_fsdp", "seed_everything", "build_optimizer",
@@ -133,7 +134,7 @@ def init_sp_groups(info: DistInfo, sp_size: int) -> DistInfo:
     With ``sp_size == 1`` under torchrun each rank still gets a group (of itself): the MR-SP collectives read
     ``group=None`` as the whole world, which would wrongly split a data-parallel rank's work with the others."""
     if sp_size < 1 or info.world % sp_size or (sp_size > 1 and not info.enabled):
-        raise ValueError(f"mrsp.sp_size={sp_size} needs torchrun with a world size divisible by it "
+        raise InputCheckError(f"mrsp.sp_size={sp_size} needs torchrun with a world size divisible by it "
                          f"(world size {info.world})")
     if not info.enabled:
         return info
@@ -312,7 +313,7 @@ class ItemStream:
 
     def __init__(self, items: list[dict], seed: int = 0, shuffle: bool = True):
         if not items:
-            raise ValueError("no training items")
+            raise InputCheckError("no training items (the shards hold no item of this split?)")
         self.items = items
         self.seed = seed
         self.shuffle = shuffle
@@ -349,7 +350,7 @@ class ItemStream:
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("n_items") != len(self.items):
-            raise ValueError(f"checkpoint loader state is for {state.get('n_items')} items, the data has "
+            raise InputCheckError(f"checkpoint loader state is for {state.get('n_items')} items, the data has "
                              f"{len(self.items)}: resuming on other data would not continue where it stopped")
         self.seed, self.shuffle = int(state["seed"]), bool(state["shuffle"])
         self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
@@ -367,7 +368,7 @@ def load_items(cfg: DataConfig, split: str) -> list[dict]:
         return make_items(cfg.synthetic_eval, seed=cfg.synthetic_seed + 1000, kinds=cfg.synthetic_kinds)
     urls = cfg.train_urls if split == "train" else cfg.eval_urls
     if not urls:
-        raise ValueError(f"data.{'train' if split == 'train' else 'eval'}_urls is empty (data.source=shards)")
+        raise InputCheckError(f"data.{'train' if split == 'train' else 'eval'}_urls is empty (data.source=shards)")
     from longreel.trainer.data import ShardDataset
 
     # every rank reads every item; ItemStream splits each global batch over the ranks
@@ -422,7 +423,7 @@ class TrainSession:
         if cfg.model.freeze_vision:
             visual = getattr(self.model, "visual", None) or getattr(getattr(self.model, "model", None), "visual", None)
             if visual is None:
-                raise ValueError("model.freeze_vision: this model has no .visual tower")
+                raise InputCheckError("model.freeze_vision: this model has no .visual tower")
             for p in visual.parameters():
                 p.requires_grad_(False)
         if cfg.model.gradient_checkpointing:
@@ -434,7 +435,7 @@ class TrainSession:
         if cfg.data.batch_size % self.info.dp_size:
             what = (f"the data-parallel size {self.info.dp_size} (world {self.info.world} / mrsp.sp_size "
                     f"{self.info.sp_size})" if self.info.sp_size > 1 else f"the world size {self.info.world}")
-            raise ValueError(f"data.batch_size {cfg.data.batch_size} must divide by {what}")
+            raise InputCheckError(f"data.batch_size {cfg.data.batch_size} must divide by {what}")
         self.stream = ItemStream(self.items, seed=cfg.run.seed, shuffle=cfg.data.shuffle)
         self.total_steps = int(total_steps if total_steps is not None else cfg.run.steps)
         self.step = 0
