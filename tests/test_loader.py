@@ -330,6 +330,15 @@ def test_truncated_shard_is_an_error_even_at_a_member_boundary(shards, tmp_path)
     mid.write_bytes(open(src, "rb").read()[:cut_at - 700])  # inside a member's data
     with pytest.raises(ShardError, match="truncated|corrupt"):
         list(ShardDataset(str(mid)))
+    # the trainer reads its items up front: there the same error is the input's (InputCheckError: `longreel train`
+    # prints it in one line and exits 2), naming the shard, and the skip setting counts it instead
+    from longreel.trainer.config import DataConfig
+    from longreel.trainer.preflight import InputCheckError
+    from longreel.trainer.runtime import load_items
+
+    with pytest.raises(InputCheckError, match=f"{mid}.*data.on_error=skip"):
+        load_items(DataConfig(train_urls=[str(mid)]), "train")
+    assert load_items(DataConfig(train_urls=[str(mid), src], on_error="skip"), "train")
 
 
 def test_s3_gs_and_pipe_urls_go_through_argument_list_subprocesses(shards, tmp_path, monkeypatch):

@@ -369,11 +369,14 @@ def load_items(cfg: DataConfig, split: str) -> list[dict]:
     urls = cfg.train_urls if split == "train" else cfg.eval_urls
     if not urls:
         raise InputCheckError(f"data.{'train' if split == 'train' else 'eval'}_urls is empty (data.source=shards)")
-    from longreel.trainer.data import ShardDataset
+    from longreel.trainer.data import ShardDataset, ShardError
 
     # every rank reads every item; ItemStream splits each global batch over the ranks
     ds = ShardDataset(list(urls), shuffle=False, epochs=1, rank=0, world_size=1, on_error=cfg.on_error)
-    items = list(ds)
+    try:
+        items = list(ds)
+    except ShardError as e:  # a shard that cannot be fetched or a corrupt sample (data.on_error=raise): the input's
+        raise InputCheckError(f"{e} (data.on_error=skip skips and counts bad samples and shards)") from e
     if ds.stats.skipped_samples or ds.stats.skipped_shards:
         log.warning("shard loader skipped %d samples and %d shards: %s", ds.stats.skipped_samples,
                     ds.stats.skipped_shards, ds.stats.errors[-3:])
