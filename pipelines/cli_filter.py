@@ -45,12 +45,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Answerer backend (shortcut for --set backend=NAME).")
     p.add_argument("--qra-table", default="qras", help="Name of the questions table in --out (default: qras).")
     p.add_argument("--shards", action="append", default=[], metavar="URL",
-                   help="Read questions and frames from packed shards (index .json, tar URL or brace pattern; "
-                        "repeatable) instead of --out's tables.")
+                   help="Read questions and frames from packed shards (index .json, tar URL, brace pattern or local "
+                        "glob; repeatable) instead of --out's tables.")
     p.add_argument("--config", help="YAML config file (FilterConfig); see --show-config for every key.")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="Override one config key, e.g. --set k=8 --set policy=band (repeatable).")
     p.add_argument("--show-config", action="store_true", help="Print every config key with default and help; exit.")
+
+
+def check_shard_patterns(shards: list[str]) -> None:
+    """``--shards`` must expand (index, brace pattern, local glob) before the run takes ``--out``: a pattern that
+    matches nothing is the user's mistake (exit 2), not a failure halfway through the pipeline."""
+    from longreel.pipelines.io.inputs import InputError
+    from longreel.task.shard_reader import resolve_shards
+
+    try:
+        resolve_shards(shards)
+    except (ValueError, OSError) as e:
+        raise InputError(f"--shards: {e}") from None
 
 
 def run_filter(out_dir: str, cfg: FilterConfig, beam_args: list[str] | None = None, qra_table: str = "qras",
@@ -61,6 +73,7 @@ def run_filter(out_dir: str, cfg: FilterConfig, beam_args: list[str] | None = No
 
     cfg.check()
     if shards:
+        check_shard_patterns(shards)
         ensure_dir(out_dir)
     with StageSession(out_dir, "filter", config_hash(cfg), command) as session:
         return _run_filter(session, out_dir, cfg, beam_args, qra_table, handler, shards)

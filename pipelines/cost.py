@@ -28,7 +28,11 @@ MODEL_KEYS = ("gpus", "decode_tokens_per_s", "prefill_tokens_per_s")
 
 def load(path: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> dict:
     """The cost config: ``path`` (default: the shipped one) with ``key.sub=value`` overrides (YAML scalars)."""
-    with open(path or DEFAULT_CONFIG, encoding="utf-8") as fh:
+    try:
+        fh = open(path or DEFAULT_CONFIG, encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"--config {path}: {e.strerror}") from None
+    with fh:
         try:
             cfg = yaml.safe_load(fh) or {}
         except yaml.YAMLError as e:

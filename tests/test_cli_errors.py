@@ -181,3 +181,13 @@ def test_a_training_runs_missing_model_or_shards_is_a_usage_error(tmp_path, caps
                                "--set", "data.batch_size=3", *out])
     assert rc == 2 and "data.batch_size 3 must divide by the world size 2" in err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_missing_cost_config_or_unmatched_shards_is_a_usage_error(tmp_path, capsys):
+    rc, _, err = _run(capsys, ["cost", "--config", str(tmp_path / "nope.yaml")])
+    assert rc == 2 and "No such file or directory" in err and "Traceback" not in err
+    out = tmp_path / "filtered"
+    rc, _, err = _run(capsys, ["filter", "--shards", f"{tmp_path}/*-rl-*.tar", "--model", str(tmp_path),
+                               "--out", str(out)])
+    assert rc == 2 and "--shards" in err and "matches no file" in err and "Traceback" not in err
+    assert not out.exists()  # refused before it took the directory
