@@ -175,6 +175,23 @@ def test_a_training_runs_missing_model_or_shards_is_a_usage_error(tmp_path, caps
         rc, _, err = _run(capsys, argv + (out if argv[0] == "train" and not own_out else []))
         assert rc == 2 and message in err and "Traceback" not in err, (argv, err)
         assert len(err.strip().splitlines()) == 1, err
+    # what the machine lacks (this one has no CUDA device and no vLLM in the test env)
+    import importlib.util
+
+    import torch
+
+    if not torch.cuda.is_available():
+        rc, _, err = _run(capsys, ["train", "sft", "--set", f"model.path={model}", "--set", "data.source=synthetic",
+                                   "--set", "run.device=cuda", *out])
+        assert rc == 2 and "no CUDA device" in err and "Traceback" not in err
+    if importlib.util.find_spec("flash_attn") is None:
+        rc, _, err = _run(capsys, ["train", "grpo", "--set", f"model.path={model}", "--set", "data.source=synthetic",
+                                   "--set", "model.attn_implementation=flash_attention_2", *out])
+        assert rc == 2 and "needs the flash-attn package" in err and "Traceback" not in err
+    if importlib.util.find_spec("vllm") is None:
+        rc, _, err = _run(capsys, ["train", "grpo", "--set", f"model.path={model}", "--set", "data.source=synthetic",
+                                   "--set", "rollout.engine=vllm", *out])
+        assert rc == 2 and "rollout.engine=vllm needs vllm" in err and "Traceback" not in err
     # under torchrun (WORLD_SIZE) the global batch must split over the ranks
     monkeypatch.setenv("WORLD_SIZE", "2")
     rc, _, err = _run(capsys, ["train", "grpo", "--set", f"model.path={model}", "--set", "data.source=synthetic",

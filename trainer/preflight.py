@@ -15,8 +15,8 @@ from pathlib import Path
 from longreel.schemas.config import to_dict
 from longreel.task.shard_reader import local_path, resolve_shards
 
-__all__ = ["InputCheckError", "check_model_dir", "check_shards", "check_out_dir", "check_topology", "check_resume",
-           "check_run_inputs", "config_record", "RESUMABLE"]
+__all__ = ["InputCheckError", "check_model_dir", "check_shards", "check_out_dir", "check_topology", "check_environment",
+           "check_resume", "check_run_inputs", "config_record", "RESUMABLE"]
 
 #: keys a resumed run may change: where and how long it runs, what it logs and saves, how it is launched, and its
 #: evaluation; none of them changes a training step's arithmetic (a different world size is warned about)
@@ -81,6 +81,25 @@ def check_out_dir(cfg) -> None:
         raise InputCheckError(f"run.out_dir {out!r} is not a directory")
 
 
+def check_environment(cfg, stage: str) -> None:
+    """What the config asks of this machine and its packages: a CUDA device, the vLLM rollout engine, FlashAttention
+    2. Each is otherwise found after the imports and the model load, as a traceback."""
+    import importlib.util
+
+    if cfg.run.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise InputCheckError("run.device=cuda but no CUDA device is available (run.device=auto picks the CPU "
+                                  "here)")
+    if stage == "grpo" and cfg.rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise InputCheckError("rollout.engine=vllm needs vllm installed (pip install 'longreel[gpu]') and a GPU; "
+                              "rollout.engine=transformers runs anywhere")
+    if cfg.model.attn_implementation == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+        raise InputCheckError("model.attn_implementation=flash_attention_2 needs the flash-attn package (and a "
+                              "GPU); sdpa runs anywhere")
+
+
 def check_topology(cfg, stage: str, world: int) -> None:
     """The launch must fit the config: sequence-parallel groups cut the world evenly (GRPO with MR-SP), and the
     global batch splits evenly over the data-parallel replicas (``torchrun`` sets ``WORLD_SIZE``)."""
@@ -126,6 +145,7 @@ def check_run_inputs(cfg, stage: str) -> None:
     check_model_dir(cfg.model.path)
     check_out_dir(cfg)
     check_topology(cfg, stage, int(os.environ.get("WORLD_SIZE", "1")))
+    check_environment(cfg, stage)
     latest = latest_checkpoint(Path(cfg.run.out_dir) / "checkpoints") if cfg.run.resume else None
     if latest is not None:
         check_resume(cfg, stage, latest)
