@@ -42,10 +42,11 @@ def main(args, extra: list[str]) -> int:
     if not path:
         print("longreel eval: give --model or model.path", file=sys.stderr)
         return 2
-    from longreel.trainer.preflight import InputCheckError, check_model_dir
+    from longreel.trainer.preflight import InputCheckError, check_environment, check_model_dir
 
     try:
         check_model_dir(path, "--model" if args.model else "model.path")
+        check_environment(cfg, "eval")
     except InputCheckError as e:
         print(f"longreel eval: {e}", file=sys.stderr)
         return 2
