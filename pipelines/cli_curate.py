@@ -124,6 +124,7 @@ def main(args, beam_args: list[str]) -> int:
 
 def _run(args, beam_args: list[str], cfg: CurateConfig, workers: int) -> int:
     from longreel.pipelines.io.inputs import InputError, plan_inputs
+    from longreel.pipelines.model_paths import check_model_paths, curate_models
     try:
         if args.demo or not args.inputs:
             from longreel.pipelines.sample_corpus import demo_items
@@ -133,6 +134,7 @@ def _run(args, beam_args: list[str], cfg: CurateConfig, workers: int) -> int:
             if missing:
                 raise InputError(f"no such file or directory: {', '.join(missing)}")
             items = plan_inputs(args.inputs)
+        check_model_paths(curate_models(cfg), beam_args)
     except (InputError, RuntimeError) as e:
         print(f"longreel curate: {e}", file=sys.stderr)
         return 2

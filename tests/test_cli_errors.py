@@ -208,3 +208,27 @@ def test_a_missing_cost_config_or_unmatched_shards_is_a_usage_error(tmp_path, ca
                                "--out", str(out)])
     assert rc == 2 and "--shards" in err and "matches no file" in err and "Traceback" not in err
     assert not out.exists()  # refused before it took the directory
+
+
+def test_model_paths_are_checked_where_the_workers_share_this_filesystem(tmp_path, caplog):
+    from longreel.pipelines.io.inputs import InputError
+    from longreel.pipelines.model_paths import check_model_paths, curate_models
+    from longreel.pipelines.config import CurateConfig
+    from longreel.schemas.config import load_yaml
+
+    missing = str(tmp_path / "no-such-model")
+    cfg = load_yaml(CurateConfig, None, ["stages=[caption, qra, judge, blind, filter, pack]",
+                                         "caption.backend=transformers", f"caption.model.path={tmp_path}",
+                                         f"filter.model={missing}", "qra.backend=openai", "qra.model=/served/name",
+                                         "blind.model=smollm2", "judge.model=org/hub-model"])
+    models = dict(curate_models(cfg))
+    assert models["caption.model.path"] == str(tmp_path) and models["filter.model"] == missing
+    assert "qra.model" not in models  # a served model's name is the server's
+    with pytest.raises(InputError, match=r"filter.model: '.*no-such-model'"):
+        check_model_paths(list(models.items()), [])
+    # names a backend resolves itself are not paths
+    check_model_paths([("blind.model", "smollm2"), ("judge.model", "org/hub-model")], [])
+    # workers elsewhere read their own filesystem: logged, not refused
+    with caplog.at_level("INFO", logger="longreel"):
+        check_model_paths(list(models.items()), ["--runner=DataflowRunner", "--project=p"])
+    assert "must exist there" in caplog.text

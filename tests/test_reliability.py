@@ -196,6 +196,16 @@ def _unknown_stage(c: Ctx):
     return c.curate(c.video(), extra=["--set", "stages=[captions]"])
 
 
+def _missing_model_path(c: Ctx):
+    # a typo in a model path used to fail only when the model step ran, after ingest, segment and the captions
+    return c.curate(c.video(), extra=["--set", "stages=[caption,qra,filter]",
+                                      "--set", f"filter.model={c.tmp / 'models' / 'no-such-model'}"])
+
+
+def _check_nothing_written(c: Ctx):
+    assert not c.out.exists(), sorted(os.listdir(c.out))
+
+
 def _out_is_a_file(c: Ctx):
     c.out.write_text("a file the user keeps")
     return c.curate(c.video())
@@ -340,6 +350,10 @@ CASES = [
     Case("invalid_set_value", "--set with a value of the wrong type", _invalid_set_value, 2,
          message="segment.clip_s: expected a number, got 'abc'"),
     Case("unknown_stage", "--set stages=[...] naming no stage", _unknown_stage, 2, message="stages: unknown"),
+    Case("missing_model_path", "--set filter.model= a local path that does not exist", _missing_model_path, 2,
+         message="no such model file or directory (filter.model:", check=_check_nothing_written,
+         note="before ingest: nothing written (with workers elsewhere, e.g. Dataflow, the path is the workers' and "
+              "only logged)"),
     # the output directory
     Case("out_is_a_file", "--out an existing file", _out_is_a_file, 2, message="is not a directory", unchanged=True),
     Case("out_below_a_file", "--out below an existing file", _out_below_a_file, 2, message="not a directory",
