@@ -173,3 +173,36 @@ def test_a_run_resumes_only_its_own_configuration(tiny, tmp_path, capsys):
     run_sft(_cfg(tiny, out, "optim.lr=1e-2", "run.resume=false", "run.steps=2", "run.save_every=0"))
     assert sorted(p.name for p in (out / "checkpoints").glob("step-*")) == ["step-000002"]
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2]
+
+
+def test_one_training_run_per_output_directory(tiny, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from longreel.trainer.preflight import InputCheckError
+    from longreel.trainer.run_lock import LOCK_NAME, RunLock
+    from longreel.trainer.sft import run_sft
+
+    out = tmp_path / "run"
+    held = RunLock(out).acquire()  # another launch on the same run.out_dir, still running
+    with pytest.raises(InputCheckError, match=rf"is in use by another longreel train run \(pid {os.getpid()}"):
+        run_sft(_cfg(tiny, out))
+    assert not (out / "checkpoints").exists() and not (out / "metrics.jsonl").exists()  # it wrote nothing
+    held.release()
+    assert run_sft(_cfg(tiny, out))["step"] == 6
+    assert not (out / LOCK_NAME).exists()  # released and removed at the end of the run
+    # a holder killed with -9 leaves its file, not its lock: the kernel dropped the flock with the process
+    child = subprocess.Popen([sys.executable, "-c", "import sys, time; from longreel.trainer.run_lock import RunLock; "
+                              f"RunLock({str(out)!r}).acquire(); print('held', flush=True); time.sleep(60)"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "held"
+        with pytest.raises(InputCheckError, match="in use"):
+            RunLock(out).acquire()
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    assert (out / LOCK_NAME).exists()
+    RunLock(out).acquire().release()

@@ -51,6 +51,7 @@ import torch
 from longreel.trainer.activation_checkpointing import enable_checkpointing
 from longreel.trainer.config import DataConfig, OptimConfig
 from longreel.trainer.preflight import InputCheckError
+from longreel.trainer.run_lock import RunLock
 
 __all__ = ["DistInfo", "init_distributed", "init_sp_groups", "sum_gradients", "all_gather_objects", "all_reduce_sum",
            "all_reduce_max", "fsdp_mixed_precision", "shard_fsdp", "seed_everything", "build_optimizer",
@@ -398,11 +399,6 @@ class TrainSession:
                  sp_size: int | None = None):
         from pathlib import Path
 
-        from longreel.schemas.atomic import write_atomic
-        from longreel.schemas.config import config_hash, dump_yaml
-        from longreel.trainer.preflight import check_resume
-        from longreel.trainer.checkpoint import clear_checkpoints, latest_checkpoint, load_checkpoint
-        from longreel.trainer.logging_utils import MetricsLogger
         from longreel.trainer.policy import load_policy, resolve_device, resolve_dtype
 
         self.cfg = cfg
@@ -434,6 +430,21 @@ class TrainSession:
         self.model.train()
         self.out_dir = Path(cfg.run.out_dir)
         self.ckpt_root = self.out_dir / "checkpoints"
+        self.lock = RunLock(self.out_dir).acquire() if self.info.is_main else None
+        try:
+            self._start(cfg, stage, items, total_steps)
+        except BaseException:
+            self.release_lock()
+            raise
+
+    def _start(self, cfg, stage: str, items, total_steps) -> None:
+        """Items, data order, optimizer, schedule, the checkpoint to resume and the logs (under the run's lock)."""
+        from longreel.schemas.atomic import write_atomic
+        from longreel.schemas.config import config_hash, dump_yaml
+        from longreel.trainer.checkpoint import clear_checkpoints, latest_checkpoint, load_checkpoint
+        from longreel.trainer.logging_utils import MetricsLogger
+        from longreel.trainer.preflight import check_resume
+
         self.items = items if items is not None else load_items(cfg.data, "train")
         if cfg.data.batch_size % self.info.dp_size:
             what = (f"the data-parallel size {self.info.dp_size} (world {self.info.world} / mrsp.sp_size "
@@ -684,10 +695,16 @@ class TrainSession:
         final = self.finish() if self.cfg.run.save_final else None
         return {"step": self.step, "final": final, **last}
 
+    def release_lock(self) -> None:
+        if getattr(self, "lock", None) is not None:
+            self.lock.release()
+            self.lock = None
+
     def close(self) -> None:
-        """Close the metrics and, when this session created it, the process group (a caller that set one up itself,
-        e.g. to run several sessions in one launch, keeps it)."""
+        """Close the metrics, release the run's lock and, when this session created it, the process group (a caller
+        that set one up itself, e.g. to run several sessions in one launch, keeps it)."""
         self.logger.close()
+        self.release_lock()
         if self.info.enabled and self.info.owns_group:
             import torch.distributed as dist
 

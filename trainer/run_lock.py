@@ -1,0 +1,81 @@
+"""One training run per output directory at a time: ``RUN/.longreel-train.lock``, held by rank 0.
+
+Two launches on one ``run.out_dir`` (a job restarted while the old one still runs, a copy-pasted command) would
+write the same checkpoints, metrics and ``final/`` in turn and resume from each other's steps. The lock is a
+``flock`` on a file in the directory, so the kernel drops it when its process dies, ``kill -9`` included: a dead
+run never blocks the next. The file names its holder (host, pid, start time, command) for the message the second
+launch prints. It is removed when the run ends; the inode is checked after locking, so a launch that opened the file
+just before it was removed does not hold a lock on a file no one else can see.
+
+Written here rather than shared with the curation side's lock (``longreel.pipelines.io.run_dir``, which also
+covers object stores): the trainer's ``out_dir`` is always a local directory and the two sides never import each
+other.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+from longreel.trainer.preflight import InputCheckError
+
+__all__ = ["RunLock", "LOCK_NAME"]
+
+LOCK_NAME = ".longreel-train.lock"
+
+
+class RunLock:
+    def __init__(self, out_dir: str | os.PathLike):
+        self.out_dir = Path(out_dir)
+        self.path = self.out_dir / LOCK_NAME
+        self._fd: int | None = None
+
+    def acquire(self) -> "RunLock":
+        """Take the lock or raise :class:`InputCheckError` naming the run that holds it."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read_holder(fd)
+                os.close(fd)
+                raise InputCheckError(f"run.out_dir {str(self.out_dir)!r} is in use by another longreel train run "
+                                      f"({holder}); wait for it to end or give another run.out_dir") from None
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)  # locked a file its holder removed on release: try the current one
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                                 "command": " ".join(sys.argv)}).encode())
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        os.close(self._fd)  # closing drops the flock
+        self._fd = None
+
+
+def _read_holder(fd: int) -> str:
+    try:
+        doc = json.loads(os.pread(fd, 65536, 0) or b"{}")
+    except (OSError, ValueError):
+        return "holder unknown"
+    if not doc:
+        return "holder unknown"
+    return f"pid {doc.get('pid')} on {doc.get('host')}, since {doc.get('started')}: {doc.get('command')}"
