@@ -75,6 +75,12 @@ def _resumable(key: str) -> bool:
     return any(key == r or (r.endswith(".") and key.startswith(r)) for r in RESUMABLE)
 
 
+def _same_dir(a, b) -> bool:
+    """One directory written two ways (relative to another working directory, through a symlink)."""
+    return isinstance(a, str) and isinstance(b, str) and os.path.isdir(a) and os.path.isdir(b) \
+        and os.path.samefile(a, b)
+
+
 def check_out_dir(cfg) -> None:
     out = cfg.run.out_dir
     if os.path.exists(out) and not os.path.isdir(out):
@@ -127,7 +133,8 @@ def check_resume(cfg, stage: str, checkpoint: Path) -> None:
     if saved is None:  # written before checkpoints kept their config: nothing to compare
         return
     there, here = _flat(saved), _flat(config_record(cfg))
-    differ = [k for k in sorted(set(there) | set(here)) if not _resumable(k) and there.get(k) != here.get(k)]
+    differ = [k for k in sorted(set(there) | set(here)) if not _resumable(k) and there.get(k) != here.get(k)
+              and not (k == "model.path" and _same_dir(there.get(k), here.get(k)))]
     if differ:
         shown = "; ".join(f"{k}: {there.get(k)!r} there, {here.get(k)!r} in this run" for k in differ[:3])
         more = f" (and {len(differ) - 3} more)" if len(differ) > 3 else ""
