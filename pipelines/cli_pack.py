@@ -53,7 +53,10 @@ def main(args, beam_args: list[str]) -> int:
     except (ConfigError, OSError) as e:
         print(f"longreel pack: bad config: {e}", file=sys.stderr)
         return 2
+    from longreel.pipelines.model_paths import check_model_paths
     from longreel.pipelines.stages.pack import run_pack
+
+    check_model_paths([("pack.processor", cfg.processor)] if cfg.processor else [], beam_args)
     try:
         stats = run_pack(args.out, cfg, beam_args, command=command_line(args, "pack"))
     except FileNotFoundError as e:
