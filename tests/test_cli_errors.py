@@ -210,7 +210,7 @@ def test_a_missing_cost_config_or_unmatched_shards_is_a_usage_error(tmp_path, ca
     assert not out.exists()  # refused before it took the directory
 
 
-def test_model_paths_are_checked_where_the_workers_share_this_filesystem(tmp_path, caplog):
+def test_model_paths_are_checked_where_the_workers_share_this_filesystem(tmp_path, caplog, capsys):
     from longreel.pipelines.io.inputs import InputError
     from longreel.pipelines.model_paths import check_model_paths, curate_models
     from longreel.pipelines.config import CurateConfig
@@ -232,3 +232,11 @@ def test_model_paths_are_checked_where_the_workers_share_this_filesystem(tmp_pat
     with caplog.at_level("INFO", logger="longreel"):
         check_model_paths(list(models.items()), ["--runner=DataflowRunner", "--project=p"])
     assert "must exist there" in caplog.text
+    # the stage commands check theirs before they take the directory
+    for argv in (["pack", str(tmp_path / "out"), "--set", f"processor={missing}"],
+                 ["filter", "--out", str(tmp_path / "out"), "--model", missing],
+                 ["caption", "--clips-dir", str(tmp_path / "out"), "--set", "backend=transformers",
+                  "--set", f"model.path={missing}"]):
+        rc, _, err = _run(capsys, argv)
+        assert rc == 2 and "no such model file or directory" in err and "Traceback" not in err, (argv, err)
+    assert not (tmp_path / "out").exists()
