@@ -7,7 +7,7 @@ import logging
 import sys
 import time
 
-from longreel.pipelines.model_paths import check_model_paths, filter_models
+from longreel.pipelines.model_paths import filter_models, check_model_paths
 from longreel.pipelines.cli_common import command_line, exit_code, model_stage_config
 from longreel.pipelines.filter_config import FilterConfig
 from longreel.schemas.config import config_hash, dump_yaml

@@ -6,7 +6,7 @@ import json
 import logging
 import sys
 
-from longreel.pipelines.model_paths import check_model_paths, judge_models
+from longreel.pipelines.model_paths import judge_models, check_model_paths
 from longreel.pipelines.blind_config import BACKENDS
 from longreel.pipelines.cli_common import command_line, exit_code, model_stage_config
 from longreel.pipelines.judge_config import JudgeConfig

@@ -7,7 +7,7 @@ import logging
 import sys
 import time
 
-from longreel.pipelines.model_paths import check_model_paths, qra_models
+from longreel.pipelines.model_paths import qra_models, check_model_paths
 from longreel.pipelines.cli_common import command_line, exit_code
 from longreel.pipelines.qra_config import BACKENDS, QRAConfig
 from longreel.schemas.config import ConfigError, config_hash, describe, dump_yaml, load_yaml

@@ -185,8 +185,8 @@ class GRPOTrainer:
         vcfg = getattr(s.model.config, "vision_config", None)
         if getattr(vcfg, "deepstack_visual_indexes", None):
             # the cache keeps the merged features only; deepstack families feed per-layer features too
-            raise InputCheckError("mrsp.enabled: this model family feeds deepstack vision features to the decoder, which "
-                             "the MR-SP cache does not carry yet; set mrsp.enabled=false")
+            raise InputCheckError("mrsp.enabled: this model family feeds deepstack vision features to the decoder, "
+                                  "which the MR-SP cache does not carry yet; set mrsp.enabled=false")
         group = s.info.sp_group
         sharded = (lambda m: make_sharded_encoder(m, group=group)) if s.info.sp_size > 1 else (lambda m: None)
         budget = int(self.cfg.mrsp.frozen_cache_mb * 2 ** 20)

@@ -136,7 +136,7 @@ def init_sp_groups(info: DistInfo, sp_size: int) -> DistInfo:
     ``group=None`` as the whole world, which would wrongly split a data-parallel rank's work with the others."""
     if sp_size < 1 or info.world % sp_size or (sp_size > 1 and not info.enabled):
         raise InputCheckError(f"mrsp.sp_size={sp_size} needs torchrun with a world size divisible by it "
-                         f"(world size {info.world})")
+                              f"(world size {info.world})")
     if not info.enabled:
         return info
     import torch.distributed as dist
@@ -352,7 +352,7 @@ class ItemStream:
     def load_state_dict(self, state: dict) -> None:
         if state.get("n_items") != len(self.items):
             raise InputCheckError(f"checkpoint loader state is for {state.get('n_items')} items, the data has "
-                             f"{len(self.items)}: resuming on other data would not continue where it stopped")
+                                  f"{len(self.items)}: resuming on other data would not continue where it stopped")
         self.seed, self.shuffle = int(state["seed"]), bool(state["shuffle"])
         self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
         self._order = self._make_order(self.epoch)
