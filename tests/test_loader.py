@@ -9,6 +9,7 @@ import json
 import os
 import tarfile
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -395,3 +396,65 @@ def test_local_globs_expand_sorted_and_must_match(tmp_path):
     # an http(s) URL is not a glob: '?' starts its query
     signed = "https://host/ds-000000.tar?sig=a*b"
     assert [s.url for s in resolve_shards(signed)] == [signed]
+
+
+def test_remote_shards_are_read_from_a_verified_disk_cache(shards, tmp_path):
+    # the trainer's load_items: an http shard is downloaded once into data.cache_dir (content-addressed by the
+    # index's sha256), then memory-mapped like a local one; the items are those of the local shards
+    from longreel.trainer.config import DataConfig
+    from longreel.trainer.preflight import InputCheckError
+    from longreel.trainer.runtime import load_items
+
+    served = []
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            served.append(self.path)
+            super().do_GET()
+
+    doc = json.loads(open(shards["index"]).read())
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(shards["dir"])))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    cache = tmp_path / "cache"
+    tampered = Path(shards["dir"]) / "tampered.index.json"
+    try:
+        url = f"{base}/{os.path.basename(shards['index'])}"
+        local = load_items(DataConfig(train_urls=[shards["index"]]), "train")
+        remote = load_items(DataConfig(train_urls=[url], cache_dir=str(cache)), "train")
+        n_get = len(served)
+        again = load_items(DataConfig(train_urls=[url], cache_dir=str(cache)), "train")
+        assert len(served) == n_get + 1  # only the index again: the shards came from the cache
+        streamed = load_items(DataConfig(train_urls=[url], cache_remote=False, cache_dir=str(tmp_path / "no")),
+                              "train")
+        # an index whose sha256 does not match what the server sends: refused, nothing cached under that name
+        doc["shardlist"][0]["sha256"] = "0" * 64
+        tampered.write_text(json.dumps(doc))
+        with pytest.raises(InputCheckError, match="does not match the index's 0000"):
+            load_items(DataConfig(train_urls=[f"{base}/tampered.index.json"], cache_dir=str(cache)), "train")
+    finally:
+        server.shutdown()
+        server.server_close()
+        tampered.unlink(missing_ok=True)
+    want = [e["sha256"] + ".tar" for e in json.loads(open(shards["index"]).read())["shardlist"]]
+    assert sorted(p.name for p in cache.glob("*.tar")) == sorted(want)
+    assert not (tmp_path / "no").exists()
+    for got in (remote, again, streamed):
+        assert [r["qra_id"] for r in got] == [x["qra_id"] for x in local]
+        for r, x in zip(got, local):
+            assert torch.equal(r["frames"], x["frames"]) and r["meta"] == x["meta"]
+            assert r["shard"] == f"{base}/{os.path.basename(x['shard'])}"  # the URL given, not the cache file
+
+
+def test_shard_cache_benchmark_loads_the_same_items_in_every_mode(tmp_path):
+    from conftest import load_benchmark
+
+    bench = load_benchmark("shard_cache")
+    out = tmp_path / "shard_cache.json"
+    assert bench.main(["--items", "6", "--size", "56", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["items_identical_in_every_mode"] and set(doc["modes"]) == set(bench.MODES)
+    assert all(m["items"] == 6 for m in doc["modes"].values())

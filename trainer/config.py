@@ -53,6 +53,12 @@ class DataConfig(ConfigModel):
                                      help="synthetic: question kinds to draw from (see trainer.synthetic_task.KINDS).")
     on_error: str = cfg("raise", "Shard loader: a corrupt sample stops the run ('raise') or is skipped and counted "
                                  "('skip').", choices=("raise", "skip"))
+    cache_remote: bool = cfg(True, "Download http(s)://, gs:// and s3:// shards once into data.cache_dir (checked "
+                                   "against the index's sha256) and read them from there, memory-mapped: without "
+                                   "it their frames are held in RAM for the whole run and downloaded again on "
+                                   "every start.")
+    cache_dir: str = cfg("", "Where data.cache_remote keeps remote shards ('': $LONGREEL_CACHE/shards, else "
+                             "~/.cache/longreel/shards). Needs the shards' size in free disk.")
 
 
 class OptimConfig(ConfigModel):

@@ -22,7 +22,7 @@ __all__ = ["InputCheckError", "check_model_dir", "check_shards", "check_out_dir"
 #: evaluation; none of them changes a training step's arithmetic (a different world size is warned about)
 RESUMABLE = ("run.out_dir", "run.steps", "run.stop_after", "run.save_every", "run.keep_checkpoints", "run.resume",
              "run.save_final", "run.log_every", "run.tensorboard", "run.progress", "run.threads", "run.device",
-             "run.dump_grads", "data.eval_urls", "eval.", "dist.")
+             "run.dump_grads", "data.eval_urls", "data.cache_remote", "data.cache_dir", "eval.", "dist.")
 
 
 class InputCheckError(ValueError):

@@ -370,12 +370,21 @@ def load_items(cfg: DataConfig, split: str) -> list[dict]:
     urls = cfg.train_urls if split == "train" else cfg.eval_urls
     if not urls:
         raise InputCheckError(f"data.{'train' if split == 'train' else 'eval'}_urls is empty (data.source=shards)")
-    from longreel.trainer.data import ShardDataset, ShardError
+    from longreel.trainer.data import ShardDataset, ShardError, resolve_shards
+    from longreel.trainer.shard_cache import cache_remote_shards, default_cache_dir
 
-    # every rank reads every item; ItemStream splits each global batch over the ranks
-    ds = ShardDataset(list(urls), shuffle=False, epochs=1, rank=0, world_size=1, on_error=cfg.on_error)
     try:
+        specs = resolve_shards(list(urls))
+        origin = {}
+        if cfg.cache_remote:  # remote frames memory-mapped from disk rather than held in RAM
+            cached = cache_remote_shards(specs, cfg.cache_dir or default_cache_dir())
+            origin = {c.url: s.url for s, c in zip(specs, cached) if c.url != s.url}
+            specs = cached
+        # every rank reads every item; ItemStream splits each global batch over the ranks
+        ds = ShardDataset(specs, shuffle=False, epochs=1, rank=0, world_size=1, on_error=cfg.on_error)
         items = list(ds)
+        for item in items:  # an item names the shard as the user gave it, not its cached copy
+            item["shard"] = origin.get(item["shard"], item["shard"])
     except ShardError as e:  # a shard that cannot be fetched or a corrupt sample (data.on_error=raise): the input's
         raise InputCheckError(f"{e} (data.on_error=skip skips and counts bad samples and shards)") from e
     if ds.stats.skipped_samples or ds.stats.skipped_shards:

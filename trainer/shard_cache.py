@@ -1,0 +1,103 @@
+"""Remote shards copied to a local disk cache before the trainer reads them.
+
+The trainer holds every item of its data (``runtime.load_items``). From a local shard the frames are views of a
+memory-mapped file: pages the kernel can drop and read again. From ``http(s)://``, ``gs://`` or ``s3://`` they
+were read into anonymous memory, so a trainer pointed at remote shard URLs needed RAM for the whole dataset's frames,
+and every restart downloaded it again. Here each remote shard is downloaded once into ``cache_dir``, checked against
+the index's sha256 when the index gives one, renamed into place, and then read like a local shard (the same idea as
+webdataset's ``wids`` cache).
+
+A shard with a known sha256 is stored as ``<sha256>.tar``: content-addressed, so a reused file is the verified one
+(it is renamed into place only after its hash matched). One without is stored under a hash of its URL and is reused
+as long as that file is there: the URL is then trusted to name fixed content, as a brace pattern or a URL list
+does. Ranks that share a machine take a per-shard ``flock`` so that one of them downloads and the others wait.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from longreel.task.shard_reader import ShardError, ShardSpec, local_path, open_url
+
+log = logging.getLogger("longreel")
+
+__all__ = ["default_cache_dir", "cache_remote_shards", "cached_name"]
+
+CHUNK = 1 << 20
+
+
+def default_cache_dir() -> str:
+    """``$LONGREEL_CACHE/shards``, else ``~/.cache/longreel/shards`` (beside the other caches of longreel)."""
+    root = os.environ.get("LONGREEL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "longreel")
+    return os.path.join(root, "shards")
+
+
+def cached_name(spec: ShardSpec) -> str:
+    if spec.sha256:
+        return f"{spec.sha256}.tar"
+    return f"url-{hashlib.sha256(spec.url.encode()).hexdigest()[:32]}.tar"
+
+
+def cache_remote_shards(specs: list[ShardSpec], cache_dir: str) -> list[ShardSpec]:
+    """``specs`` with every remote shard replaced by its local copy in ``cache_dir`` (downloaded when missing);
+    local shards as they are. Raises :class:`ShardError` naming the URL when a download fails or its sha256 differs."""
+    out, fetched, nbytes, t0 = [], 0, 0, time.monotonic()
+    for spec in specs:
+        if local_path(spec.url) is not None:
+            out.append(spec)
+            continue
+        path, size = _fetch(spec, Path(os.path.expanduser(cache_dir)))
+        if size is not None:
+            fetched, nbytes = fetched + 1, nbytes + size
+        out.append(ShardSpec(str(path), spec.sha256, spec.bytes, spec.nsamples))
+    if fetched:
+        log.info("shard cache: downloaded %d shard(s), %.1f MB, into %s in %.1f s", fetched, nbytes / 1e6, cache_dir,
+                 time.monotonic() - t0)
+    return out
+
+
+def _fetch(spec: ShardSpec, root: Path) -> tuple[Path, int | None]:
+    """The cached file of ``spec`` and the bytes downloaded (None when the file was already there)."""
+    root.mkdir(parents=True, exist_ok=True)
+    dest = root / cached_name(spec)
+    fd = os.open(f"{dest}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # another rank on this machine may be downloading it: wait for that one
+        if dest.is_file():
+            return dest, None
+        return dest, _download(spec, dest)
+    finally:
+        os.close(fd)
+
+
+def _download(spec: ShardSpec, dest: Path) -> int:
+    h, size = hashlib.sha256(), 0
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            try:
+                with open_url(spec.url) as src:
+                    while chunk := src.read(CHUNK):
+                        out.write(chunk)
+                        h.update(chunk)
+                        size += len(chunk)
+            except ShardError:
+                raise
+            except Exception as e:  # noqa: BLE001 - any transport error is this shard's: name its URL
+                raise ShardError(spec.url, None, f"cannot download into the shard cache: {e}") from e
+        if spec.sha256 and h.hexdigest() != spec.sha256:
+            raise ShardError(spec.url, None, f"sha256 {h.hexdigest()} does not match the index's {spec.sha256}")
+        if spec.bytes is not None and size != spec.bytes:
+            raise ShardError(spec.url, None, f"{size} bytes, the index says {spec.bytes}")
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would keep a shared cache directory's shards from other users
+        os.replace(tmp, dest)
+        return size
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
