@@ -430,6 +430,10 @@ def test_remote_shards_are_read_from_a_verified_disk_cache(shards, tmp_path):
         assert len(served) == n_get + 1  # only the index again: the shards came from the cache
         streamed = load_items(DataConfig(train_urls=[url], cache_remote=False, cache_dir=str(tmp_path / "no")),
                               "train")
+        # a cache directory that cannot be made is the input's error, naming the way out
+        (tmp_path / "a-file").write_text("")
+        with pytest.raises(InputCheckError, match="cannot use the shard cache .*data.cache_remote=false"):
+            load_items(DataConfig(train_urls=[url], cache_dir=str(tmp_path / "a-file" / "cache")), "train")
         # an index whose sha256 does not match what the server sends: refused, nothing cached under that name
         doc["shardlist"][0]["sha256"] = "0" * 64
         tampered.write_text(json.dumps(doc))

@@ -63,9 +63,13 @@ def cache_remote_shards(specs: list[ShardSpec], cache_dir: str) -> list[ShardSpe
 
 def _fetch(spec: ShardSpec, root: Path) -> tuple[Path, int | None]:
     """The cached file of ``spec`` and the bytes downloaded (None when the file was already there)."""
-    root.mkdir(parents=True, exist_ok=True)
     dest = root / cached_name(spec)
-    fd = os.open(f"{dest}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(f"{dest}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise ShardError(spec.url, None, f"cannot use the shard cache {root} ({e.strerror}): set data.cache_dir to a "
+                                         "writable directory, or data.cache_remote=false") from e
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # another rank on this machine may be downloading it: wait for that one
         if dest.is_file():
