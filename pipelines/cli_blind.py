@@ -7,7 +7,7 @@ import logging
 import sys
 import time
 
-from longreel.pipelines.model_paths import blind_models, check_model_paths
+from longreel.pipelines.model_paths import check_model_paths, stage_models
 from longreel.pipelines.blind_config import BACKENDS, BlindConfig
 from longreel.pipelines.cli_common import command_line, exit_code, model_stage_config
 from longreel.schemas.config import config_hash, dump_yaml
@@ -87,7 +87,7 @@ def main(args, beam_args: list[str]) -> int:
     cfg, done = model_stage_config("blind", BlindConfig, args, "blind", beam_args)
     if cfg is None:
         return done
-    check_model_paths(blind_models(cfg), beam_args or [])  # a path not there: one line, exit 2, nothing written
+    check_model_paths(stage_models("blind", cfg), beam_args or [])  # a missing path: exit 2, nothing written
     try:
         doc = run_blind(args.out, cfg, beam_args, qra_table=args.qra_table, command=command_line(args, "blind"))
     except FileNotFoundError as e:

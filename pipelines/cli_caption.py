@@ -7,7 +7,7 @@ import logging
 import sys
 import time
 
-from longreel.pipelines.model_paths import caption_models, check_model_paths
+from longreel.pipelines.model_paths import check_model_paths, stage_models
 from longreel.pipelines.caption_config import BACKENDS, CaptionConfig
 from longreel.pipelines.cli_common import command_line, exit_code
 from longreel.schemas.config import ConfigError, config_hash, describe, dump_yaml, load_yaml
@@ -119,7 +119,7 @@ def main(args, beam_args: list[str]) -> int:
     except (ConfigError, OSError) as e:
         print(f"longreel caption: bad config: {e}", file=sys.stderr)
         return 2
-    check_model_paths(caption_models(cfg), beam_args)  # a path not there: one line, exit 2, nothing written
+    check_model_paths(stage_models("caption", cfg), beam_args)  # a missing path: exit 2, nothing written
     try:
         stats = run_caption(args.clips_dir, cfg, beam_args, command=command_line(args, "caption"))
     except FileNotFoundError as e:

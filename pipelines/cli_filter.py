@@ -7,7 +7,7 @@ import logging
 import sys
 import time
 
-from longreel.pipelines.model_paths import filter_models, check_model_paths
+from longreel.pipelines.model_paths import check_model_paths, stage_models
 from longreel.pipelines.cli_common import command_line, exit_code, model_stage_config
 from longreel.pipelines.filter_config import FilterConfig
 from longreel.schemas.config import config_hash, dump_yaml
@@ -130,7 +130,7 @@ def main(args, beam_args: list[str]) -> int:
     cfg, done = model_stage_config("filter", FilterConfig, args, "filter", beam_args)
     if cfg is None:
         return done
-    check_model_paths(filter_models(cfg), beam_args or [])  # a path not there: one line, exit 2, nothing written
+    check_model_paths(stage_models("filter", cfg), beam_args or [])  # a missing path: exit 2, nothing written
     try:
         doc = run_filter(args.out, cfg, beam_args, qra_table=args.qra_table, command=command_line(args, "filter"),
                          shards=args.shards)

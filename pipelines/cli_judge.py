@@ -6,7 +6,7 @@ import json
 import logging
 import sys
 
-from longreel.pipelines.model_paths import judge_models, check_model_paths
+from longreel.pipelines.model_paths import check_model_paths, stage_models
 from longreel.pipelines.blind_config import BACKENDS
 from longreel.pipelines.cli_common import command_line, exit_code, model_stage_config
 from longreel.pipelines.judge_config import JudgeConfig
@@ -77,7 +77,7 @@ def main(args, beam_args: list[str]) -> int:
     cfg, done = model_stage_config("judge", JudgeConfig, args, "judge", beam_args=None)
     if cfg is None:
         return done
-    check_model_paths(judge_models(cfg), beam_args or [])  # a path not there: one line, exit 2, nothing written
+    check_model_paths(stage_models("judge", cfg), beam_args or [])  # a missing path: exit 2, nothing written
     try:
         doc = run_judge(args.out, cfg, beam_args, qra_table=args.qra_table, command=command_line(args, "judge"))
     except FileNotFoundError as e:

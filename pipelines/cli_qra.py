@@ -7,7 +7,7 @@ import logging
 import sys
 import time
 
-from longreel.pipelines.model_paths import qra_models, check_model_paths
+from longreel.pipelines.model_paths import check_model_paths, stage_models
 from longreel.pipelines.cli_common import command_line, exit_code
 from longreel.pipelines.qra_config import BACKENDS, QRAConfig
 from longreel.schemas.config import ConfigError, config_hash, describe, dump_yaml, load_yaml
@@ -123,7 +123,7 @@ def main(args, beam_args: list[str]) -> int:
     except (ConfigError, OSError) as e:
         print(f"longreel qra: bad config: {e}", file=sys.stderr)
         return 2
-    check_model_paths(qra_models(cfg), beam_args)  # a path not there: one line, exit 2, nothing written
+    check_model_paths(stage_models("qra", cfg), beam_args)  # a missing path: exit 2, nothing written
     try:
         stats = run_qra(args.out, cfg, beam_args, command=command_line(args, "qra"))
     except FileNotFoundError as e:

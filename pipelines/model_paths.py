@@ -17,8 +17,7 @@ import os
 
 log = logging.getLogger("longreel")
 
-__all__ = ["looks_like_path", "caption_models", "qra_models", "judge_models", "blind_models", "filter_models",
-           "embed_models", "curate_models", "check_model_paths"]
+__all__ = ["looks_like_path", "stage_models", "embed_models", "curate_models", "check_model_paths"]
 
 #: backends that load weights on the worker (an OpenAI-compatible server holds its own)
 LOCAL_BACKENDS = ("transformers", "vllm")
@@ -28,34 +27,20 @@ def looks_like_path(value: str | None) -> bool:
     return bool(value) and value.startswith(("/", "./", "../", "~"))
 
 
-def caption_models(c, prefix: str = "caption.") -> list[tuple[str, str]]:
-    return [(f"{prefix}model.path", c.model.path)] if c.backend in LOCAL_BACKENDS else []
+def stage_models(stage: str, c, writer_backend: str | None = None) -> list[tuple[str, str]]:
+    """``(key, value)`` of the model one model stage's config ``c`` loads (caption, qra, judge, blind, filter), when
+    its backend loads weights on the worker. Curate's judge may leave ``backend`` / ``model`` null: it then takes the
+    question writer's (``writer_backend``; its model is ``qra.model``, checked as the qra stage's)."""
+    key, value = (f"{stage}.model.path", c.model.path) if stage == "caption" else (f"{stage}.model", c.model)
+    return [(key, value)] if value and (c.backend or writer_backend) in LOCAL_BACKENDS else []
 
 
-def qra_models(c, prefix: str = "qra.") -> list[tuple[str, str]]:
-    return [(f"{prefix}model", c.model)] if c.backend in LOCAL_BACKENDS else []
-
-
-def judge_models(c, writer_backend: str | None = None, prefix: str = "judge.") -> list[tuple[str, str]]:
-    """``c.backend`` / ``c.model`` null (curate's judge) take the question writer's, which ``qra_models`` checks."""
-    backend = c.backend or writer_backend
-    return [(f"{prefix}model", c.model)] if c.model and backend in LOCAL_BACKENDS else []
-
-
-def blind_models(c, prefix: str = "blind.") -> list[tuple[str, str]]:
-    return [(f"{prefix}model", c.model)] if c.backend in LOCAL_BACKENDS else []
-
-
-def filter_models(c, prefix: str = "filter.") -> list[tuple[str, str]]:
-    return [(f"{prefix}model", c.model)] if c.backend in LOCAL_BACKENDS else []
-
-
-def embed_models(c, stages, prefix: str = "embed.") -> list[tuple[str, str]]:
+def embed_models(c, stages) -> list[tuple[str, str]]:
     out = []
     if {"align", "clip_dedup"} & set(stages):
-        out.append((f"{prefix}clip.checkpoint", c.clip.checkpoint))
+        out.append(("embed.clip.checkpoint", c.clip.checkpoint))
     if "question_dedup" in stages:
-        out.append((f"{prefix}question_dedup.model", c.question_dedup.model))
+        out.append(("embed.question_dedup.model", c.question_dedup.model))
     return out
 
 
@@ -63,18 +48,11 @@ def curate_models(cfg) -> list[tuple[str, str]]:
     """``(key, value)`` of every model a ``longreel curate`` run with ``cfg`` loads, stage by stage."""
     stages = set(cfg.stages)
     out = []
-    if "caption" in stages:
-        out += caption_models(cfg.caption)
+    for stage in ("caption", "qra", "judge", "blind", "filter"):
+        if stage in stages:
+            out += stage_models(stage, getattr(cfg, stage), cfg.qra.backend if stage == "judge" else None)
     out += embed_models(cfg.embed, stages)
-    if "qra" in stages:
-        out += qra_models(cfg.qra)
-    if "judge" in stages:
-        out += judge_models(cfg.judge, cfg.qra.backend)
-    if "blind" in stages:
-        out += blind_models(cfg.blind)
-    if "filter" in stages:
-        out += filter_models(cfg.filter)
-    if "pack" in stages and getattr(cfg.pack, "processor", None):
+    if "pack" in stages and cfg.pack.processor:
         out.append(("pack.processor", cfg.pack.processor))
     return out
 

@@ -1,6 +1,6 @@
 """The trainer's shard loader: longreel WebDataset shards -> per-question training items. Never decodes video.
 
-Input: a list of shard URLs, a brace pattern (``dir/ds-sft-{000000..000011}.tar``), or a wids index
+Input: a list of shard URLs, a brace pattern (``dir/ds-sft-{000000..000011}.tar``), a local glob, or a wids index
 file (``ds-sft.index.json``; its shard URLs are resolved against the index's own location, and its
 ``sha256`` / ``bytes`` are what ``verify="shard"`` checks). URLs may be local paths, ``file://``,
 ``http(s)://`` (standard library), ``gs://`` (``gsutil cat``), ``s3://`` (``aws s3 cp URL -``), both

@@ -452,13 +452,10 @@ class TrainSession:
         from longreel.schemas.config import config_hash, dump_yaml
         from longreel.trainer.checkpoint import clear_checkpoints, latest_checkpoint, load_checkpoint
         from longreel.trainer.logging_utils import MetricsLogger
-        from longreel.trainer.preflight import check_resume
+        from longreel.trainer.preflight import check_resume, check_topology
 
+        check_topology(cfg, stage, self.info.world)  # the CLI checked WORLD_SIZE; a library caller gets it here
         self.items = items if items is not None else load_items(cfg.data, "train")
-        if cfg.data.batch_size % self.info.dp_size:
-            what = (f"the data-parallel size {self.info.dp_size} (world {self.info.world} / mrsp.sp_size "
-                    f"{self.info.sp_size})" if self.info.sp_size > 1 else f"the world size {self.info.world}")
-            raise InputCheckError(f"data.batch_size {cfg.data.batch_size} must divide by {what}")
         self.stream = ItemStream(self.items, seed=cfg.run.seed, shuffle=cfg.data.shuffle)
         self.total_steps = int(total_steps if total_steps is not None else cfg.run.steps)
         self.step = 0

@@ -22,19 +22,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from longreel.task.shard_reader import ShardError, ShardSpec, local_path, open_url
+from longreel.engines.local_models import cache_dir as longreel_cache_dir
+from longreel.task.shard_reader import ShardError, ShardSpec, copy_verified, local_path
 
 log = logging.getLogger("longreel")
 
 __all__ = ["default_cache_dir", "cache_remote_shards", "cached_name"]
 
-CHUNK = 1 << 20
-
 
 def default_cache_dir() -> str:
     """``$LONGREEL_CACHE/shards``, else ``~/.cache/longreel/shards`` (beside the other caches of longreel)."""
-    root = os.environ.get("LONGREEL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "longreel")
-    return os.path.join(root, "shards")
+    return os.path.join(longreel_cache_dir(), "shards")
 
 
 def cached_name(spec: ShardSpec) -> str:
@@ -80,24 +78,15 @@ def _fetch(spec: ShardSpec, root: Path) -> tuple[Path, int | None]:
 
 
 def _download(spec: ShardSpec, dest: Path) -> int:
-    h, size = hashlib.sha256(), 0
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
     try:
         with os.fdopen(fd, "wb") as out:
             try:
-                with open_url(spec.url) as src:
-                    while chunk := src.read(CHUNK):
-                        out.write(chunk)
-                        h.update(chunk)
-                        size += len(chunk)
+                size = copy_verified(spec, out)
             except ShardError:
                 raise
             except Exception as e:  # noqa: BLE001 - any transport error is this shard's: name its URL
                 raise ShardError(spec.url, None, f"cannot download into the shard cache: {e}") from e
-        if spec.sha256 and h.hexdigest() != spec.sha256:
-            raise ShardError(spec.url, None, f"sha256 {h.hexdigest()} does not match the index's {spec.sha256}")
-        if spec.bytes is not None and size != spec.bytes:
-            raise ShardError(spec.url, None, f"{size} bytes, the index says {spec.bytes}")
         os.chmod(tmp, 0o644)  # mkstemp's 0600 would keep a shared cache directory's shards from other users
         os.replace(tmp, dest)
         return size

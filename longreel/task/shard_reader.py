@@ -137,10 +137,9 @@ def _glob(pattern: str) -> list[str]:
 
 def open_url(url: str):
     """A binary read stream for a local path, file://, http(s)://, gs://, s3:// or pipe: URL."""
-    if url.startswith("file://"):
-        url = urllib.parse.urlparse(url).path
-    if not _is_url(url) and not url.startswith("pipe:"):
-        return open(url, "rb")
+    local = local_path(url)
+    if local is not None:
+        return open(local, "rb")
     if url.startswith(("http://", "https://")):
         return urllib.request.urlopen(url, timeout=120)  # noqa: S310 - the trainer's own shard URLs
     from webdataset.gopen import Pipe, gopen
@@ -563,25 +562,38 @@ def open_shard(spec: ShardSpec, verify: str = "none", mmap: bool = True):
     """A readable stream of one shard. With ``verify="shard"`` the whole shard is staged to a temporary file and
     checked against the index's sha256 and size first; with ``mmap`` a local shard is memory-mapped."""
     if verify != "shard":
-        local = spec.url[len("file://"):] if spec.url.startswith("file://") else spec.url
-        if mmap and not _is_url(local) and not local.startswith("pipe:"):
+        local = local_path(spec.url)
+        if mmap and local is not None:
             return _MmapStream(local)
         return open_url(spec.url)
     if not spec.sha256:
         raise ShardError(spec.url, None, "verify='shard' needs an index with sha256 per shard")
     tmp = tempfile.TemporaryFile(prefix="longreel-shard-")
+    try:
+        copy_verified(spec, tmp)
+    except BaseException:
+        tmp.close()
+        raise
+    tmp.seek(0)
+    return tmp
+
+
+def copy_verified(spec: ShardSpec, out) -> int:
+    """Copy the shard at ``spec.url`` into the binary file ``out``, hashing as it streams; raise
+    :class:`ShardError` when the index's sha256 or size (those it gives) do not match. Returns the bytes copied.
+    Used to stage a shard for ``verify="shard"`` and to fill the trainer's disk cache of remote shards."""
     h, size = hashlib.sha256(), 0
     with open_url(spec.url) as src:
         while chunk := src.read(1 << 20):
             h.update(chunk)
             size += len(chunk)
-            tmp.write(chunk)
-    if h.hexdigest() != spec.sha256 or (spec.bytes is not None and size != spec.bytes):
-        tmp.close()
+            out.write(chunk)
+    got = h.hexdigest()
+    if (spec.sha256 and got != spec.sha256) or (spec.bytes is not None and size != spec.bytes):
         raise ShardError(spec.url, None, f"shard sha256/size mismatch with the index ({size} bytes read, "
-                                         f"{spec.bytes} expected): corrupt or truncated")
-    tmp.seek(0)
-    return tmp
+                                         f"{spec.bytes} expected; sha256 {got} does not match the index's "
+                                         f"{spec.sha256}): corrupt or truncated")
+    return size
 
 
 def read_shard(spec: ShardSpec, stats: LoaderStats, fail: Callable[[ShardError, bool], None], *,
