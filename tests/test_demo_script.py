@@ -3,7 +3,9 @@
 
 Checks what the demo promises: it exits 0, ``longreel card verify`` passes on its card and shards, the training
 curves exist, and the env it built is the lock (``requirements/main.txt`` + ``weights.txt``). Slow (a new
-virtualenv with torch, then the demo): a few minutes on 2 cores.
+virtualenv with torch, then the demo): a few minutes on 2 cores. Its own tox env and its own part of
+``scripts/test.sh`` (``tox -e demo``, after the main suite), not the py311 run: the venv it builds holds a CUDA build
+of torch (7 GB) and must not sit on disk beside py311's.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import pytest
 
 from test_lock import parse_pins
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.demo]
 
 REPO = Path(__file__).resolve().parents[1]
 
