@@ -29,6 +29,7 @@ COMMANDS = {
     "cost": ("longreel.pipelines.cli_cost", "Project a curation run's GPU-hours stage by stage, and what each lever saves."),
     "train": ("longreel.trainer.cli_train", "Train the policy: CoT-SFT (sft), GRPO (grpo), or plot a run's curves (plot)."),
     "eval": ("longreel.trainer.cli_eval", "Greedy accuracy of a model on held-out shards, per category and problem type."),
+    "cache": ("longreel.trainer.cli_cache", "List or prune the trainer's disk cache of remote shards."),
 }
 
 DESCRIPTION = """\

@@ -426,8 +426,12 @@ def test_remote_shards_are_read_from_a_verified_disk_cache(shards, tmp_path):
         local = load_items(DataConfig(train_urls=[shards["index"]]), "train")
         remote = load_items(DataConfig(train_urls=[url], cache_dir=str(cache)), "train")
         n_get = len(served)
+        for f in cache.glob("*.tar"):
+            os.utime(f, (1e9, 1e9))  # last used in 2001
         again = load_items(DataConfig(train_urls=[url], cache_dir=str(cache)), "train")
         assert len(served) == n_get + 1  # only the index again: the shards came from the cache
+        # a reuse is a use: `longreel cache prune` evicts the least recently used by mtime
+        assert all(f.stat().st_mtime > 1.5e9 for f in cache.glob("*.tar"))
         streamed = load_items(DataConfig(train_urls=[url], cache_remote=False, cache_dir=str(tmp_path / "no")),
                               "train")
         # a cache directory that cannot be made is the input's error, naming the way out

@@ -11,6 +11,10 @@ A shard with a known sha256 is stored as ``<sha256>.tar``: content-addressed, so
 (it is renamed into place only after its hash matched). One without is stored under a hash of its URL and is reused
 as long as that file is there: the URL is then trusted to name fixed content, as a brace pattern or a URL list
 does. Ranks that share a machine take a per-shard ``flock`` so that one of them downloads and the others wait.
+
+The cache never deletes on its own: a run that starts should not find its shards evicted by another. Each reuse sets
+the file's mtime, so ``longreel cache prune`` (:func:`prune`) can remove the least recently used shards first, the
+way pip's and the Hugging Face hub's caches are pruned by a command rather than behind the user's back.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import logging
 import os
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from longreel.engines.local_models import cache_dir as longreel_cache_dir
@@ -27,7 +32,7 @@ from longreel.task.shard_reader import ShardError, ShardSpec, copy_verified, loc
 
 log = logging.getLogger("longreel")
 
-__all__ = ["default_cache_dir", "cache_remote_shards", "cached_name"]
+__all__ = ["default_cache_dir", "cache_remote_shards", "cached_name", "CachedShard", "scan", "prune"]
 
 
 def default_cache_dir() -> str:
@@ -71,6 +76,7 @@ def _fetch(spec: ShardSpec, root: Path) -> tuple[Path, int | None]:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # another rank on this machine may be downloading it: wait for that one
         if dest.is_file():
+            os.utime(dest)  # the last use, which `longreel cache prune` evicts by
             return dest, None
         return dest, _download(spec, dest)
     finally:
@@ -94,3 +100,62 @@ def _download(spec: ShardSpec, dest: Path) -> int:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+@dataclass(frozen=True)
+class CachedShard:
+    path: Path
+    bytes: int
+    last_used: float  # the file's mtime: its download or its last reuse
+
+
+def scan(cache_dir: str) -> list[CachedShard]:
+    """The shards in ``cache_dir``, least recently used first (unfinished downloads and lock files left out)."""
+    root = Path(os.path.expanduser(cache_dir))
+    if not root.is_dir():
+        return []
+    out = []
+    for path in root.glob("*.tar"):  # a download in progress is ``.<name>.<random>``: hidden, never matched
+        st = path.stat()
+        out.append(CachedShard(path, st.st_size, st.st_mtime))
+    return sorted(out, key=lambda c: (c.last_used, c.path.name))
+
+
+def choose_evictions(shards: list[CachedShard], *, max_bytes: int | None = None, older_than_s: float | None = None,
+                     now: float | None = None) -> list[CachedShard]:
+    """Which shards to remove: those unused for more than ``older_than_s`` seconds, then the least recently used
+    until what is left fits in ``max_bytes``. ``shards`` is least recently used first (as :func:`scan` returns it)."""
+    now = time.time() if now is None else now
+    stale = {c.path for c in shards if older_than_s is not None and now - c.last_used > older_than_s}
+    left = sum(c.bytes for c in shards if c.path not in stale)
+    evict = []
+    for c in shards:
+        if c.path in stale:
+            evict.append(c)
+        elif max_bytes is not None and left > max_bytes:
+            evict.append(c)
+            left -= c.bytes
+    return evict
+
+
+def prune(victims: list[CachedShard]) -> list[CachedShard]:
+    """Remove ``victims``, each under its download lock (one that a rank is fetching right now is kept); returns the
+    ones removed. A trainer that has a shard open keeps reading it: the kernel frees the file when it is closed."""
+    removed = []
+    for c in victims:
+        lock = Path(f"{c.path}.lock")
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                log.info("shard cache: %s is being downloaded, kept", c.path.name)
+                continue
+            c.path.unlink(missing_ok=True)
+            # A rank that opened this lock file just before the unlink may download the shard again beside one that
+            # opens a new lock file: both rename a verified copy into place, so the worst case is one extra download.
+            lock.unlink(missing_ok=True)
+            removed.append(c)
+        finally:
+            os.close(fd)
+    return removed
