@@ -103,3 +103,10 @@ def test_usage_errors_exit_2_in_one_line(cache, capsys, argv, message):
 def test_an_absent_cache_lists_empty(tmp_path, capsys):
     code, out, _ = run(capsys, "list", "--dir", str(tmp_path / "none"))
     assert code == 0 and "0 shard(s)" in out
+
+
+def test_help_says_where_the_cache_is_and_how_to_prune_it(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["cache", "--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and "data.cache_dir" in out and "--max-gb" in out and "least recently used" in out
