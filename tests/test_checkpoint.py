@@ -109,6 +109,13 @@ def test_a_step_checkpoint_is_a_policy_directory(tiny, tmp_path, stage):
                "--out", str(res)])
     doc = json.loads(res.read_text())
     assert rc == 0 and doc["n"] == 3 and doc["model"] == str(ckpts / "step-000003")
+    # `longreel train export` of an unsharded step: the weights and policy files, no training state
+    exported = tmp_path / "published" / "step3"
+    assert main(["train", "export", str(ckpts / "step-000003"), "--out", str(exported)]) == 0
+    assert not {"optimizer.safetensors", "optimizer.json", "scheduler.json", "trainer_state.json"} & {
+        p.name for p in exported.iterdir()} and not list(exported.glob("rng-*"))
+    _assert_bitwise_equal(loaded(exported), step3)
+    assert main(["train", "export", str(ckpts / "step-000003"), "--out", str(exported)]) == 2  # never overwrites
 
 
 def test_checkpoint_files_are_pickle_free_and_atomic(tiny, tmp_path):

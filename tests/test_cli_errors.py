@@ -149,6 +149,12 @@ def test_a_training_runs_missing_model_or_shards_is_a_usage_error(tmp_path, caps
     model.mkdir()
     (tmp_path / "empty").mkdir()
     (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"")
+    no_weights, fsdp_step = tmp_path / "no-weights", tmp_path / "step-000006"
+    for d in (no_weights, fsdp_step):
+        d.mkdir()
+        (d / "config.json").write_text("{}")
+    (fsdp_step / "sharded").mkdir()
     shards = tmp_path / "shards"
     shards.mkdir()
     (shards / "ds-rl-000000.tar").write_bytes(b"")
@@ -156,6 +162,8 @@ def test_a_training_runs_missing_model_or_shards_is_a_usage_error(tmp_path, caps
     cases = [
         (["train", "sft", "--set", f"model.path={tmp_path / 'nope'}"], "is not a local directory"),
         (["train", "grpo", "--set", f"model.path={tmp_path / 'empty'}"], "holds no config.json"),
+        (["train", "grpo", "--set", f"model.path={no_weights}"], "holds no weights (model.safetensors, "),
+        (["eval", "--model", str(fsdp_step)], f"is a sharded (FSDP) step checkpoint: `longreel train export {fsdp_step}"),
         (["train", "sft", "--set", f"model.path={model}", "--set", f"data.train_urls=[{shards}/*-sft-*.tar]"],
          "matches no file"),
         (["train", "sft", "--set", f"model.path={model}",
@@ -169,10 +177,18 @@ def test_a_training_runs_missing_model_or_shards_is_a_usage_error(tmp_path, caps
           "--set", "mrsp.sp_size=2"], "needs torchrun with a world size divisible by it"),
         (["train", "sft", "--set", f"model.path={model}", "--set", f"run.out_dir={model / 'config.json'}"],
          "is not a directory"),
+        (["train", "export", str(fsdp_step)], "give one step checkpoint directory and --out DIR"),
+        (["train", "export", str(tmp_path / "nope"), "--out", str(tmp_path / "x")], "is not a directory"),
+        (["train", "export", str(tmp_path / "empty"), "--out", str(tmp_path / "x")], "holds no config.json"),
+        (["train", "export", str(no_weights), "--out", str(tmp_path / "x")], "holds neither model.safetensors nor"),
+        (["train", "export", str(fsdp_step), "--out", str(model)], "exists: give a new directory"),
+        (["train", "export", str(fsdp_step), "--out", str(tmp_path / "x"), "--set", "model.dtype=bfloat16"],
+         "takes no --config or --set"),
     ]
     for argv, message in cases:
         own_out = any(a.startswith("run.out_dir=") for a in argv)
-        rc, _, err = _run(capsys, argv + (out if argv[0] == "train" and not own_out else []))
+        training = argv[0] == "train" and argv[1] in ("sft", "grpo")
+        rc, _, err = _run(capsys, argv + (out if training and not own_out else []))
         assert rc == 2 and message in err and "Traceback" not in err, (argv, err)
         assert len(err.strip().splitlines()) == 1, err
     # what the machine lacks (this one has no CUDA device and no vLLM in the test env)

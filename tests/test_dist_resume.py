@@ -141,6 +141,19 @@ def test_two_rank_resume_is_exact(tiny, tmp_path, strategy):
     if strategy == "fsdp":  # one shard file per rank, safetensors only (no pickle)
         files = sorted(p.name for p in (ckpt / "sharded").iterdir())
         assert len(files) == 2 and all(f.endswith(".safetensors") for f in files), files
+        # eval refuses the shards with the way out; `longreel train export` gathers them in one process, no group
+        from longreel.cli import main
+        from longreel.trainer.preflight import InputCheckError, check_model_dir
+
+        last = resumed / "checkpoints" / "step-000006"
+        with pytest.raises(InputCheckError, match="sharded \\(FSDP\\) step checkpoint: `longreel train export"):
+            check_model_dir(str(last))
+        assert main(["train", "export", str(last), "--out", str(tmp_path / "step6")]) == 0
+        check_model_dir(str(tmp_path / "step6"))
+        c = load_file(str(tmp_path / "step6" / "model.safetensors"))
+        assert c.keys() == b.keys() and all(torch.equal(c[k], b[k]) for k in b)  # the run's final/, bitwise
+        # the same files as final/ (config, generation config, processor and tokenizer files, weights)
+        assert sorted(os.listdir(tmp_path / "step6")) == sorted(os.listdir(resumed / "final"))
     rng = [json.loads((tmp_path / f"rng-rank{r}.json").read_text()) for r in (0, 1)]
     for r in rng:
         assert r["resumed"] == r["straight"]

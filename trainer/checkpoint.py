@@ -18,6 +18,8 @@ A sharded checkpoint (an FSDP run) holds ``sharded/`` instead of ``model.safeten
 ``torch.distributed.checkpoint`` (``get_state_dict`` / ``set_state_dict`` and the safetensors storage writer, whose
 index lives in each file's JSON header; no pickle), one ``shard-000RR-*.safetensors`` per rank, and
 ``optimizer.json`` keeps the param groups. Loading reshards: the saved layout need not match the loading world.
+It also holds the policy files, so that ``longreel train export`` (``trainer.export``) can gather it into a policy
+directory in one process.
 
 It is written to a temp directory beside it and renamed into place, then ``latest`` (a one-line text file) is
 replaced atomically; a crash mid-save leaves the previous checkpoint as the latest. Loading uses safetensors and
@@ -166,8 +168,9 @@ def save_checkpoint(ckpt_root: str | os.PathLike, step: int, *, model: torch.nn.
 
     ``barrier``: a callable synchronising ranks (``torch.distributed.barrier``) when ``world > 1``.
     ``sharded``: every rank writes its shards of the (FSDP) model and optimizer (``save_sharded``); collective.
-    ``policy_files``: a callable writing the policy's config and processor files into a directory (rank 0, unsharded
-    checkpoints only: a sharded one has no ``model.safetensors`` for ``from_pretrained`` to read).
+    ``policy_files``: a callable writing the policy's config and processor files into a directory (rank 0). A sharded
+    checkpoint has no ``model.safetensors`` for ``from_pretrained`` to read; with them, ``longreel train export``
+    (``trainer.export``) turns it into a policy directory.
     """
     root = Path(ckpt_root)
     root.mkdir(parents=True, exist_ok=True)
@@ -189,8 +192,8 @@ def save_checkpoint(ckpt_root: str | os.PathLike, step: int, *, model: torch.nn.
     if rank == 0:
         if not sharded:
             save_model(model, str(tmp / "model.safetensors"))
-            if policy_files is not None:
-                policy_files(tmp)
+        if policy_files is not None:
+            policy_files(tmp)
         if optimizer is not None and not sharded:
             ot, om = _optimizer_to_files(optimizer)
             save_file(ot, str(tmp / "optimizer.safetensors"))

@@ -1,4 +1,4 @@
-"""``longreel train sft|grpo|plot``: the trainer's command line."""
+"""``longreel train sft|grpo|plot|export``: the trainer's command line."""
 from __future__ import annotations
 
 import argparse
@@ -16,6 +16,7 @@ Train a video-language policy.
   longreel train sft  --config train.yaml [--set key=value ...]   stage 1: CoT-SFT on <think>/<answer> targets
   longreel train grpo --config train.yaml [--set key=value ...]   stage 2: GRPO with verifiable rewards
   longreel train plot RUN_DIR [RUN_DIR ...] --out curves.png       metric curves of runs to a PNG
+  longreel train export RUN/checkpoints/step-N --out DIR           a step checkpoint as a model directory
 
 Every config key can be set from the command line, e.g. --set rollout.n=8 --set optim.lr=1e-6; list them all with
 --show-config. Runs resume from RUN/checkpoints when a checkpoint exists (run.resume) and the run there had the same
@@ -26,18 +27,24 @@ shards, the launch and the machine are checked before the model loads (exit 2). 
 (gloo on CPU, NCCL on GPU; dist.strategy=fsdp shards the model on GPU).
 Outputs in run.out_dir: metrics.jsonl, tensorboard/, checkpoints/step-N/, final/ (save_pretrained). A step
 checkpoint also holds the config and processor files: `longreel eval --model RUN/checkpoints/step-N` reads it.
+An FSDP run's step checkpoints hold every rank's shards instead of model.safetensors: `longreel train export` gathers
+one in a single process (no GPU, no process group) into a save_pretrained directory; from an unsharded one it copies
+the weights and policy files without the optimizer and trainer state.
 """
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("stage", nargs="?", choices=("sft", "grpo", "plot"), help="What to run.")
-    p.add_argument("runs", nargs="*", metavar="RUN_DIR", help="plot: run directories or metrics.jsonl files.")
+    p.add_argument("stage", nargs="?", choices=("sft", "grpo", "plot", "export"), help="What to run.")
+    p.add_argument("runs", nargs="*", metavar="RUN_DIR",
+                   help="plot: run directories or metrics.jsonl files; export: one step checkpoint directory.")
     p.add_argument("--config", help="YAML config file (see --show-config for every key).")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="Override one config key, e.g. --set rollout.n=8 (repeatable).")
     p.add_argument("--show-config", action="store_true", help="Print every config key with default and help; exit.")
     p.add_argument("--print-config", action="store_true", help="Print the resolved config as YAML; exit.")
-    p.add_argument("--out", help="plot: output PNG path (default RUN_DIR/curves.png).")
+    p.add_argument("--out", help="plot: output PNG path (default RUN_DIR/curves.png); export: the new model directory.")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="export: allow model code shipped with the checkpoint (model.trust_remote_code). Opt-in.")
     p.add_argument("--keys", help="plot: comma-separated metric names (default: by stage).")
     p.add_argument("--smooth", type=int, default=1, help="plot: moving-average window.")
 
@@ -53,23 +60,12 @@ def main(args, extra: list[str]) -> int:
             print(f"{key} = {default}\n    {help_text}")
         return 0
     if args.stage is None:
-        print("longreel train: give a stage: sft, grpo or plot", file=sys.stderr)
+        print("longreel train: give a stage: sft, grpo, plot or export", file=sys.stderr)
         return 2
     if args.stage == "plot":
-        if not args.runs:
-            print("longreel train plot: give at least one RUN_DIR", file=sys.stderr)
-            return 2
-        from longreel.trainer.plot import plot_metrics
-
-        out = args.out or f"{args.runs[0].rstrip('/')}/curves.png"
-        keys = args.keys.split(",") if args.keys else None
-        try:
-            drawn = plot_metrics(args.runs, out, keys=keys, smooth=args.smooth)
-        except (OSError, ValueError) as e:
-            print(f"longreel train plot: {e}", file=sys.stderr)
-            return 2
-        print(f"wrote {out} ({', '.join(drawn)})")
-        return 0
+        return plot(args)
+    if args.stage == "export":
+        return export(args)
     if args.runs:
         print(f"longreel train {args.stage}: unexpected positional arguments {args.runs}", file=sys.stderr)
         return 2
@@ -101,4 +97,41 @@ def main(args, extra: list[str]) -> int:
 
     if int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps({k: v for k, v in result.items() if isinstance(v, (int, float, str, bool))}, sort_keys=True))
+    return 0
+
+
+def plot(args) -> int:
+    if not args.runs:
+        print("longreel train plot: give at least one RUN_DIR", file=sys.stderr)
+        return 2
+    from longreel.trainer.plot import plot_metrics
+
+    out = args.out or f"{args.runs[0].rstrip('/')}/curves.png"
+    keys = args.keys.split(",") if args.keys else None
+    try:
+        drawn = plot_metrics(args.runs, out, keys=keys, smooth=args.smooth)
+    except (OSError, ValueError) as e:
+        print(f"longreel train plot: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {out} ({', '.join(drawn)})")
+    return 0
+
+
+def export(args) -> int:
+    if len(args.runs) != 1 or not args.out:
+        print("longreel train export: give one step checkpoint directory and --out DIR", file=sys.stderr)
+        return 2
+    if args.config or args.overrides:  # the checkpoint's own config.json is the model's; nothing else applies
+        print("longreel train export: takes no --config or --set (the checkpoint's config.json is its config)",
+              file=sys.stderr)
+        return 2
+    src = args.runs[0]
+    from longreel.trainer.export import export_checkpoint
+
+    try:
+        out = export_checkpoint(src, args.out, trust_remote_code=args.trust_remote_code)
+    except (FileExistsError, ValueError) as e:  # what the user gave; a full disk is the CLI's one-line exit 1
+        print(f"longreel train export: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {out} (from {src}): `longreel eval --model {out}` reads it")
     return 0

@@ -25,6 +25,10 @@ RESUMABLE = ("run.out_dir", "run.steps", "run.stop_after", "run.save_every", "ru
              "run.dump_grads", "data.eval_urls", "data.cache_remote", "data.cache_dir", "eval.", "dist.")
 
 
+#: the weight files ``from_pretrained`` reads (one file, or an index of several)
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
 class InputCheckError(ValueError):
     """A run's input that cannot be used: the message names the key and the value."""
 
@@ -39,6 +43,11 @@ def check_model_dir(path: str, key: str = "model.path") -> None:
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise InputCheckError(f"{key} {path!r} holds no config.json: not a model directory (a run's final/ or "
                               "checkpoints/step-N/ is one)")
+    if not any(os.path.isfile(os.path.join(path, f)) for f in WEIGHT_FILES):
+        if os.path.isdir(os.path.join(path, "sharded")):  # checkpoint.SHARDED: an FSDP run's step checkpoint
+            raise InputCheckError(f"{key} {path!r} is a sharded (FSDP) step checkpoint: `longreel train export "
+                                  f"{path} --out DIR` writes a model directory from it")
+        raise InputCheckError(f"{key} {path!r} holds no weights ({', '.join(WEIGHT_FILES)}): not a model directory")
 
 
 def check_shards(urls: list[str], key: str) -> int:

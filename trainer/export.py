@@ -1,0 +1,99 @@
+"""A step checkpoint turned into a plain policy directory (``longreel train export``).
+
+An FSDP run's step checkpoints hold the weights as every rank's shards (``checkpoint.SHARDED``, written by
+``torch.distributed.checkpoint``), which ``from_pretrained`` cannot read; only ``final/`` was a policy directory.
+:func:`export_checkpoint` reads the shards back in one process, with no process group, into the full model built
+from the checkpoint's own ``config.json`` (``checkpoint.save_checkpoint`` writes the policy files into sharded
+checkpoints too), and writes ``save_pretrained`` safetensors beside the processor files: what ``longreel eval``,
+``load_policy`` and any transformers user read. From an unsharded checkpoint it copies the weights and policy files
+and leaves the optimizer, RNG and trainer state behind: a directory to publish.
+
+``torch.distributed.checkpoint.format_utils.dcp_to_torch_save`` would write a ``torch.save`` pickle; here the
+weights stay safetensors end to end.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+from longreel.trainer.checkpoint import SHARDED
+
+log = logging.getLogger("longreel")
+
+__all__ = ["export_checkpoint", "is_sharded_checkpoint", "TRAINING_STATE"]
+
+#: a step checkpoint's files that are training state, not part of a policy directory
+TRAINING_STATE = ("optimizer.safetensors", "optimizer.json", "scheduler.json", "trainer_state.json")
+
+
+def is_sharded_checkpoint(path: str | os.PathLike) -> bool:
+    return (Path(path) / SHARDED).is_dir() and not (Path(path) / "model.safetensors").is_file()
+
+
+def export_checkpoint(step_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
+                      trust_remote_code: bool = False) -> Path:
+    """Write the policy of ``step_dir`` (a run's ``checkpoints/step-N``, sharded or not) to ``out_dir``, which must
+    not exist; written beside it and renamed into place."""
+    src, out = Path(step_dir), Path(out_dir)
+    if not src.is_dir():
+        raise ValueError(f"{src} is not a directory (a run's checkpoints/step-N)")
+    if not (src / "config.json").is_file():
+        raise ValueError(f"{src} holds no config.json: not a step checkpoint of a longreel run (checkpoints written "
+                         "before config files were saved with them cannot be exported)")
+    if not (src / "model.safetensors").is_file() and not (src / SHARDED).is_dir():
+        raise ValueError(f"{src} holds neither model.safetensors nor {SHARDED}/: not a step checkpoint")
+    if out.exists():
+        raise FileExistsError(f"{out} exists: give a new directory")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        copy_policy_files(src, tmp)
+        if is_sharded_checkpoint(src):
+            model = gather_sharded_model(src, trust_remote_code=trust_remote_code)
+            model.save_pretrained(tmp)  # config.json (the same) and model.safetensors
+        else:
+            shutil.copy2(src / "model.safetensors", tmp / "model.safetensors")
+        os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide the directory from other users of a shared disk
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def copy_policy_files(src: Path, dest: Path) -> None:
+    """The config, generation config, tokenizer and processor files: every plain file of ``src`` that is neither
+    the weights nor training state."""
+    for f in sorted(src.iterdir()):
+        if not f.is_file() or f.name == "model.safetensors" or f.name in TRAINING_STATE or f.name.startswith("rng-"):
+            continue
+        shutil.copy2(f, dest / f.name)
+
+
+def gather_sharded_model(src: Path, *, trust_remote_code: bool = False) -> torch.nn.Module:
+    """The full model of a sharded checkpoint, in the dtype its weights were saved in, on the CPU."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    reader = HuggingFaceStorageReader(str(src / SHARDED))
+    dtypes = {m.properties.dtype for k, m in reader.read_metadata().state_dict_metadata.items()
+              if k.startswith("model.") and hasattr(m, "properties") and m.properties.dtype.is_floating_point}
+    if len(dtypes) != 1:
+        raise ValueError(f"{src / SHARDED}: expected the model's floating-point weights in one dtype, found {dtypes}")
+    config = AutoConfig.from_pretrained(src, local_files_only=True, trust_remote_code=trust_remote_code)
+    model = AutoModelForImageTextToText.from_config(config, dtype=dtypes.pop(), trust_remote_code=trust_remote_code)
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        state = {"model": get_model_state_dict(model)}
+        # no_dist: one process reads every rank's shards and reassembles each tensor (the planner reshards)
+        dcp.load(state, storage_reader=HuggingFaceStorageReader(str(src / SHARDED)), no_dist=True)
+        set_model_state_dict(model, state["model"])
+    return model.eval()
