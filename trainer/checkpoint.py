@@ -45,7 +45,7 @@ from longreel.schemas.atomic import write_atomic
 log = logging.getLogger("longreel")
 
 __all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "prune_checkpoints", "clear_checkpoints",
-           "rng_state", "set_rng_state", "write_json_atomic"]
+           "rng_state", "set_rng_state", "write_json_atomic", "tied_aliases"]
 
 LATEST = "latest"
 
@@ -125,6 +125,21 @@ def _step_name(step: int) -> str:
 SHARDED = "sharded"
 
 
+def tied_aliases(model: torch.nn.Module) -> dict[str, str]:
+    """``{alias: name}`` for the parameters of ``model`` that are another parameter (tied weights: an LM head that is
+    the token embeddings), by object identity, so every rank finds the same. safetensors refuses to write one tensor
+    twice, and a gathered copy would write it twice over: checkpoints store it once, under its first name, and
+    loading points the alias back at it (``from_pretrained`` ties it again from the config)."""
+    first: dict[int, str] = {}
+    aliases = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in first:
+            aliases[name] = first[id(param)]
+        else:
+            first[id(param)] = name
+    return aliases
+
+
 def save_sharded(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> list:
     """Every rank writes its shards of ``model`` (and of ``optimizer``'s tensor state) under ``path``; collective.
     Returns the optimizer's param groups (parameters named by FQN) for the caller to keep as JSON."""
@@ -137,6 +152,8 @@ def save_sharded(path: str | os.PathLike, model: torch.nn.Module, optimizer: tor
     else:
         msd, osd = get_state_dict(model, optimizer)
         groups, state = osd["param_groups"], osd["state"]
+    aliases = tied_aliases(model)
+    msd = {k: v for k, v in msd.items() if k not in aliases}
     dcp.save({"model": msd, "optim": state}, storage_writer=HuggingFaceStorageWriter(str(path), save_distributed=True))
     return groups
 
@@ -153,7 +170,10 @@ def load_sharded(path: str | os.PathLike, model: torch.nn.Module, optimizer: tor
     else:
         msd, osd = get_state_dict(model, optimizer)  # the target layout (initialises an empty optimizer's state)
         sd = {"model": msd, "optim": osd["state"]}
+    aliases = tied_aliases(model)
+    sd["model"] = {k: v for k, v in sd["model"].items() if k not in aliases}
     dcp.load(sd, storage_reader=HuggingFaceStorageReader(str(path)))
+    sd["model"].update({alias: sd["model"][key] for alias, key in aliases.items()})
     if optimizer is None:
         set_state_dict(model, [], model_state_dict=sd["model"], optim_state_dict={})
     else:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from longreel.trainer.checkpoint import SHARDED
+from longreel.trainer.checkpoint import SHARDED, tied_aliases
 
 log = logging.getLogger("longreel")
 
@@ -92,8 +92,10 @@ def gather_sharded_model(src: Path, *, trust_remote_code: bool = False) -> torch
     model = AutoModelForImageTextToText.from_config(config, dtype=dtypes.pop(), trust_remote_code=trust_remote_code)
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
         warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
-        state = {"model": get_model_state_dict(model)}
+        aliases = tied_aliases(model)
+        state = {"model": {k: v for k, v in get_model_state_dict(model).items() if k not in aliases}}
         # no_dist: one process reads every rank's shards and reassembles each tensor (the planner reshards)
         dcp.load(state, storage_reader=HuggingFaceStorageReader(str(src / SHARDED)), no_dist=True)
+        state["model"].update({alias: state["model"][key] for alias, key in aliases.items()})
         set_model_state_dict(model, state["model"])
     return model.eval()

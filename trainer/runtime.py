@@ -261,7 +261,13 @@ def shard_fsdp(model: torch.nn.Module, *, mp_policy=None, reshard_after_forward:
     # which the root's post-backward hook (on its forward's inputs) has already reduced the root's gradients; a unit
     # whose input needs no gradient is reduced at the end of the backward, once its gradient is complete
     emb = getattr(getattr(getattr(model, "model", model), "language_model", None), "embed_tokens", None)
-    if emb is not None:
+    head = getattr(model, "lm_head", None)
+    if emb is not None and head is not None and head.weight is emb.weight:
+        # tied embeddings (Qwen2-VL-2B, Qwen2.5-VL-3B): FSDP2 manages a shared parameter in one unit only, so the
+        # LM head joins the embeddings' unit
+        fully_shard([emb, head], **kw)
+        resident.append(emb)
+    elif emb is not None:
         fully_shard(emb, **kw)
         resident.append(emb)
     fully_shard(model, **kw)
@@ -565,7 +571,12 @@ class TrainSession:
         self.release()
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        from longreel.trainer.checkpoint import tied_aliases
+
+        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        # the gathered copies share no storage, so save_pretrained would write a tied LM head twice
+        aliases = tied_aliases(self.model)
+        return {k: v for k, v in full.items() if k not in aliases}
 
     def skip_step(self) -> None:
         """A step without an update (every group tied: the gradient is zero, and AdamW would still move the weights

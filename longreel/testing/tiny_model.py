@@ -204,6 +204,7 @@ def tiny_build_params(
     rope_theta: float = _ROPE_THETA,
     patch_embed: str = "random",
     spatial_merge_size: int = 2,
+    tie_word_embeddings: bool = False,
 ) -> dict:
     """The canonical, JSON-serialisable parameter set that identifies a build (stored in the marker)."""
     if family not in FAMILIES:
@@ -249,6 +250,9 @@ def tiny_build_params(
     # likewise recorded only when not Qwen's 2x2
     if spatial_merge_size != 2:
         params["spatial_merge_size"] = int(spatial_merge_size)
+    # likewise recorded only when tied (Qwen2-VL-2B's and Qwen2.5-VL-3B's geometry: the LM head is the embeddings)
+    if tie_word_embeddings:
+        params["tie_word_embeddings"] = True
     return params
 
 
@@ -360,7 +364,7 @@ def _build_config(params: dict, tok):
         "video_token_id": ids["<|video_pad|>"],
         "vision_start_token_id": ids["<|vision_start|>"],
         "vision_end_token_id": ids["<|vision_end|>"],
-        "tie_word_embeddings": False,
+        "tie_word_embeddings": bool(params.get("tie_word_embeddings", False)),
         "dtype": "float32",
     }
     if family == "qwen2_vl":
@@ -522,6 +526,7 @@ def build_tiny_qwen2vl(
     rope_theta: float = _ROPE_THETA,
     patch_embed: str = "random",
     spatial_merge_size: int = 2,
+    tie_word_embeddings: bool = False,
 ) -> str:
     """Build (or reuse) a tiny random Qwen2-VL-family checkpoint in ``out_dir``; return the dir path.
 
@@ -552,6 +557,7 @@ def build_tiny_qwen2vl(
             each patch lies; with ``8`` at 112 px frames one token holds a whole frame (or temporal patch), which
             leaves the language model no token to pick within a frame. The processor resizes frames to multiples of
             ``14 * n`` pixels.
+        tie_word_embeddings: the LM head shares the token embeddings' weight (as in Qwen2-VL-2B).
 
     Same parameters give byte-identical files (weights, tokenizer, configs).
     """
@@ -568,6 +574,7 @@ def build_tiny_qwen2vl(
         rope_theta=rope_theta,
         patch_embed=patch_embed,
         spatial_merge_size=spatial_merge_size,
+        tie_word_embeddings=tie_word_embeddings,
     )
     target = Path(out_dir).absolute()
     if is_complete_build(target, params):
