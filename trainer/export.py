@@ -13,7 +13,6 @@ weights stay safetensors end to end.
 """
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import tempfile
@@ -23,8 +22,6 @@ from pathlib import Path
 import torch
 
 from longreel.trainer.checkpoint import SHARDED, tied_aliases
-
-log = logging.getLogger("longreel")
 
 __all__ = ["export_checkpoint", "is_sharded_checkpoint", "TRAINING_STATE"]
 
