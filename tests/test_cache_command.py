@@ -110,3 +110,19 @@ def test_help_says_where_the_cache_is_and_how_to_prune_it(capsys):
         main(["cache", "--help"])
     out = capsys.readouterr().out
     assert e.value.code == 0 and "data.cache_dir" in out and "--max-gb" in out and "least recently used" in out
+
+
+def test_a_cached_shard_whose_mtime_cannot_be_set_is_still_used(tmp_path, monkeypatch):
+    # a shared cache directory whose files another user owns: utime is refused, the shard is read all the same
+    from longreel.task.shard_reader import ShardSpec
+    from longreel.trainer import shard_cache
+
+    spec = ShardSpec("http://host/ds-000000.tar", "ab" * 32, None, None)
+    (tmp_path / shard_cache.cached_name(spec)).write_bytes(b"tar")
+
+    def refuse(*a, **k):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(shard_cache.os, "utime", refuse)
+    [local] = shard_cache.cache_remote_shards([spec], str(tmp_path))
+    assert local.url == str(tmp_path / f"{'ab' * 32}.tar") and local.sha256 == spec.sha256

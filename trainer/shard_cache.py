@@ -32,7 +32,8 @@ from longreel.task.shard_reader import ShardError, ShardSpec, copy_verified, loc
 
 log = logging.getLogger("longreel")
 
-__all__ = ["default_cache_dir", "cache_remote_shards", "cached_name", "CachedShard", "scan", "prune"]
+__all__ = ["default_cache_dir", "cache_remote_shards", "cached_name", "CachedShard", "scan", "choose_evictions",
+           "prune"]
 
 
 def default_cache_dir() -> str:
@@ -76,7 +77,10 @@ def _fetch(spec: ShardSpec, root: Path) -> tuple[Path, int | None]:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # another rank on this machine may be downloading it: wait for that one
         if dest.is_file():
-            os.utime(dest)  # the last use, which `longreel cache prune` evicts by
+            try:
+                os.utime(dest)  # the last use, which `longreel cache prune` evicts by
+            except OSError:  # a cache another user owns, or read-only: readable all the same
+                pass
             return dest, None
         return dest, _download(spec, dest)
     finally:
