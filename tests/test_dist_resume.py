@@ -202,6 +202,32 @@ def test_two_rank_dynamic_sampling_draws_as_one_process_and_resumes_exactly(tiny
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
+def test_a_sharded_checkpoint_resumes_on_another_number_of_ranks(tiny, tmp_path):
+    """An FSDP run stopped at step 3 on 2 ranks goes on on 3 (uneven shards): the 3 ranks load exactly the weights
+    the 2 saved (``run.steps=3`` there only loads and gathers ``final/``, which equals the 1-process export of the
+    step), and then train steps 4-6."""
+    from longreel.cli import main
+
+    run = tmp_path / "run"
+    sets = [f"model.path={tiny}", f"run.out_dir={run}", "dist.strategy=fsdp", "run.save_every=3", "run.progress=false",
+            "run.tensorboard=false", "run.threads=1", "data.source=synthetic", "data.synthetic_train=12",
+            "data.batch_size=6", "rollout.n=4", "rollout.max_new_tokens=8", "grpo.mix_policy=true", "optim.lr=1e-3"]
+
+    def train(ranks: int, *extra: str) -> None:
+        _run([*_torchrun(ranks), "-m", "longreel", "train", "grpo", *[a for x in [*sets, *extra] for a in ("--set", x)]])
+
+    train(2, "run.steps=6", "run.stop_after=3")
+    assert main(["train", "export", str(run / "checkpoints" / "step-000003"), "--out", str(tmp_path / "step3")]) == 0
+    train(3, "run.steps=3")
+    a, b = load_file(str(tmp_path / "step3" / "model.safetensors")), load_file(str(run / "final" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    train(3, "run.steps=6")
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2, 3, 4, 5, 6]
+    c = load_file(str(run / "final" / "model.safetensors"))
+    assert any(not torch.equal(a[k], c[k]) for k in a)  # steps 4-6 trained on 3 ranks
+
+
 EXIT_SCRIPT = """
 import atexit, sys
 import torch, torch.distributed as dist

@@ -483,8 +483,12 @@ class TrainSession:
             # a sharded (FSDP) checkpoint loads into the sharded model and optimizer on every rank together
             state = load_checkpoint(resume_from, model=self.model, optimizer=self.optimizer,
                                     scheduler=self.scheduler, rank=self.info.rank, sharded=self.fsdp)
-            if state.get("world") != self.info.world:
-                log.warning("resuming a %s-rank checkpoint on %s ranks", state.get("world"), self.info.world)
+            if state.get("world") != self.info.world and self.info.is_main:
+                # the weights, optimizer state and loader position carry over (resharded under FSDP); the ranks'
+                # RNG streams do not map one to one, so the run goes on as a new world would, not bitwise
+                log.warning("resuming a %s-rank checkpoint on %s ranks: weights, optimizer and data position carry "
+                            "over; sampling continues from the ranks' own RNG states where they exist, not bitwise as "
+                            "on %s ranks", state.get("world"), self.info.world, state.get("world"))
             self.stream.load_state_dict(state["loader"])
             self.step = int(state["step"])
             log.info("resumed %s from %s at step %d", stage, resume_from, self.step)
