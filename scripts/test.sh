@@ -33,8 +33,7 @@ need_gb=19
 if [ "${LONGREEL_PRUNE_ENVS:-0}" = "1" ]; then need_gb=9; fi
 echo "test.sh: $(free_gb) GB free here; a run that builds its envs needs about 19 GB (9 GB with LONGREEL_PRUNE_ENVS=1)"
 if [ "$(free_gb)" -lt "$need_gb" ] && [ ! -d .tox/py311 ]; then
-  echo "test.sh: WARNING: less than $need_gb GB free: an env install may fail with 'No space left on device'" \
-       "(LONGREEL_PRUNE_ENVS=1 needs about 9 GB)" >&2
+  echo "test.sh: WARNING: less than $need_gb GB free: an env install may fail with 'No space left on device'" >&2
 fi
 "$PY" -m tox -e py311 -- "$@"
 prune py311

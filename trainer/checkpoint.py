@@ -45,7 +45,8 @@ from longreel.schemas.atomic import write_atomic
 log = logging.getLogger("longreel")
 
 __all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "prune_checkpoints", "clear_checkpoints",
-           "rng_state", "set_rng_state", "write_json_atomic", "tied_aliases"]
+           "rng_state", "set_rng_state", "write_json_atomic", "tied_aliases", "is_sharded_checkpoint", "TRAINING_STATE",
+           "RNG_PREFIX"]
 
 LATEST = "latest"
 
@@ -123,6 +124,14 @@ def _step_name(step: int) -> str:
 
 
 SHARDED = "sharded"
+#: a step checkpoint's files that are training state rather than part of a policy directory (with the RNG files)
+TRAINING_STATE = ("optimizer.safetensors", "optimizer.json", "scheduler.json", "trainer_state.json")
+RNG_PREFIX = "rng-rank"
+
+
+def is_sharded_checkpoint(path: str | os.PathLike) -> bool:
+    """Whether ``path`` holds an FSDP run's per-rank shards (``sharded/``) rather than ``model.safetensors``."""
+    return (Path(path) / SHARDED).is_dir()
 
 
 def tied_aliases(model: torch.nn.Module) -> dict[str, str]:
@@ -203,8 +212,8 @@ def save_checkpoint(ckpt_root: str | os.PathLike, step: int, *, model: torch.nn.
     if barrier is not None and world > 1:
         barrier()
     t, meta = rng_state()
-    save_file(t, str(tmp / f"rng-rank{rank}.safetensors"))
-    write_json_atomic(tmp / f"rng-rank{rank}.json", meta)
+    save_file(t, str(tmp / f"{RNG_PREFIX}{rank}.safetensors"))
+    write_json_atomic(tmp / f"{RNG_PREFIX}{rank}.json", meta)
     if sharded:
         groups = save_sharded(tmp / SHARDED, model, optimizer)
         if rank == 0 and optimizer is not None:
@@ -280,7 +289,7 @@ def load_checkpoint(path: str | os.PathLike, *, model: torch.nn.Module, optimize
     ``sharded``: ``model`` (and ``optimizer``) are FSDP-sharded; every rank calls this together. A sharded
     checkpoint needs a sharded model and the other way round (an FSDP run resumes an FSDP run)."""
     path = Path(path)
-    is_sharded = (path / SHARDED).is_dir()
+    is_sharded = is_sharded_checkpoint(path)
     if is_sharded != sharded:
         if is_sharded:
             raise ValueError(f"{path} is a sharded checkpoint (an FSDP run): resume it with dist.strategy=fsdp "
@@ -303,9 +312,9 @@ def load_checkpoint(path: str | os.PathLike, *, model: torch.nn.Module, optimize
         with open(path / "scheduler.json", encoding="utf-8") as fh:
             sd = json.load(fh)
         scheduler.load_state_dict({**scheduler.state_dict(), **sd})
-    rng_file = path / f"rng-rank{rank}.safetensors"
+    rng_file = path / f"{RNG_PREFIX}{rank}.safetensors"
     if rng_file.is_file():
-        with open(path / f"rng-rank{rank}.json", encoding="utf-8") as fh:
+        with open(path / f"{RNG_PREFIX}{rank}.json", encoding="utf-8") as fh:
             set_rng_state(load_file(str(rng_file)), json.load(fh))
     with open(path / "trainer_state.json", encoding="utf-8") as fh:
         return json.load(fh)

@@ -21,16 +21,9 @@ from pathlib import Path
 
 import torch
 
-from longreel.trainer.checkpoint import SHARDED, tied_aliases
+from longreel.trainer.checkpoint import RNG_PREFIX, SHARDED, TRAINING_STATE, is_sharded_checkpoint, load_sharded
 
-__all__ = ["export_checkpoint", "is_sharded_checkpoint", "TRAINING_STATE"]
-
-#: a step checkpoint's files that are training state, not part of a policy directory
-TRAINING_STATE = ("optimizer.safetensors", "optimizer.json", "scheduler.json", "trainer_state.json")
-
-
-def is_sharded_checkpoint(path: str | os.PathLike) -> bool:
-    return (Path(path) / SHARDED).is_dir() and not (Path(path) / "model.safetensors").is_file()
+__all__ = ["export_checkpoint"]
 
 
 def export_checkpoint(step_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
@@ -68,31 +61,26 @@ def copy_policy_files(src: Path, dest: Path) -> None:
     """The config, generation config, tokenizer and processor files: every plain file of ``src`` that is neither
     the weights nor training state."""
     for f in sorted(src.iterdir()):
-        if not f.is_file() or f.name == "model.safetensors" or f.name in TRAINING_STATE or f.name.startswith("rng-"):
+        if not f.is_file() or f.name == "model.safetensors" or f.name in TRAINING_STATE or f.name.startswith(RNG_PREFIX):
             continue
         shutil.copy2(f, dest / f.name)
 
 
 def gather_sharded_model(src: Path, *, trust_remote_code: bool = False) -> torch.nn.Module:
     """The full model of a sharded checkpoint, in the dtype its weights were saved in, on the CPU."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import HuggingFaceStorageReader
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
     from transformers import AutoConfig, AutoModelForImageTextToText
 
-    reader = HuggingFaceStorageReader(str(src / SHARDED))
-    dtypes = {m.properties.dtype for k, m in reader.read_metadata().state_dict_metadata.items()
+    meta = HuggingFaceStorageReader(str(src / SHARDED)).read_metadata().state_dict_metadata
+    dtypes = {m.properties.dtype for k, m in meta.items()
               if k.startswith("model.") and hasattr(m, "properties") and m.properties.dtype.is_floating_point}
     if len(dtypes) != 1:
         raise ValueError(f"{src / SHARDED}: expected the model's floating-point weights in one dtype, found {dtypes}")
     config = AutoConfig.from_pretrained(src, local_files_only=True, trust_remote_code=trust_remote_code)
     model = AutoModelForImageTextToText.from_config(config, dtype=dtypes.pop(), trust_remote_code=trust_remote_code)
-    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+    # with no process group torch.distributed.checkpoint reads every rank's shards in this one process and
+    # reassembles each tensor; it warns that it assumes so ("torch.distributed is disabled"): it is meant
+    with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
-        aliases = tied_aliases(model)
-        state = {"model": {k: v for k, v in get_model_state_dict(model).items() if k not in aliases}}
-        # no_dist: one process reads every rank's shards and reassembles each tensor (the planner reshards)
-        dcp.load(state, storage_reader=HuggingFaceStorageReader(str(src / SHARDED)), no_dist=True)
-        state["model"].update({alias: state["model"][key] for alias, key in aliases.items()})
-        set_model_state_dict(model, state["model"])
+        load_sharded(src / SHARDED, model, None)
     return model.eval()

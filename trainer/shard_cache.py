@@ -70,7 +70,7 @@ def _fetch(spec: ShardSpec, root: Path) -> tuple[Path, int | None]:
     dest = root / cached_name(spec)
     try:
         root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(f"{dest}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open_lock(dest)
     except OSError as e:
         raise ShardError(spec.url, None, f"cannot use the shard cache {root} ({e.strerror}): set data.cache_dir to a "
                                          "writable directory, or data.cache_remote=false") from e
@@ -85,6 +85,15 @@ def _fetch(spec: ShardSpec, root: Path) -> tuple[Path, int | None]:
         return dest, _download(spec, dest)
     finally:
         os.close(fd)
+
+
+def _lock_path(shard: Path) -> str:
+    return f"{shard}.lock"
+
+
+def _open_lock(shard: Path) -> int:
+    """The descriptor of ``shard``'s download lock file (made if missing), for ``flock``."""
+    return os.open(_lock_path(shard), os.O_RDWR | os.O_CREAT, 0o644)
 
 
 def _download(spec: ShardSpec, dest: Path) -> int:
@@ -147,8 +156,7 @@ def prune(victims: list[CachedShard]) -> list[CachedShard]:
     ones removed. A trainer that has a shard open keeps reading it: the kernel frees the file when it is closed."""
     removed = []
     for c in victims:
-        lock = Path(f"{c.path}.lock")
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open_lock(c.path)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -158,7 +166,7 @@ def prune(victims: list[CachedShard]) -> list[CachedShard]:
             c.path.unlink(missing_ok=True)
             # A rank that opened this lock file just before the unlink may download the shard again beside one that
             # opens a new lock file: both rename a verified copy into place, so the worst case is one extra download.
-            lock.unlink(missing_ok=True)
+            Path(_lock_path(c.path)).unlink(missing_ok=True)
             removed.append(c)
         finally:
             os.close(fd)
