@@ -59,6 +59,11 @@ class DataConfig(ConfigModel):
                                    "every start.")
     cache_dir: str = cfg("", "Where data.cache_remote keeps remote shards ('': $LONGREEL_CACHE/shards, else "
                              "~/.cache/longreel/shards). Needs the shards' size in free disk.")
+    stream: bool = cfg(False, "Read the training shards as a stream instead of loading every item before step 1: "
+                              "shard order permuted per epoch, items interleaved within data.shuffle_buffer videos, "
+                              "remote shards cached one at a time as they are reached (the next one downloading "
+                              "meanwhile). For datasets too large to hold or download up front; needs run.steps > 0.")
+    shuffle_buffer: int = cfg(16, "data.stream: videos whose questions are interleaved (within one shard).")
 
 
 class OptimConfig(ConfigModel):
@@ -243,6 +248,12 @@ class TrainConfig(ConfigModel):
                 raise ConfigError(msg)
 
         need(self.data.batch_size >= 1, "data.batch_size must be >= 1")
+        need(self.data.shuffle_buffer >= 1, "data.shuffle_buffer must be >= 1")
+        need(not self.data.stream or self.data.source == "shards", "data.stream needs data.source=shards")
+        need(not self.data.stream or self.run.steps > 0,
+             "data.stream needs run.steps > 0 (the number of items is not known before the shards are read)")
+        need(not self.data.stream or not self.sft.max_items,
+             "data.stream cannot take the first sft.max_items items (they are not known before the shards are read)")
         need(self.optim.grad_accum >= 1, "optim.grad_accum must be >= 1")
         need(self.optim.lr >= 0, "optim.lr must be >= 0")
         need(self.optim.warmup_steps >= 0, "optim.warmup_steps must be >= 0")

@@ -150,12 +150,16 @@ class ShardDataset(_Base):
         shuffle_buffer: videos held to interleave items from (per shard).
         mmap: map local shards copy-on-write (frames are zero-copy views of the page cache) instead of
             reading them into (pooled) buffers.
+        fetch: ``fetch(spec, upcoming)`` returns the spec to read for ``spec`` (a local copy of a remote
+            shard), called when the shard is reached; ``upcoming`` is the shard this consumer reads next (or
+            None), for a fetcher that downloads ahead. Items and the shuffle still name ``spec``. A
+            :class:`ShardError` it raises counts as the shard's (``on_error``).
     """
 
     def __init__(self, source, *, shuffle: bool = False, seed: int = 0, epochs: int | None = 1,
                  rank: int | None = None, world_size: int | None = None, split_by: str = "shard",
                  verify: str = "none", on_error: str = "raise", unit: str = "question", shuffle_buffer: int = 4,
-                 mmap: bool = True):
+                 mmap: bool = True, fetch=None):
         if split_by not in ("shard", "sample"):
             raise ValueError("split_by must be 'shard' or 'sample'")
         if verify not in ("none", "sample", "shard"):
@@ -170,6 +174,7 @@ class ShardDataset(_Base):
         self.split_by, self.verify, self.on_error, self.unit = split_by, verify, on_error, unit
         self.shuffle_buffer = max(1, int(shuffle_buffer))
         self.mmap = bool(mmap)
+        self.fetch = fetch
         self.start_epoch = 0
         self.stats = LoaderStats()
         self._positions: dict[int, list[int]] = {}  # consumer -> [epoch, shard cursor, items taken]
@@ -241,7 +246,8 @@ class ShardDataset(_Base):
                 spec = mine[cursor]
                 skip = skip0 if cursor == cursor0 else 0
                 taken = 0
-                for item in self._shard_items(spec, epoch, cid, n):
+                source = self._source(spec, mine[cursor + 1] if cursor + 1 < len(mine) else None)
+                for item in self._shard_items(spec, epoch, cid, n, source):
                     taken += 1
                     if taken <= skip:
                         continue
@@ -265,19 +271,33 @@ class ShardDataset(_Base):
         self.stats.errors.append(str(err))
         log.warning("loader: skipped %s: %s", "rest of shard" if shard else "sample", err)
 
-    def _samples(self, spec: ShardSpec, cid: int, n: int) -> Iterator[dict]:
+    def _source(self, spec: ShardSpec, upcoming: ShardSpec | None) -> ShardSpec | None:
+        """What to read for ``spec``: itself, or what ``fetch`` made of it (None: the shard failed and is skipped)."""
+        if self.fetch is None:
+            return spec
+        try:
+            return self.fetch(spec, upcoming)
+        except ShardError as e:
+            self._fail(e, shard=True)
+            return None
+
+    def _samples(self, source: ShardSpec | None, cid: int, n: int) -> Iterator[dict]:
+        if source is None:
+            return
         keep = (lambda i: i % n == cid) if self.split_by == "sample" else None
-        yield from read_shard(spec, self.stats, self._fail, verify=self.verify, mmap=self.mmap, pool=self._pool,
+        yield from read_shard(source, self.stats, self._fail, verify=self.verify, mmap=self.mmap, pool=self._pool,
                               keep=keep)
 
-    def _shard_items(self, spec: ShardSpec, epoch: int, cid: int, n: int) -> Iterator[dict]:
+    def _shard_items(self, spec: ShardSpec, epoch: int, cid: int, n: int,
+                     source: ShardSpec | None) -> Iterator[dict]:
+        # seeded by the shard's own name, not its cached copy's: the order does not depend on where it is read from
         rng = random.Random(f"{self.seed}:{epoch}:{spec.url.rsplit('/', 1)[-1]}:{cid}")
         if not self.shuffle:
-            for sample in self._samples(spec, cid, n):
+            for sample in self._samples(source, cid, n):
                 yield from _items_of(sample, spec.url, self.unit)
             return
         buf: list[list[dict]] = []
-        for sample in self._samples(spec, cid, n):
+        for sample in self._samples(source, cid, n):
             items = _items_of(sample, spec.url, self.unit)
             rng.shuffle(items)
             if items:

@@ -55,7 +55,7 @@ from longreel.trainer.run_lock import RunLock
 
 __all__ = ["DistInfo", "init_distributed", "init_sp_groups", "sum_gradients", "all_gather_objects", "all_reduce_sum",
            "all_reduce_max", "fsdp_mixed_precision", "shard_fsdp", "seed_everything", "build_optimizer",
-           "build_scheduler", "ItemStream", "load_items", "rollout_seed"]
+           "build_scheduler", "ItemStream", "load_items", "open_item_stream", "rollout_seed"]
 
 log = logging.getLogger("longreel.trainer")
 
@@ -364,6 +364,20 @@ class ItemStream:
         self._order = self._make_order(self.epoch)
 
 
+def open_item_stream(cfg, items: list[dict] | None = None):
+    """The run's item order: over ``items`` (or every item of the training data, loaded now), or, with
+    ``data.stream``, over the shards as they are read (:class:`longreel.trainer.shard_stream.ShardItemStream`)."""
+    if items is None and cfg.data.stream:
+        from longreel.trainer.shard_cache import default_cache_dir
+        from longreel.trainer.shard_stream import ShardItemStream
+
+        cache = (cfg.data.cache_dir or default_cache_dir()) if cfg.data.cache_remote else None
+        return ShardItemStream(cfg.data.train_urls, seed=cfg.run.seed, shuffle=cfg.data.shuffle,
+                               shuffle_buffer=cfg.data.shuffle_buffer, on_error=cfg.data.on_error, cache_dir=cache)
+    items = items if items is not None else load_items(cfg.data, "train")
+    return ItemStream(items, seed=cfg.run.seed, shuffle=cfg.data.shuffle)
+
+
 def load_items(cfg: DataConfig, split: str) -> list[dict]:
     """Per-question items of ``split`` (``"train"`` or ``"eval"``): synthetic, or read from shards with
     ``longreel.trainer.data``."""
@@ -461,8 +475,7 @@ class TrainSession:
         from longreel.trainer.preflight import check_resume, check_topology
 
         check_topology(cfg, stage, self.info.world)  # the CLI checked WORLD_SIZE; a library caller gets it here
-        self.items = items if items is not None else load_items(cfg.data, "train")
-        self.stream = ItemStream(self.items, seed=cfg.run.seed, shuffle=cfg.data.shuffle)
+        self.stream = open_item_stream(cfg, items)
         self.total_steps = int(total_steps if total_steps is not None else cfg.run.steps)
         self.step = 0
         resume_from = latest_checkpoint(self.ckpt_root) if cfg.run.resume else None
@@ -726,6 +739,8 @@ class TrainSession:
         that set one up itself, e.g. to run several sessions in one launch, keeps it)."""
         self.logger.close()
         self.release_lock()
+        if hasattr(getattr(self, "stream", None), "close"):  # a shard stream's download ahead
+            self.stream.close()
         if self.info.enabled and self.info.owns_group:
             import torch.distributed as dist
 

@@ -25,10 +25,13 @@ log = logging.getLogger("longreel.trainer")
 class SFTTrainer:
     def __init__(self, cfg: TrainConfig, items: list[dict] | None = None):
         self.cfg = cfg
-        items = items if items is not None else load_items(cfg.data, "train")
-        if cfg.sft.max_items:
-            items = items[: cfg.sft.max_items]
-        total = cfg.run.steps or cfg.sft.epochs * math.ceil(len(items) / cfg.data.batch_size)
+        if items is None and cfg.data.stream:  # read as the run goes: run.steps sets the length (config check)
+            total = cfg.run.steps
+        else:
+            items = items if items is not None else load_items(cfg.data, "train")
+            if cfg.sft.max_items:
+                items = items[: cfg.sft.max_items]
+            total = cfg.run.steps or cfg.sft.epochs * math.ceil(len(items) / cfg.data.batch_size)
         self.sess = TrainSession(cfg, "sft", items=items, total_steps=total)
         self.video_token_id = video_token_id(self.sess.model)
         self.rejected = 0

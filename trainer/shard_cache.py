@@ -33,7 +33,7 @@ from longreel.task.shard_reader import ShardError, ShardSpec, copy_verified, loc
 log = logging.getLogger("longreel")
 
 __all__ = ["default_cache_dir", "cache_remote_shards", "cached_name", "CachedShard", "scan", "choose_evictions",
-           "prune"]
+           "prune", "ShardFetcher"]
 
 
 def default_cache_dir() -> str:
@@ -63,6 +63,53 @@ def cache_remote_shards(specs: list[ShardSpec], cache_dir: str) -> list[ShardSpe
         log.info("shard cache: downloaded %d shard(s), %.1f MB, into %s in %.1f s", fetched, nbytes / 1e6, cache_dir,
                  time.monotonic() - t0)
     return out
+
+
+class ShardFetcher:
+    """Remote shards fetched into the cache when a streaming loader reaches them (``ShardDataset(fetch=...)``), with
+    the next one downloading in a background thread meanwhile, so that a step rarely waits on the network and the
+    cache holds only the shards read so far, not the whole dataset before the first step.
+
+    The download ahead is a hint: when it fails, the shard is fetched again in the foreground when it is reached,
+    and that failure is the one reported (naming the URL). Local shards pass through.
+    """
+
+    def __init__(self, cache_dir: str):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.root = Path(os.path.expanduser(cache_dir))
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="longreel-shard-prefetch")
+        self._ahead: dict[str, object] = {}  # url -> Future of its fetch
+        self.downloaded = 0  # shards this fetcher downloaded (not found in the cache)
+
+    def __call__(self, spec: ShardSpec, upcoming: ShardSpec | None = None) -> ShardSpec:
+        local = self._get(spec)
+        if upcoming is not None and local_path(upcoming.url) is None and upcoming.url not in self._ahead:
+            self._ahead[upcoming.url] = self._pool.submit(_fetch, upcoming, self.root)
+        return local
+
+    def _get(self, spec: ShardSpec) -> ShardSpec:
+        if local_path(spec.url) is not None:
+            return spec
+        ahead = self._ahead.pop(spec.url, None)
+        path = size = None
+        if ahead is not None:
+            try:
+                path, size = ahead.result()
+            except ShardError as e:
+                log.info("shard cache: the download ahead of %s failed (%s); fetching it again", spec.url, e)
+        if path is None:
+            path, size = _fetch(spec, self.root)
+        if size is not None:
+            self.downloaded += 1
+            log.info("shard cache: downloaded %s (%.1f MB)", spec.url, size / 1e6)
+        return ShardSpec(str(path), spec.sha256, spec.bytes, spec.nsamples)
+
+    def close(self) -> None:
+        for f in self._ahead.values():
+            f.cancel()
+        self._ahead.clear()
+        self._pool.shutdown(wait=True)
 
 
 def _fetch(spec: ShardSpec, root: Path) -> tuple[Path, int | None]:

@@ -1,0 +1,170 @@
+"""data.stream: the trainer reads its shards as a stream (trainer/shard_stream.py) instead of loading every item
+before step 1. The order is seeded and resumable, remote shards are cached as they are reached, and training from
+the stream resumes bitwise."""
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import os
+import tarfile
+import threading
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+import torch
+import torchvision  # noqa: F401
+import transformers  # noqa: F401
+
+from safetensors.torch import load_file  # noqa: E402
+
+from longreel.schemas.config import ConfigError, load_yaml  # noqa: E402
+from longreel.trainer.config import DataConfig, TrainConfig  # noqa: E402
+from longreel.trainer.logging_utils import read_metrics  # noqa: E402
+from longreel.trainer.preflight import InputCheckError, check_resume  # noqa: E402
+from longreel.trainer.runtime import load_items  # noqa: E402
+from longreel.trainer.shard_stream import ShardItemStream  # noqa: E402
+from longreel.trainer.synthetic_task import make_items, write_shards  # noqa: E402
+from longreel.testing.tiny_model import build_tiny_qwen2vl  # noqa: E402
+
+N_ITEMS, PER_SHARD = 18, 4  # five shards, the last one short
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("stream")
+    index = write_shards(make_items(N_ITEMS, seed=5, kinds=("colour", "count")), str(root / "shards"),
+                         per_shard=PER_SHARD)
+    return {"index": index, "dir": Path(index).parent, "model": build_tiny_qwen2vl(root / "m", seed=0)}
+
+
+def _ids(batch) -> list[str]:
+    return [it["qra_id"] for _, it in batch]
+
+
+def test_every_epoch_holds_every_item_once_in_an_order_the_seed_fixes(data):
+    loaded = [it["qra_id"] for it in load_items(DataConfig(train_urls=[data["index"]]), "train")]
+    s = ShardItemStream([data["index"]], seed=3)
+    first, second = s.next_batch(N_ITEMS), s.next_batch(N_ITEMS)
+    assert Counter(_ids(first)) == Counter(loaded) == Counter(_ids(second))
+    assert [i for i, _ in first + second] == list(range(2 * N_ITEMS))  # the index is the draw's place in the stream
+    assert _ids(first) != _ids(second) and _ids(first) != loaded  # shards and items permuted, anew each epoch
+    assert _ids(ShardItemStream([data["index"]], seed=3).next_batch(2 * N_ITEMS)) == _ids(first + second)
+    assert _ids(ShardItemStream([data["index"]], seed=4).next_batch(N_ITEMS)) != _ids(first)
+    # without shuffle: the shards' own order, which is the loaded order
+    assert _ids(ShardItemStream([data["index"]], seed=3, shuffle=False).next_batch(N_ITEMS)) == loaded
+
+
+@pytest.mark.parametrize("stop", [1, 7, N_ITEMS, N_ITEMS + 5])
+def test_a_stream_resumes_where_it_stopped(data, stop):
+    straight = _ids(ShardItemStream([data["index"]], seed=3).next_batch(2 * N_ITEMS + 3))
+    s = ShardItemStream([data["index"]], seed=3)
+    head = s.next_batch(stop)
+    state = json.loads(json.dumps(s.state_dict()))  # it goes through trainer_state.json
+    again = ShardItemStream([data["index"]], seed=3)
+    again.load_state_dict(state)
+    tail = again.next_batch(2 * N_ITEMS + 3 - stop)
+    assert _ids(head) + _ids(tail) == straight
+    assert [i for i, _ in tail] == list(range(stop, 2 * N_ITEMS + 3))
+    # another seed is another order: its position means nothing here
+    other = ShardItemStream([data["index"]], seed=4)
+    with pytest.raises(InputCheckError, match="the shard stream cannot resume: seed differs"):
+        other.load_state_dict(state)
+
+
+def test_a_stream_without_items_is_an_input_error_not_a_hang(data, tmp_path):
+    empty = tmp_path / "empty.tar"
+    tarfile.open(empty, "w").close()  # a well-formed tar without a sample
+    with pytest.raises(InputCheckError, match="no training items"):
+        ShardItemStream([str(empty)], seed=0).next_batch(1)
+    broken = tmp_path / "broken.tar"
+    broken.write_bytes(b"x" * 1024)  # not a tar
+    with pytest.raises(InputCheckError, match="data.on_error=skip"):
+        ShardItemStream([str(broken)], seed=0).next_batch(1)
+    with pytest.raises(InputCheckError, match="no training items"):
+        ShardItemStream([str(broken)], seed=0, on_error="skip").next_batch(1)
+
+
+def test_remote_shards_are_cached_as_the_stream_reaches_them(data, tmp_path):
+    served = []
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            served.append(self.path)
+            super().do_GET()
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(data["dir"])))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    cache = tmp_path / "cache"
+    try:
+        s = ShardItemStream([f"{base}/{os.path.basename(data['index'])}"], seed=3, cache_dir=str(cache))
+        first = s.next_batch(1)
+        # the first shard, and at most the one being downloaded ahead: not the whole dataset before the first item
+        assert 1 <= len(list(cache.glob("*.tar"))) <= 2
+        rest = s.next_batch(N_ITEMS - 1)
+        s.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert len(list(cache.glob("*.tar"))) == 5 and s.fetcher.downloaded == 5
+    assert sorted(p for p in served if p.endswith(".tar")) == sorted(set(p for p in served if p.endswith(".tar")))
+    local = ShardItemStream([data["index"]], seed=3).next_batch(N_ITEMS)
+    got = first + rest
+    assert _ids(got) == _ids(local)  # the order does not depend on where a shard is read from
+    for (_, r), (_, x) in zip(got, local):
+        assert torch.equal(r["frames"], x["frames"])
+        assert r["shard"] == f"{base}/{os.path.basename(x['shard'])}"  # the URL given, not the cache file
+
+
+def _train_cfg(data, out: Path, stage: str, *extra: str) -> TrainConfig:
+    sets = [f"model.path={data['model']}", f"run.out_dir={out}", "data.source=shards",
+            f"data.train_urls=[{data['index']}]", "data.stream=true", "data.shuffle_buffer=2", "data.batch_size=2",
+            "run.steps=6", "run.save_every=3", "run.progress=false", "run.tensorboard=false", "run.seed=3",
+            "optim.lr=3e-3", "rollout.n=3", "rollout.max_new_tokens=6"]
+    if stage == "grpo":
+        sets += ["grpo.mix_policy=true", "grpo.beta=0.05"]
+    return load_yaml(TrainConfig, None, [*sets, *extra])
+
+
+@pytest.mark.parametrize("stage", ["sft", "grpo"])
+def test_training_from_a_stream_resumes_bitwise(data, tmp_path, stage):
+    from longreel.trainer.grpo import run_grpo
+    from longreel.trainer.sft import run_sft
+
+    run = run_grpo if stage == "grpo" else run_sft
+    keys = ("loss", "grad_norm", "lr") + (("reward_mean", "kl") if stage == "grpo" else ())
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    run(_train_cfg(data, straight, stage))
+    assert run(_train_cfg(data, resumed, stage, "run.stop_after=4"))["stopped"]
+    state = json.loads((resumed / "checkpoints" / "step-000004" / "trainer_state.json").read_text())
+    assert state["loader"]["kind"] == "shard_stream" and state["loader"]["drawn"] == 8
+    # the position is saved: a run that would read the shards in another way is refused, naming the key
+    with pytest.raises(InputCheckError, match="data.stream: True there, False in this run"):
+        check_resume(_train_cfg(data, resumed, stage, "data.stream=false"), stage,
+                     resumed / "checkpoints" / "step-000004")
+    assert run(_train_cfg(data, resumed, stage))["step"] == 6
+    a, b = load_file(str(straight / "final" / "model.safetensors")), load_file(str(resumed / "final" /
+                                                                                   "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    rows = [[tuple(r.get(k) for k in ("step", *keys)) for r in read_metrics(d / "metrics.jsonl")]
+            for d in (straight, resumed)]
+    assert [r[0] for r in rows[0]] == [1, 2, 3, 4, 5, 6] and rows[0] == rows[1]
+    base = load_file(str(Path(data["model"]) / "model.safetensors"))
+    assert any(not torch.equal(base[k], v) for k, v in a.items())
+
+
+@pytest.mark.parametrize("sets, message", [
+    (["data.source=synthetic"], "data.stream needs data.source=shards"),
+    (["run.steps=0"], "data.stream needs run.steps > 0"),
+    (["sft.max_items=4"], "data.stream cannot take the first sft.max_items"),
+    (["data.shuffle_buffer=0"], "data.shuffle_buffer must be >= 1"),
+])
+def test_stream_settings_that_cannot_work_are_config_errors(sets, message):
+    with pytest.raises(ConfigError, match=message):
+        load_yaml(TrainConfig, None, ["data.stream=true", "data.train_urls=[a.tar]", *sets]).check()
