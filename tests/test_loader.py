@@ -466,3 +466,5 @@ def test_shard_cache_benchmark_loads_the_same_items_in_every_mode(tmp_path):
     doc = json.loads(out.read_text())
     assert doc["items_identical_in_every_mode"] and set(doc["modes"]) == set(bench.MODES)
     assert all(m["items"] == 6 for m in doc["modes"].values())
+    assert doc["modes"]["stream_http_nocache"]["cache_mb_at_first_batch"] == 0.0
+    assert 0 < doc["cache_mb_at_first_batch"]["stream"] <= doc["cache_mb_at_first_batch"]["load"]
