@@ -39,6 +39,15 @@ def tiny_tied(tmp_path_factory) -> str:
     return build_tiny_qwen2vl(tmp_path_factory.mktemp("tiny-tied") / "m", seed=0, tie_word_embeddings=True)
 
 
+@pytest.fixture(scope="module")
+def stream_index(tmp_path_factory) -> str:
+    """Shards of 4 items each, read as a stream (``data.stream``) by the ``ddp-stream`` case."""
+    from longreel.trainer.synthetic_task import make_items, write_shards
+
+    return write_shards(make_items(18, seed=5, kinds=("colour", "count")), str(tmp_path_factory.mktemp("stream")),
+                        per_shard=4)
+
+
 def _torchrun(n: int) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "--master_addr", "127.0.0.1",
             "--master_port", str(free_port())]
@@ -124,12 +133,16 @@ def test_fsdp_with_sequence_parallel_matches_one_process(tiny, tmp_path, split):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "fsdp-sp", "fsdp-tied"])
-def test_two_rank_resume_is_exact(tiny, tiny_tied, tmp_path, strategy):
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "fsdp-sp", "fsdp-tied", "ddp-stream"])
+def test_two_rank_resume_is_exact(tiny, tiny_tied, stream_index, tmp_path, strategy):
     """``fsdp-sp``: FSDP with the 2 ranks one sequence-parallel group (``mrsp.sp_size=2``, the SP prefill on);
-    ``fsdp-tied``: a model whose LM head is its embeddings (saved, resumed and exported as one parameter)."""
+    ``fsdp-tied``: a model whose LM head is its embeddings (saved, resumed and exported as one parameter);
+    ``ddp-stream``: items read from shards as a stream (``data.stream``): each rank its share of the one stream."""
     strategy, *variant = strategy.split("-")
     extra = ["mrsp.sp_size=2", "mrsp.sp_min_tokens=1"] if variant == ["sp"] else []
+    if variant == ["stream"]:
+        extra = ["data.source=shards", f"data.train_urls=[{stream_index}]", "data.stream=true",
+                 "data.shuffle_buffer=2"]
     if variant == ["tied"]:
         tiny = tiny_tied
     _run([*_torchrun(2), str(WORKER), tiny, str(tmp_path), "grpo", strategy, "grpo.mix_policy=true",
@@ -150,6 +163,8 @@ def test_two_rank_resume_is_exact(tiny, tiny_tied, tmp_path, strategy):
 
     ckpt = resumed / "checkpoints" / "step-000003"
     assert (ckpt / "sharded").is_dir() == (strategy == "fsdp")
+    loader = json.loads((ckpt / "trainer_state.json").read_text())["loader"]
+    assert (loader.get("kind") == "shard_stream") == (variant == ["stream"])
     if strategy == "fsdp":  # one shard file per rank, safetensors only (no pickle)
         files = sorted(p.name for p in (ckpt / "sharded").iterdir())
         assert len(files) == 2 and all(f.endswith(".safetensors") for f in files), files
