@@ -25,6 +25,8 @@ run at a time per run.out_dir (RUN/.longreel-train.lock); RUN/config.yaml record
 shards, the launch and the machine are checked before the model loads (exit 2). Multi-process data parallel:
   torchrun --nproc_per_node 2 -m longreel train grpo --config train.yaml
 (gloo on CPU, NCCL on GPU; dist.strategy=fsdp shards the model on GPU).
+Shards are loaded before step 1 (remote ones through a disk cache); --set data.stream=true reads them as a stream
+instead (shard order permuted per epoch, remote shards cached as they are reached), for data too large to fetch first.
 Outputs in run.out_dir: metrics.jsonl, tensorboard/, checkpoints/step-N/, final/ (save_pretrained). A step
 checkpoint also holds the config and processor files: `longreel eval --model RUN/checkpoints/step-N` reads it.
 An FSDP run's step checkpoints hold every rank's shards instead of model.safetensors: `longreel train export` gathers
