@@ -155,7 +155,7 @@ def test_checkpoint_files_are_pickle_free_and_atomic(tiny, tmp_path):
     assert json.loads((path / "trainer_state.json").read_text())["step"] == 1
 
 
-def test_a_run_resumes_only_its_own_configuration(tiny, tmp_path, capsys):
+def test_a_run_resumes_only_its_own_configuration(tiny, tmp_path, capsys, caplog):
     from longreel.cli import main
     from longreel.trainer.preflight import InputCheckError
     from longreel.trainer.sft import run_sft
@@ -176,9 +176,16 @@ def test_a_run_resumes_only_its_own_configuration(tiny, tmp_path, capsys):
         run_grpo(_cfg(tiny, out))
     # keys that do not change a step's arithmetic may differ (run.stop_after, run.steps' end, logging, eval), and
     # the model directory may be named another way (here through a symlink)
+    # and so may the memory settings, to fit a resumed run where the first ran out of memory: the run says that it
+    # then computes the same within rounding, not bitwise
     link = tmp_path / "model-link"
     link.symlink_to(tiny, target_is_directory=True)
-    assert run_sft(_cfg(tiny, out, "run.progress=false", "eval.max_new_tokens=4", f"model.path={link}"))["step"] == 6
+    with caplog.at_level("WARNING", logger="longreel.trainer"):
+        assert run_sft(_cfg(tiny, out, "run.progress=false", "eval.max_new_tokens=4", f"model.path={link}",
+                            "rollout.prompts_per_decode=1", "mrsp.frozen_cache_mb=64"))["step"] == 6
+    warned = [r.getMessage() for r in caplog.records if "other memory settings" in r.getMessage()]
+    assert len(warned) == 1 and "rollout.prompts_per_decode: 0 -> 1" in warned[0]
+    assert "frozen_cache_mb" not in warned[0]  # bitwise the same computation: nothing to say
     # run.resume=false starts over: the earlier run's checkpoints are removed, not left beside the new ones
     run_sft(_cfg(tiny, out, "optim.lr=1e-2", "run.resume=false", "run.steps=2", "run.save_every=0"))
     assert sorted(p.name for p in (out / "checkpoints").glob("step-*")) == ["step-000002"]

@@ -133,7 +133,8 @@ class RunConfig(ConfigModel):
     keep_checkpoints: int = cfg(2, "Keep the newest N step checkpoints (older ones are deleted).")
     resume: bool = cfg(True, "Resume from the newest checkpoint in out_dir/checkpoints when there is one (its stage "
                              "and config must match this run's, but for where/how long it runs, logging, saving, "
-                             "launch and eval keys: trainer.preflight.RESUMABLE). false: start over, removing the "
+                             "launch and eval keys: trainer.preflight.RESUMABLE; memory settings with a warning: "
+                             "RESUMABLE_WITHIN_ROUNDING). false: start over, removing the "
                              "checkpoints there.")
     save_final: bool = cfg(True, "Write out_dir/final with save_pretrained (model + processor) at the end.")
     log_every: int = cfg(1, "Write metrics every N steps.")

@@ -16,13 +16,19 @@ from longreel.schemas.config import to_dict
 from longreel.task.shard_reader import local_path, resolve_shards
 
 __all__ = ["InputCheckError", "check_model_dir", "check_shards", "check_out_dir", "check_topology", "check_environment",
-           "check_resume", "check_run_inputs", "config_record", "RESUMABLE"]
+           "check_resume", "check_run_inputs", "config_record", "RESUMABLE", "RESUMABLE_WITHIN_ROUNDING"]
 
 #: keys a resumed run may change: where and how long it runs, what it logs and saves, how it is launched, and its
 #: evaluation; none of them changes a training step's arithmetic (a different world size is warned about)
 RESUMABLE = ("run.out_dir", "run.steps", "run.stop_after", "run.save_every", "run.keep_checkpoints", "run.resume",
              "run.save_final", "run.log_every", "run.tensorboard", "run.progress", "run.threads", "run.device",
-             "run.dump_grads", "data.eval_urls", "data.cache_remote", "data.cache_dir", "eval.", "dist.")
+             "run.dump_grads", "data.eval_urls", "data.cache_remote", "data.cache_dir", "eval.", "dist.",
+             "mrsp.frozen_cache_mb", "mrsp.frozen_cache_offload", "mrsp.frozen_feature_dir")
+
+#: memory settings a resumed run may change too, to fit where the first run ran out of memory: each computes the same
+#: step, but to within floating-point rounding rather than bitwise (another decode batch, K/V from a store, activations
+#: recomputed); :func:`check_resume` returns the ones that changed, for the run to say so
+RESUMABLE_WITHIN_ROUNDING = ("rollout.prompts_per_decode", "mrsp.ref_prefix_cache_mb", "model.gradient_checkpointing")
 
 
 #: the weight files ``from_pretrained`` reads (one file, or an index of several)
@@ -129,10 +135,11 @@ def check_topology(cfg, stage: str, world: int) -> None:
         raise InputCheckError(f"data.batch_size {cfg.data.batch_size} must divide by {what}")
 
 
-def check_resume(cfg, stage: str, checkpoint: Path) -> None:
+def check_resume(cfg, stage: str, checkpoint: Path) -> list[str]:
     """A run resumes only what it would have written itself: the same stage, and the same config but for
-    :data:`RESUMABLE` keys. Otherwise the saved optimizer, schedule and loader state would be continued under other
-    settings (a changed ``optim.lr`` was silently replaced by the saved schedule's)."""
+    :data:`RESUMABLE` keys and the memory settings of :data:`RESUMABLE_WITHIN_ROUNDING`. Otherwise the saved
+    optimizer, schedule and loader state would be continued under other settings (a changed ``optim.lr`` was silently
+    replaced by the saved schedule's). Returns the memory settings that changed, as ``"key: old -> new"``."""
     state = json.loads((checkpoint / "trainer_state.json").read_text(encoding="utf-8"))
     out = cfg.run.out_dir
     if state.get("stage") != stage:
@@ -140,16 +147,19 @@ def check_resume(cfg, stage: str, checkpoint: Path) -> None:
                               f"{stage!r}: give this stage its own run.out_dir")
     saved = state.get("config")
     if saved is None:  # written before checkpoints kept their config: nothing to compare
-        return
+        return []
     there, here = _flat(saved), _flat(config_record(cfg))
-    differ = [k for k in sorted(set(there) | set(here)) if not _resumable(k) and there.get(k) != here.get(k)
-              and not (k == "model.path" and _same_dir(there.get(k), here.get(k)))]
+    changed = [k for k in sorted(set(there) | set(here)) if there.get(k) != here.get(k)
+               and not (k == "model.path" and _same_dir(there.get(k), here.get(k)))]
+    rounding = [f"{k}: {there.get(k)!r} -> {here.get(k)!r}" for k in changed if k in RESUMABLE_WITHIN_ROUNDING]
+    differ = [k for k in changed if not _resumable(k) and k not in RESUMABLE_WITHIN_ROUNDING]
     if differ:
         shown = "; ".join(f"{k}: {there.get(k)!r} there, {here.get(k)!r} in this run" for k in differ[:3])
         more = f" (and {len(differ) - 3} more)" if len(differ) > 3 else ""
         raise InputCheckError(f"run.out_dir {out!r} holds {checkpoint.name} of a run with another configuration: "
                               f"{shown}{more}. Resume it with its own settings, give another run.out_dir, or set "
                               "run.resume=false to start over there")
+    return rounding
 
 
 def check_run_inputs(cfg, stage: str) -> None:

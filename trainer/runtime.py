@@ -492,7 +492,11 @@ class TrainSession:
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, self.total_steps)
         self.config_hash = config_hash(cfg)
         if resume_from is not None:
-            check_resume(cfg, stage, resume_from)
+            rounding = check_resume(cfg, stage, resume_from)
+            if rounding and self.info.is_main:
+                log.warning("resuming %s with other memory settings (%s): the steps from here compute the same to "
+                            "within floating-point rounding, not bitwise what the unchanged run would have",
+                            resume_from.name, "; ".join(rounding))
             # a sharded (FSDP) checkpoint loads into the sharded model and optimizer on every rank together
             state = load_checkpoint(resume_from, model=self.model, optimizer=self.optimizer,
                                     scheduler=self.scheduler, rank=self.info.rank, sharded=self.fsdp)
