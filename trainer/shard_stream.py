@@ -13,8 +13,12 @@ a resume replays the current shard up to it (at most one shard is read twice).
 """
 from __future__ import annotations
 
+import logging
+
 from longreel.trainer.data import ShardDataset, ShardError, resolve_shards
 from longreel.trainer.preflight import InputCheckError
+
+log = logging.getLogger("longreel.trainer")
 
 __all__ = ["ShardItemStream", "STREAM_STATE_KIND"]
 
@@ -40,6 +44,9 @@ class ShardItemStream:
         self.fetcher = ShardFetcher(cache_dir) if cache_dir else None
         self.ds = ShardDataset(resolve_shards(list(urls)), shuffle=shuffle, seed=seed, epochs=1, rank=0,
                                world_size=1, on_error=on_error, shuffle_buffer=shuffle_buffer, fetch=self.fetcher)
+        log.info("data.stream: %d shard(s) read as a stream (seed %d, shuffle %s, buffer %d videos)%s",
+                 len(self.ds.shards), seed, shuffle, shuffle_buffer,
+                 f"; remote shards cached in {cache_dir} as they are reached" if cache_dir else "")
         self.epoch = 0
         self.drawn = 0  # items drawn so far: the index of the next one
         self._it = None
