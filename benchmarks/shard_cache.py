@@ -76,7 +76,8 @@ def _digests(rows: list[tuple[str, str]]) -> tuple[str, str]:
     return ordered.hexdigest(), as_set.hexdigest()
 
 
-def child(url: str, cache_remote: bool, cache_dir: str, stream: bool = False, batch: int = 8) -> dict:
+def child(url: str, cache_remote: bool, cache_dir: str, stream: bool = False, batch: int = 8,
+          n_items: int = 0) -> dict:
     """One load (or one streamed epoch) in this process: memory before and after, times, and digests of the items."""
     import torch  # noqa: F401  (imported before the 'before' figure, as in a trainer)
 
@@ -94,7 +95,6 @@ def child(url: str, cache_remote: bool, cache_dir: str, stream: bool = False, ba
         rows = _rows(items)
     else:
         s = ShardItemStream([url], seed=0, cache_dir=cache_dir if cache_remote else None)
-        n_items = int(os.environ["LONGREEL_BENCH_ITEMS"])
         rows, peak_anon, first, cache_first, hashing = [], 0.0, None, 0.0, 0.0
         while len(rows) < n_items:
             got = [it for _, it in s.next_batch(min(batch, n_items - len(rows)))]
@@ -121,12 +121,13 @@ def child(url: str, cache_remote: bool, cache_dir: str, stream: bool = False, ba
 
 def run_child(url: str, cache_remote: bool, cache_dir: str, stream: bool = False, batch: int = 8,
               n_items: int = 0) -> dict:
-    cmd = [sys.executable, __file__, "--child", url, "--cache-dir", cache_dir, "--batch", str(batch)]
+    cmd = [sys.executable, __file__, "--child", url, "--cache-dir", cache_dir, "--batch", str(batch),
+           "--items", str(n_items)]
     if not cache_remote:
         cmd.append("--no-cache")
     if stream:
         cmd.append("--stream")
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", LONGREEL_BENCH_ITEMS=str(n_items))
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
     if proc.returncode != 0:
         raise SystemExit(f"child failed: {proc.stderr[-2000:]}")
@@ -171,7 +172,7 @@ def main(argv=None) -> int:
     p.add_argument("--stream", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.child, not args.no_cache, args.cache_dir, args.stream, args.batch)))
+        print(json.dumps(child(args.child, not args.no_cache, args.cache_dir, args.stream, args.batch, args.items)))
         return 0
 
     work = Path(tempfile.mkdtemp(prefix="longreel-shard-cache-"))
