@@ -73,15 +73,20 @@ def _train_args(stage: str, model: str, out: Path, grads: Path, *extra: str) -> 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["grpo", "grpo-frozen", "sft", "grpo-tied"])
-def test_fsdp_two_ranks_match_one_process(tiny, tiny_tied, tmp_path, case):
+@pytest.mark.parametrize("case", ["grpo", "grpo-frozen", "sft", "grpo-tied", "grpo-stream"])
+def test_fsdp_two_ranks_match_one_process(tiny, tiny_tied, stream_index, tmp_path, case):
     """``grpo``: MR-SP with the tower trained (deferred); ``grpo-frozen``: the tower frozen, so no vision backward
     runs after the update's passes (which once hid embedding gradients left behind by each pass); ``grpo-tied``: a
-    model whose LM head is its embeddings (FSDP2 refused to shard it before they shared one unit)."""
+    model whose LM head is its embeddings (FSDP2 refused to shard it before they shared one unit); ``grpo-stream``:
+    items from shards read as a stream (``data.stream``), which each rank reads whole and takes its share of."""
     stage, *mode = case.split("-")
+    extra = []
     if mode == ["tied"]:
         tiny, mode = tiny_tied, []
-    extra = ["mrsp.vision=frozen", "model.freeze_vision=true"] if mode else []
+    elif mode == ["stream"]:
+        extra, mode = ["data.source=shards", f"data.train_urls=[{stream_index}]", "data.stream=true",
+                       "data.shuffle_buffer=2"], []
+    extra += ["mrsp.vision=frozen", "model.freeze_vision=true"] if mode else []
     one, two = tmp_path / "one", tmp_path / "two"
     _run([sys.executable, *_train_args(stage, tiny, one, tmp_path / "g1.safetensors", *extra)])
     _run([*_torchrun(2), *_train_args(stage, tiny, two, tmp_path / "g2.safetensors", "dist.strategy=fsdp", *extra)])
