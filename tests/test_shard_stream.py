@@ -4,9 +4,11 @@ the stream resumes bitwise."""
 from __future__ import annotations
 
 import functools
+import hashlib
 import http.server
 import json
 import os
+import shutil
 import tarfile
 import threading
 from collections import Counter
@@ -168,3 +170,44 @@ def test_training_from_a_stream_resumes_bitwise(data, tmp_path, stage):
 def test_stream_settings_that_cannot_work_are_config_errors(sets, message):
     with pytest.raises(ConfigError, match=message):
         load_yaml(TrainConfig, None, ["data.stream=true", "data.train_urls=[a.tar]", *sets]).check()
+
+
+def test_remote_shards_that_would_not_fit_in_the_cache_stop_the_run_before_it_starts(data, tmp_path, capsys):
+    # the index gives each shard's size: loading needs all of them on the cache's disk before step 1, the stream the
+    # largest two; a run that would have filled the disk partway is one line and exit 2 naming the way out
+    from longreel.cli import main
+    from longreel.trainer.preflight import check_cache_space, check_shards
+
+    def sha(name: str, i: int) -> str:
+        return hashlib.sha256(f"{name}-{i}".encode()).hexdigest()
+
+    def index(name: str, sizes: list[int]) -> str:
+        doc = {"__kind__": "wids-shard-index-v1", "wids_version": 1, "name": name,
+               "shardlist": [{"url": f"http://127.0.0.1:9/{name}-{i}.tar", "bytes": b, "nsamples": 1,
+                              "sha256": sha(name, i)} for i, b in enumerate(sizes)]}
+        (tmp_path / f"{name}.index.json").write_text(json.dumps(doc))
+        return str(tmp_path / f"{name}.index.json")
+
+    free = shutil.disk_usage(tmp_path).free
+    cache = str(tmp_path / "cache" / "not-made-yet")
+    many = index("many", [free // 3] * 4)  # more than the disk holds, though any two fit
+    specs = check_shards([many], "data.train_urls")
+    with pytest.raises(InputCheckError, match="need .* GB, .* GB is free there: set data.stream=true"):
+        check_cache_space(DataConfig(train_urls=[many], cache_dir=cache), specs)
+    check_cache_space(DataConfig(train_urls=[many], cache_dir=cache, stream=True), specs)
+    check_cache_space(DataConfig(train_urls=[many], cache_dir=cache, cache_remote=False), specs)
+    huge = index("huge", [free, free])
+    with pytest.raises(InputCheckError, match=r"\(the largest two\).*data.cache_dir to a larger disk"):
+        check_cache_space(DataConfig(train_urls=[huge], cache_dir=cache, stream=True),
+                          check_shards([huge], "data.train_urls"))
+    # a shard already in the cache is not counted again
+    Path(cache).mkdir(parents=True)
+    for i in range(3):
+        (Path(cache) / f"{sha('many', i)}.tar").write_bytes(b"")
+    check_cache_space(DataConfig(train_urls=[many], cache_dir=cache), specs)
+    # from the command line, before the model loads
+    rc = main(["train", "grpo", "--set", f"model.path={data['model']}", "--set", f"data.train_urls=[{huge}]",
+               "--set", f"data.cache_dir={cache}", "--set", f"run.out_dir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "remote training shard(s) not yet cached need" in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()  # refused before anything was written

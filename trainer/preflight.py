@@ -15,8 +15,9 @@ from pathlib import Path
 from longreel.schemas.config import to_dict
 from longreel.task.shard_reader import local_path, resolve_shards
 
-__all__ = ["InputCheckError", "check_model_dir", "check_shards", "check_out_dir", "check_topology", "check_environment",
-           "check_resume", "check_run_inputs", "config_record", "RESUMABLE", "RESUMABLE_WITHIN_ROUNDING"]
+__all__ = ["InputCheckError", "check_model_dir", "check_shards", "check_cache_space", "check_out_dir", "check_topology",
+           "check_environment", "check_resume", "check_run_inputs", "config_record", "RESUMABLE",
+           "RESUMABLE_WITHIN_ROUNDING"]
 
 #: keys a resumed run may change: where and how long it runs, what it logs and saves, how it is launched, and its
 #: evaluation; none of them changes a training step's arithmetic (a different world size is warned about)
@@ -56,8 +57,8 @@ def check_model_dir(path: str, key: str = "model.path") -> None:
         raise InputCheckError(f"{key} {path!r} holds no weights ({', '.join(WEIGHT_FILES)}): not a model directory")
 
 
-def check_shards(urls: list[str], key: str) -> int:
-    """Expand ``urls`` as the loader will; every local shard must be a file. Returns the number of shards."""
+def check_shards(urls: list[str], key: str) -> list:
+    """Expand ``urls`` as the loader will; every local shard must be a file. Returns the shards (``ShardSpec``)."""
     if not urls:
         raise InputCheckError(f"{key} is empty (data.source=shards)")
     try:
@@ -68,7 +69,35 @@ def check_shards(urls: list[str], key: str) -> int:
         path = local_path(spec.url)
         if path is not None and not os.path.isfile(path):
             raise InputCheckError(f"{key}: no such shard file: {path}")
-    return len(specs)
+    return specs
+
+
+def check_cache_space(data_cfg, specs: list) -> None:
+    """Remote training shards that ``data.cache_remote`` will download must fit on the cache's disk: all of them
+    before step 1 when the items are loaded, the largest two (one read, one downloading ahead) with ``data.stream``.
+    A wids index gives each shard's size; shards of unknown size (a bare URL list) are not counted. Without this the
+    download ran out of disk partway, minutes or hours in."""
+    import shutil
+
+    from longreel.trainer.shard_cache import cached_name, default_cache_dir
+
+    if not data_cfg.cache_remote:
+        return
+    root = Path(os.path.expanduser(data_cfg.cache_dir or default_cache_dir()))
+    missing = [s.bytes for s in specs if local_path(s.url) is None and s.bytes and not (root / cached_name(s)).is_file()]
+    if not missing:
+        return
+    need = sum(sorted(missing)[-2:]) if data_cfg.stream else sum(missing)
+    probe = root
+    while not probe.exists() and probe != probe.parent:  # the cache directory may not be made yet
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if need > free:
+        way = ("set data.cache_dir to a larger disk" if data_cfg.stream else
+               "set data.stream=true to download the shards as they are read, or data.cache_dir to a larger disk")
+        raise InputCheckError(f"data.cache_dir {str(root)!r}: the {len(missing)} remote training shard(s) not yet "
+                              f"cached need {need / 1e9:.1f} GB{' (the largest two)' if data_cfg.stream else ''}, "
+                              f"{free / 1e9:.1f} GB is free there: {way}")
 
 
 def config_record(cfg) -> dict:
@@ -177,6 +206,6 @@ def check_run_inputs(cfg, stage: str) -> None:
         check_resume(cfg, stage, latest)
     if cfg.data.source != "shards":
         return
-    check_shards(cfg.data.train_urls, "data.train_urls")
+    check_cache_space(cfg.data, check_shards(cfg.data.train_urls, "data.train_urls"))
     if cfg.eval.every > 0:
         check_shards(cfg.data.eval_urls, "data.eval_urls")
