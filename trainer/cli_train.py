@@ -20,9 +20,10 @@ Train a video-language policy.
 
 Every config key can be set from the command line, e.g. --set rollout.n=8 --set optim.lr=1e-6; list them all with
 --show-config. Runs resume from RUN/checkpoints when a checkpoint exists (run.resume) and the run there had the same
-stage and config (run length, saving, logging, launch, eval and memory keys may differ; run.resume=false starts over). One
-run at a time per run.out_dir (RUN/.longreel-train.lock); RUN/config.yaml records its config. model.path, the
-shards, the launch and the machine are checked before the model loads (exit 2). Multi-process data parallel:
+stage and config (run length, saving, logging, launch, eval and memory keys may differ; run.resume=false starts
+over). One run at a time per run.out_dir (RUN/.longreel-train.lock); RUN/config.yaml records its config.
+model.path, the shards (and their room in the cache), the launch and the machine are checked before the model loads
+(exit 2). Multi-process data parallel:
   torchrun --nproc_per_node 2 -m longreel train grpo --config train.yaml
 (gloo on CPU, NCCL on GPU; dist.strategy=fsdp shards the model on GPU).
 Shards are loaded before step 1 (remote ones through a disk cache); --set data.stream=true reads them as a stream

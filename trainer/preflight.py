@@ -84,7 +84,8 @@ def check_cache_space(data_cfg, specs: list) -> None:
     if not data_cfg.cache_remote:
         return
     root = Path(os.path.expanduser(data_cfg.cache_dir or default_cache_dir()))
-    missing = [s.bytes for s in specs if local_path(s.url) is None and s.bytes and not (root / cached_name(s)).is_file()]
+    missing = [s.bytes for s in specs
+               if local_path(s.url) is None and s.bytes and not (root / cached_name(s)).is_file()]
     if not missing:
         return
     need = sum(sorted(missing)[-2:]) if data_cfg.stream else sum(missing)

@@ -1,7 +1,7 @@
 """Remote shards copied to a local disk cache before the trainer reads them.
 
-By default the trainer holds every item of its data (``runtime.load_items``). From a local shard the frames are views of a
-memory-mapped file: pages the kernel can drop and read again. From ``http(s)://``, ``gs://`` or ``s3://`` they
+By default the trainer holds every item of its data (``runtime.load_items``). From a local shard the frames are views
+of a memory-mapped file: pages the kernel can drop and read again. From ``http(s)://``, ``gs://`` or ``s3://`` they
 were read into anonymous memory, so a trainer pointed at remote shard URLs needed RAM for the whole dataset's frames,
 and every restart downloaded it again. Here each remote shard is downloaded once into ``cache_dir``, checked against
 the index's sha256 when the index gives one, renamed into place, and then read like a local shard (the same idea as
