@@ -103,7 +103,8 @@ TRAIN_LATER_KEYS = (("dist", "fsdp_param_dtype"), ("dist", "fsdp_reduce_dtype"),
                     ("mrsp", "frozen_cache_offload"), ("mrsp", "ref_prefix_cache_mb"), ("model", "vision_attention"),
                     ("mrsp", "frozen_feature_dir"), ("rollout", "prompts_per_decode"), ("eval", "batch_size"),
                     ("model", "packed_row_attention"), ("grpo", "dynamic_sampling"), ("grpo", "max_draws"),
-                    ("data", "cache_remote"), ("data", "cache_dir"), ("data", "stream"), ("data", "shuffle_buffer"))
+                    ("data", "cache_remote"), ("data", "cache_dir"), ("data", "stream"), ("data", "shuffle_buffer"),
+                    ("data", "fetch_retries"))
 
 
 def _hash_of_dataclass_era_keys(cfg, later_keys=LATER_KEYS, later_defaults=None) -> str:

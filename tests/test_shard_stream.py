@@ -211,3 +211,69 @@ def test_remote_shards_that_would_not_fit_in_the_cache_stop_the_run_before_it_st
     err = capsys.readouterr().err
     assert rc == 2 and "remote training shard(s) not yet cached need" in err and "Traceback" not in err
     assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_download_that_fails_in_transport_is_tried_again(data, tmp_path, monkeypatch, caplog, stream):
+    # an object store drops connections and answers 503 now and then: hours into a run that must not stop it. A 404
+    # is not passing, and is not tried again.
+    from longreel.trainer import shard_cache
+
+    monkeypatch.setattr(shard_cache, "RETRY_BASE_S", 0.0)
+    gets: Counter = Counter()
+    failures = {"drop": 2, "503": 1}  # the first shard's first two GETs are cut off, the second's first is a 503
+    first, second = sorted(p.name for p in Path(data["dir"]).glob("*.tar"))[:2]
+
+    class Flaky(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            name = self.path.rsplit("/", 1)[-1]
+            gets[name] += 1
+            if name == first and failures["drop"]:
+                failures["drop"] -= 1
+                self.send_response(200)
+                self.send_header("Content-Length", "100000")
+                self.end_headers()
+                self.wfile.write(b"\0" * 100)  # then the connection closes: a truncated transfer
+                return
+            if name == second and failures["503"]:
+                failures["503"] -= 1
+                self.send_error(503)
+                return
+            super().do_GET()
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Flaky, directory=str(data["dir"])))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    index = f"{base}/{os.path.basename(data['index'])}"
+    cfg = DataConfig(train_urls=[index], cache_dir=str(tmp_path / "cache"), stream=stream)
+    try:
+        with caplog.at_level("WARNING", logger="longreel"):
+            if stream:
+                s = ShardItemStream([index], seed=3, shuffle=False, cache_dir=cfg.cache_dir)
+                got = _ids(s.next_batch(N_ITEMS))
+                s.close()
+            else:
+                got = [it["qra_id"] for it in load_items(cfg, "train")]
+        assert got == [it["qra_id"] for it in load_items(DataConfig(train_urls=[data["index"]]), "train")]
+        assert (gets[first], gets[second]) == (3, 2)
+        assert sum("trying again" in r.getMessage() for r in caplog.records) == 3
+        # out of tries: the shard's URL, the cause and the count, as the input's error (exit 2 from the CLI)
+        failures["503"] = 5
+        with pytest.raises(InputCheckError, match=rf"{second}: cannot download .*503.*after 2 tries"):
+            load_items(DataConfig(train_urls=[index], cache_dir=str(tmp_path / "again"), fetch_retries=1), "train")
+        # a missing shard is not tried again
+        gets.clear()
+        doc = json.loads(Path(data["index"]).read_text())
+        doc["shardlist"][0]["url"] = "missing.tar"
+        Path(data["dir"], "with-missing.index.json").write_text(json.dumps(doc))
+        with pytest.raises(InputCheckError, match="missing.tar: cannot download .*404"):
+            load_items(DataConfig(train_urls=[f"{base}/with-missing.index.json"], cache_dir=str(tmp_path / "m")),
+                       "train")
+        assert gets["missing.tar"] == 1
+    finally:
+        server.shutdown()
+        server.server_close()
+        Path(data["dir"], "with-missing.index.json").unlink(missing_ok=True)

@@ -59,6 +59,9 @@ class DataConfig(ConfigModel):
                                    "every start.")
     cache_dir: str = cfg("", "Where data.cache_remote keeps remote shards ('': $LONGREEL_CACHE/shards, else "
                              "~/.cache/longreel/shards). Needs the shards' size in free disk.")
+    fetch_retries: int = cfg(3, "data.cache_remote: times a shard download that failed in transport (reset, timeout, "
+                                "HTTP 5xx, truncated) is tried again, after 1, 2, 4, ... s; a 4xx or a copy that does "
+                                "not match the index is not retried.")
     stream: bool = cfg(False, "Read the training shards as a stream instead of loading every item before step 1: "
                               "shard order permuted per epoch, items interleaved within data.shuffle_buffer videos, "
                               "remote shards cached one at a time as they are reached (the next one downloading "
@@ -250,6 +253,7 @@ class TrainConfig(ConfigModel):
 
         need(self.data.batch_size >= 1, "data.batch_size must be >= 1")
         need(self.data.shuffle_buffer >= 1, "data.shuffle_buffer must be >= 1")
+        need(self.data.fetch_retries >= 0, "data.fetch_retries must be >= 0")
         need(not self.data.stream or self.data.source == "shards", "data.stream needs data.source=shards")
         need(not self.data.stream or self.run.steps > 0,
              "data.stream needs run.steps > 0 (the number of items is not known before the shards are read)")

@@ -373,7 +373,8 @@ def open_item_stream(cfg, items: list[dict] | None = None):
 
         cache = (cfg.data.cache_dir or default_cache_dir()) if cfg.data.cache_remote else None
         return ShardItemStream(cfg.data.train_urls, seed=cfg.run.seed, shuffle=cfg.data.shuffle,
-                               shuffle_buffer=cfg.data.shuffle_buffer, on_error=cfg.data.on_error, cache_dir=cache)
+                               shuffle_buffer=cfg.data.shuffle_buffer, on_error=cfg.data.on_error, cache_dir=cache,
+                               retries=cfg.data.fetch_retries)
     items = items if items is not None else load_items(cfg.data, "train")
     return ItemStream(items, seed=cfg.run.seed, shuffle=cfg.data.shuffle)
 
@@ -397,7 +398,7 @@ def load_items(cfg: DataConfig, split: str) -> list[dict]:
         specs = resolve_shards(list(urls))
         origin = {}
         if cfg.cache_remote:  # remote frames memory-mapped from disk rather than held in RAM
-            cached = cache_remote_shards(specs, cfg.cache_dir or default_cache_dir())
+            cached = cache_remote_shards(specs, cfg.cache_dir or default_cache_dir(), retries=cfg.fetch_retries)
             origin = {c.url: s.url for s, c in zip(specs, cached) if c.url != s.url}
             specs = cached
         # every rank reads every item; ItemStream splits each global batch over the ranks

@@ -48,15 +48,16 @@ def cached_name(spec: ShardSpec) -> str:
     return f"url-{hashlib.sha256(spec.url.encode()).hexdigest()[:32]}.tar"
 
 
-def cache_remote_shards(specs: list[ShardSpec], cache_dir: str) -> list[ShardSpec]:
+def cache_remote_shards(specs: list[ShardSpec], cache_dir: str, retries: int = 3) -> list[ShardSpec]:
     """``specs`` with every remote shard replaced by its local copy in ``cache_dir`` (downloaded when missing);
-    local shards as they are. Raises :class:`ShardError` naming the URL when a download fails or its sha256 differs."""
+    local shards as they are. A download that fails in transport is tried again up to ``retries`` times (see
+    :func:`_download`). Raises :class:`ShardError` naming the URL when a download fails or its sha256 differs."""
     out, fetched, nbytes, t0 = [], 0, 0, time.monotonic()
     for spec in specs:
         if local_path(spec.url) is not None:
             out.append(spec)
             continue
-        path, size = _fetch(spec, Path(os.path.expanduser(cache_dir)))
+        path, size = _fetch(spec, Path(os.path.expanduser(cache_dir)), retries)
         if size is not None:
             fetched, nbytes = fetched + 1, nbytes + size
         out.append(ShardSpec(str(path), spec.sha256, spec.bytes, spec.nsamples))
@@ -75,10 +76,11 @@ class ShardFetcher:
     and that failure is the one reported (naming the URL). Local shards pass through.
     """
 
-    def __init__(self, cache_dir: str):
+    def __init__(self, cache_dir: str, retries: int = 3):
         from concurrent.futures import ThreadPoolExecutor
 
         self.root = Path(os.path.expanduser(cache_dir))
+        self.retries = retries
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="longreel-shard-prefetch")
         self._ahead: dict[str, object] = {}  # url -> Future of its fetch
         self.downloaded = 0  # shards this fetcher downloaded (not found in the cache)
@@ -86,7 +88,7 @@ class ShardFetcher:
     def __call__(self, spec: ShardSpec, upcoming: ShardSpec | None = None) -> ShardSpec:
         local = self._get(spec)
         if upcoming is not None and local_path(upcoming.url) is None and upcoming.url not in self._ahead:
-            self._ahead[upcoming.url] = self._pool.submit(_fetch, upcoming, self.root)
+            self._ahead[upcoming.url] = self._pool.submit(_fetch, upcoming, self.root, self.retries)
         return local
 
     def _get(self, spec: ShardSpec) -> ShardSpec:
@@ -100,7 +102,7 @@ class ShardFetcher:
             except ShardError as e:
                 log.info("shard cache: the download ahead of %s failed (%s); fetching it again", spec.url, e)
         if path is None:
-            path, size = _fetch(spec, self.root)
+            path, size = _fetch(spec, self.root, self.retries)
         if size is not None:
             self.downloaded += 1
             log.info("shard cache: downloaded %s (%.1f MB)", spec.url, size / 1e6)
@@ -113,7 +115,7 @@ class ShardFetcher:
         self._pool.shutdown(wait=True)
 
 
-def _fetch(spec: ShardSpec, root: Path) -> tuple[Path, int | None]:
+def _fetch(spec: ShardSpec, root: Path, retries: int = 3) -> tuple[Path, int | None]:
     """The cached file of ``spec`` and the bytes downloaded (None when the file was already there)."""
     dest = root / cached_name(spec)
     try:
@@ -130,7 +132,7 @@ def _fetch(spec: ShardSpec, root: Path) -> tuple[Path, int | None]:
             except OSError:  # a cache another user owns, or read-only: readable all the same
                 pass
             return dest, None
-        return dest, _download(spec, dest)
+        return dest, _download(spec, dest, retries)
     finally:
         os.close(fd)
 
@@ -144,16 +146,54 @@ def _open_lock(shard: Path) -> int:
     return os.open(_lock_path(shard), os.O_RDWR | os.O_CREAT, 0o644)
 
 
-def _download(spec: ShardSpec, dest: Path) -> int:
+#: seconds before the first retry of a failed download; doubled for each next one
+RETRY_BASE_S = 1.0
+
+
+def _download(spec: ShardSpec, dest: Path, retries: int = 3) -> int:
+    """Download ``spec`` into ``dest`` (verified, then renamed into place). A transport failure (a reset connection,
+    a timeout, an HTTP 5xx, a truncated transfer, a failing ``gsutil``/``aws`` pipe) is tried again up to
+    ``retries`` times after 1, 2, 4, ... seconds, as object stores ask of their clients; a refusal that another try
+    would not change (an HTTP 4xx: missing or forbidden) and a verified copy that does not match the index are not."""
+    for attempt in range(retries + 1):
+        try:
+            return _download_once(spec, dest)
+        except _Transient as e:
+            cause = getattr(e.__cause__, "detail", e.__cause__)  # a ShardError's own text names the URL again
+            if attempt == retries:
+                raise ShardError(spec.url, None, f"cannot download into the shard cache: {cause} (after "
+                                                 f"{retries + 1} tries)") from e.__cause__
+            wait = RETRY_BASE_S * 2 ** attempt
+            log.warning("shard cache: download of %s failed (%s); trying again in %.0f s (%d of %d)", spec.url,
+                        cause, wait, attempt + 1, retries)
+            time.sleep(wait)
+    raise AssertionError("unreachable")
+
+
+class _Transient(Exception):
+    """A download failure that another try may not meet (its cause is ``__cause__``)."""
+
+
+def _download_once(spec: ShardSpec, dest: Path) -> int:
+    import urllib.error
+
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
     try:
         with os.fdopen(fd, "wb") as out:
             try:
                 size = copy_verified(spec, out)
-            except ShardError:
+            except ShardError as e:
+                # fewer bytes than the index gives: the transfer was cut short (urllib reads a connection closed
+                # early as the end of the body), which another try may not meet; a full-size mismatch is the data's
+                if spec.bytes is not None and out.tell() < spec.bytes:
+                    raise _Transient() from e
                 raise
-            except Exception as e:  # noqa: BLE001 - any transport error is this shard's: name its URL
-                raise ShardError(spec.url, None, f"cannot download into the shard cache: {e}") from e
+            except urllib.error.HTTPError as e:
+                if 400 <= e.code < 500 and e.code not in (408, 429):  # missing, forbidden: not a passing failure
+                    raise ShardError(spec.url, None, f"cannot download into the shard cache: {e}") from e
+                raise _Transient() from e
+            except Exception as e:  # noqa: BLE001 - any other transport error is this shard's and may pass
+                raise _Transient() from e
         os.chmod(tmp, 0o644)  # mkstemp's 0600 would keep a shared cache directory's shards from other users
         os.replace(tmp, dest)
         return size

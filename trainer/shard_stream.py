@@ -35,13 +35,14 @@ class ShardItemStream:
         shuffle_buffer: videos interleaved within a shard.
         on_error: ``"raise"`` or ``"skip"`` (bad samples and shards are counted in :attr:`stats`).
         cache_dir: where remote shards are cached when reached (None: streamed over the network, frames in RAM).
+        retries: tries again of a cache download that failed in transport (``shard_cache._download``).
     """
 
     def __init__(self, urls: list[str], *, seed: int, shuffle: bool = True, shuffle_buffer: int = 16,
-                 on_error: str = "raise", cache_dir: str | None = None):
+                 on_error: str = "raise", cache_dir: str | None = None, retries: int = 3):
         from longreel.trainer.shard_cache import ShardFetcher
 
-        self.fetcher = ShardFetcher(cache_dir) if cache_dir else None
+        self.fetcher = ShardFetcher(cache_dir, retries) if cache_dir else None
         self.ds = ShardDataset(resolve_shards(list(urls)), shuffle=shuffle, seed=seed, epochs=1, rank=0,
                                world_size=1, on_error=on_error, shuffle_buffer=shuffle_buffer, fetch=self.fetcher)
         log.info("data.stream: %d shard(s) read as a stream (seed %d, shuffle %s, buffer %d videos)%s",
