@@ -301,7 +301,10 @@ def make_engine(name: str, model, processor, *, model_path: str = "", rollout_cf
         return TransformersEngine(model, processor, group=group,
                                   prompts_per_decode=getattr(rollout_cfg, "prompts_per_decode", 0))
     if name == "vllm":
+        # the trainer hands over each step's video embeddings (MR-SP encodes a video once for every pass), which
+        # vLLM accepts only from an engine built with enable_mm_embeds
         return VLLMEngine(model_path, processor, dtype=dtype,
                           gpu_memory_utilization=getattr(rollout_cfg, "vllm_gpu_memory_utilization", 0.4),
-                          max_model_len=getattr(rollout_cfg, "vllm_max_model_len", 8192), seed=seed)
+                          max_model_len=getattr(rollout_cfg, "vllm_max_model_len", 8192), seed=seed,
+                          enable_mm_embeds=True)
     raise ValueError(f"unknown rollout engine {name!r}; choose transformers or vllm")

@@ -174,7 +174,9 @@ class VLLMEngine(Engine):
             c.token_ids.append(ids)
             c.new_tokens += len(ids)
             if c.logprobs is not None:
-                lp = [next(iter(d.values())).logprob if d else 0.0 for d in (o.logprobs or [])]
+                # the sampled token's entry (with logprobs=0 the only one; with more, the top ones come too)
+                lp = [(d.get(t) or next(iter(d.values()))).logprob if d else 0.0
+                      for t, d in zip(ids, o.logprobs or [])]
                 c.logprobs.append(lp + [0.0] * (len(ids) - len(lp)))
         return c
 

@@ -1,0 +1,61 @@
+"""The trainer's ``rollout.engine=vllm`` path, run against a stand-in for vLLM's offline API (tests/vllm_standin.py:
+vLLM cannot run this model on this machine). What it checks is the trainer's side: the engine is built to take the
+step's video embeddings, the rollouts come back as groups with the engine's log-probs, and after every update the
+engine's weights are synced, so that its log-probs are the trainer's own (``behav_logp_absdiff`` ~ 0)."""
+from __future__ import annotations
+
+import pytest
+
+import torch
+import torchvision  # noqa: F401
+import transformers  # noqa: F401
+
+from longreel.schemas.config import load_yaml  # noqa: E402
+from longreel.testing.tiny_model import build_tiny_qwen2vl  # noqa: E402
+from longreel.trainer.config import TrainConfig  # noqa: E402
+from longreel.trainer.logging_utils import read_metrics  # noqa: E402
+
+import vllm_standin  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    return build_tiny_qwen2vl(tmp_path_factory.mktemp("tiny") / "m", seed=0)
+
+
+def _cfg(model: str, out, *extra: str) -> TrainConfig:
+    return load_yaml(TrainConfig, None, [
+        f"model.path={model}", f"run.out_dir={out}", "data.source=synthetic", "data.synthetic_train=8",
+        "data.synthetic_kinds=[colour, count]", "data.batch_size=2", "run.steps=3", "run.save_every=0",
+        "run.progress=false", "run.tensorboard=false", "run.seed=3", "optim.lr=1e-2", "rollout.engine=vllm",
+        "rollout.n=4", "rollout.max_new_tokens=8", "grpo.mix_policy=true", *extra])
+
+
+@pytest.mark.parametrize("mrsp", ["true", "false"])
+def test_vllm_rollouts_take_the_steps_embeddings_and_follow_every_update(tiny, tmp_path, monkeypatch, mrsp):
+    from longreel.trainer.grpo import run_grpo
+
+    standin = vllm_standin.install(monkeypatch)
+    out = run_grpo(_cfg(tiny, tmp_path / "run", f"mrsp.enabled={mrsp}"))
+    assert out["step"] == 3
+    [built] = standin.BUILT
+    # the trainer hands the engine the step's video embeddings (MR-SP's reuse, and the plain path's one encode):
+    # vLLM takes them only from an engine built with enable_mm_embeds
+    assert built["enable_mm_embeds"] is True and built["logprobs_mode"] == "processed_logprobs"
+    assert built["enable_prefix_caching"] is False  # the weights change under it after every sync
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    # the engine's log-probs of its own samples equal the trainer's old log-probs at every step: the weights it
+    # sampled with were the policy's, also after the updates of steps 1 and 2
+    for r in rows:
+        assert r["behav_logp_absdiff"] < 1e-5, (r["step"], r["behav_logp_absdiff"])
+    assert any(r["skipped_update"] == 0.0 for r in rows[:2])  # an update happened before a later step's rollouts
+    llm = standin.LLM.last
+    assert len(llm.synced_names) >= 2 and all(names == llm.synced_names[0] for names in llm.synced_names)
+    from longreel.trainer.policy import load_policy
+
+    final, _ = load_policy(str(tmp_path / "run" / "final"), dtype=torch.float32, device=torch.device("cpu"))
+    trained, held = final.state_dict(), llm.model.state_dict()
+    assert trained.keys() == held.keys() and all(torch.equal(trained[k], held[k]) for k in trained)
+    base, _ = load_policy(tiny, dtype=torch.float32, device=torch.device("cpu"))
+    assert any(not torch.equal(v, trained[k]) for k, v in base.state_dict().items())  # and they did change

