@@ -59,3 +59,31 @@ def test_vllm_rollouts_take_the_steps_embeddings_and_follow_every_update(tiny, t
     assert trained.keys() == held.keys() and all(torch.equal(trained[k], held[k]) for k in trained)
     base, _ = load_policy(tiny, dtype=torch.float32, device=torch.device("cpu"))
     assert any(not torch.equal(v, trained[k]) for k, v in base.state_dict().items())  # and they did change
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_every_rank_syncs_its_vllm_engine(tiny, tmp_path, monkeypatch, strategy):
+    """Each rank samples its own prompts on its own engine: every rank's engine must get the updated weights (under
+    FSDP they are gathered from the shards on every rank, not on rank 0 only)."""
+    from pathlib import Path
+
+    from test_dist_resume import _run, _torchrun
+
+    site = tmp_path / "site" / "vllm"
+    site.mkdir(parents=True)
+    tests = Path(__file__).resolve().parent
+    (site / "__init__.py").write_text(f"import sys\nsys.path.insert(0, {str(tests)!r})\nfrom vllm_standin import *\n")
+    out = tmp_path / "run"
+    sets = [f"model.path={tiny}", f"run.out_dir={out}", "data.source=synthetic", "data.synthetic_train=8",
+            "data.synthetic_kinds=[colour, count]", "data.batch_size=2", "run.steps=3", "run.save_every=0",
+            "run.progress=false", "run.tensorboard=false", "run.threads=1", "run.seed=3", "optim.lr=1e-2",
+            "rollout.engine=vllm", "rollout.n=4", "rollout.max_new_tokens=8", "grpo.mix_policy=true",
+            f"dist.strategy={strategy}"]
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))  # the ranks import the stand-in as vllm
+    _run([*_torchrun(2), "-m", "longreel", "train", "grpo", *[a for s in sets for a in ("--set", s)]])
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert any(r["skipped_update"] == 0.0 for r in rows[:2])
+    for r in rows:  # both ranks' rollouts: the gap is summed over every rank's tokens
+        assert r["behav_logp_absdiff"] < 1e-5, (r["step"], r["behav_logp_absdiff"])

@@ -587,7 +587,10 @@ class TrainSession:
 
             dist.barrier()
 
-    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+    def full_state_dict(self, every_rank: bool = False) -> dict[str, torch.Tensor] | None:
+        """FSDP: the model's full weights, gathered from the shards (every rank takes part), in CPU memory on rank 0
+        only (for saving), or with ``every_rank`` on every rank's device (each rank's own rollout engine needs them);
+        None without FSDP (the model holds them)."""
         if not self.fsdp:
             return None
         self.release()
@@ -595,7 +598,9 @@ class TrainSession:
 
         from longreel.trainer.checkpoint import tied_aliases
 
-        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        # torch's cpu_offload gives the full tensors to rank 0 and an empty dict to the other ranks
+        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True,
+                                                                         cpu_offload=not every_rank))
         # the gathered copies share no storage, so save_pretrained would write a tied LM head twice
         aliases = tied_aliases(self.model)
         return {k: v for k, v in full.items() if k not in aliases}
