@@ -61,6 +61,19 @@ def test_vllm_rollouts_take_the_steps_embeddings_and_follow_every_update(tiny, t
     assert any(not torch.equal(v, trained[k]) for k, v in base.state_dict().items())  # and they did change
 
 
+def test_a_resumed_run_gives_its_vllm_engine_the_checkpoints_weights(tiny, tmp_path, monkeypatch):
+    # the engine loads model.path (the start weights); a run resumed at step 2 must sync it before its first rollout
+    from longreel.trainer.grpo import run_grpo
+
+    vllm_standin.install(monkeypatch)
+    out = tmp_path / "run"
+    assert run_grpo(_cfg(tiny, out, "run.stop_after=2", "run.save_every=2"))["stopped"]
+    assert run_grpo(_cfg(tiny, out, "run.save_every=2"))["step"] == 3
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3] and any(r["skipped_update"] == 0.0 for r in rows[:2])
+    assert rows[2]["behav_logp_absdiff"] < 1e-5, rows[2]["behav_logp_absdiff"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_every_rank_syncs_its_vllm_engine(tiny, tmp_path, monkeypatch, strategy):
