@@ -5,7 +5,8 @@ import shutil
 import subprocess
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import functools
+from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -144,6 +145,35 @@ def chat_completions_server(reply):
         yield f"http://127.0.0.1:{httpd.server_address[1]}/v1", bodies
     finally:
         httpd.shutdown()
+
+
+class QuietFiles(SimpleHTTPRequestHandler):
+    """Serves a directory's files without logging; ``served`` (set by :func:`file_server`) records each GET's path.
+    Subclass it to answer some requests another way."""
+
+    served: list
+
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        self.served.append(self.path)
+        super().do_GET()
+
+
+@contextlib.contextmanager
+def file_server(directory, handler: type = QuietFiles):
+    """``directory`` over http on 127.0.0.1. Yields ``(base_url, served)``: the paths of the GETs so far, in order;
+    the server stops on exit."""
+    served: list = []
+    cls = type("Files", (handler,), {"served": served})
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(cls, directory=str(directory)))
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}", served
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
 
 
 # ---------------------------------------------------------------------------------------------------------------

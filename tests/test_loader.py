@@ -405,48 +405,36 @@ def test_remote_shards_are_read_from_a_verified_disk_cache(shards, tmp_path):
     from longreel.trainer.preflight import InputCheckError
     from longreel.trainer.runtime import load_items
 
-    served = []
-
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *a):
-            pass
-
-        def do_GET(self):
-            served.append(self.path)
-            super().do_GET()
+    from conftest import file_server
 
     doc = json.loads(open(shards["index"]).read())
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(shards["dir"])))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    base = f"http://127.0.0.1:{server.server_address[1]}"
     cache = tmp_path / "cache"
     tampered = Path(shards["dir"]) / "tampered.index.json"
-    try:
-        url = f"{base}/{os.path.basename(shards['index'])}"
-        local = load_items(DataConfig(train_urls=[shards["index"]]), "train")
-        remote = load_items(DataConfig(train_urls=[url], cache_dir=str(cache)), "train")
-        n_get = len(served)
-        for f in cache.glob("*.tar"):
-            os.utime(f, (1e9, 1e9))  # last used in 2001
-        again = load_items(DataConfig(train_urls=[url], cache_dir=str(cache)), "train")
-        assert len(served) == n_get + 1  # only the index again: the shards came from the cache
-        # a reuse is a use: `longreel cache prune` evicts the least recently used by mtime
-        assert all(f.stat().st_mtime > 1.5e9 for f in cache.glob("*.tar"))
-        streamed = load_items(DataConfig(train_urls=[url], cache_remote=False, cache_dir=str(tmp_path / "no")),
-                              "train")
-        # a cache directory that cannot be made is the input's error, naming the way out
-        (tmp_path / "a-file").write_text("")
-        with pytest.raises(InputCheckError, match="cannot use the shard cache .*data.cache_remote=false"):
-            load_items(DataConfig(train_urls=[url], cache_dir=str(tmp_path / "a-file" / "cache")), "train")
-        # an index whose sha256 does not match what the server sends: refused, nothing cached under that name
-        doc["shardlist"][0]["sha256"] = "0" * 64
-        tampered.write_text(json.dumps(doc))
-        with pytest.raises(InputCheckError, match="does not match the index's 0000"):
-            load_items(DataConfig(train_urls=[f"{base}/tampered.index.json"], cache_dir=str(cache)), "train")
-    finally:
-        server.shutdown()
-        server.server_close()
-        tampered.unlink(missing_ok=True)
+    with file_server(shards["dir"]) as (base, served):
+        try:
+            url = f"{base}/{os.path.basename(shards['index'])}"
+            local = load_items(DataConfig(train_urls=[shards["index"]]), "train")
+            remote = load_items(DataConfig(train_urls=[url], cache_dir=str(cache)), "train")
+            n_get = len(served)
+            for f in cache.glob("*.tar"):
+                os.utime(f, (1e9, 1e9))  # last used in 2001
+            again = load_items(DataConfig(train_urls=[url], cache_dir=str(cache)), "train")
+            assert len(served) == n_get + 1  # only the index again: the shards came from the cache
+            # a reuse is a use: `longreel cache prune` evicts the least recently used by mtime
+            assert all(f.stat().st_mtime > 1.5e9 for f in cache.glob("*.tar"))
+            streamed = load_items(DataConfig(train_urls=[url], cache_remote=False, cache_dir=str(tmp_path / "no")),
+                                  "train")
+            # a cache directory that cannot be made is the input's error, naming the way out
+            (tmp_path / "a-file").write_text("")
+            with pytest.raises(InputCheckError, match="cannot use the shard cache .*data.cache_remote=false"):
+                load_items(DataConfig(train_urls=[url], cache_dir=str(tmp_path / "a-file" / "cache")), "train")
+            # an index whose sha256 does not match what the server sends: refused, nothing cached under that name
+            doc["shardlist"][0]["sha256"] = "0" * 64
+            tampered.write_text(json.dumps(doc))
+            with pytest.raises(InputCheckError, match="does not match the index's 0000"):
+                load_items(DataConfig(train_urls=[f"{base}/tampered.index.json"], cache_dir=str(cache)), "train")
+        finally:
+            tampered.unlink(missing_ok=True)
     want = [e["sha256"] + ".tar" for e in json.loads(open(shards["index"]).read())["shardlist"]]
     assert sorted(p.name for p in cache.glob("*.tar")) == sorted(want)
     assert not (tmp_path / "no").exists()

@@ -3,14 +3,11 @@ before step 1. The order is seeded and resumable, remote shards are cached as th
 the stream resumes bitwise."""
 from __future__ import annotations
 
-import functools
 import hashlib
-import http.server
 import json
 import os
 import shutil
 import tarfile
-import threading
 from collections import Counter
 from pathlib import Path
 
@@ -30,6 +27,7 @@ from longreel.trainer.runtime import load_items  # noqa: E402
 from longreel.trainer.shard_stream import ShardItemStream  # noqa: E402
 from longreel.trainer.synthetic_task import make_items, write_shards  # noqa: E402
 from longreel.testing.tiny_model import build_tiny_qwen2vl  # noqa: E402
+from conftest import QuietFiles, file_server  # noqa: E402
 
 N_ITEMS, PER_SHARD = 18, 4  # five shards, the last one short
 
@@ -90,32 +88,17 @@ def test_a_stream_without_items_is_an_input_error_not_a_hang(data, tmp_path):
 
 
 def test_remote_shards_are_cached_as_the_stream_reaches_them(data, tmp_path):
-    served = []
-
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *a):
-            pass
-
-        def do_GET(self):
-            served.append(self.path)
-            super().do_GET()
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(data["dir"])))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    base = f"http://127.0.0.1:{server.server_address[1]}"
     cache = tmp_path / "cache"
-    try:
+    with file_server(data["dir"]) as (base, served):
         s = ShardItemStream([f"{base}/{os.path.basename(data['index'])}"], seed=3, cache_dir=str(cache))
         first = s.next_batch(1)
         # the first shard, and at most the one being downloaded ahead: not the whole dataset before the first item
         assert 1 <= len(list(cache.glob("*.tar"))) <= 2
         rest = s.next_batch(N_ITEMS - 1)
         s.close()
-    finally:
-        server.shutdown()
-        server.server_close()
     assert len(list(cache.glob("*.tar"))) == 5 and s.fetcher.downloaded == 5
-    assert sorted(p for p in served if p.endswith(".tar")) == sorted(set(p for p in served if p.endswith(".tar")))
+    tars = [p for p in served if p.endswith(".tar")]
+    assert len(tars) == len(set(tars)) == 5  # each shard downloaded once
     local = ShardItemStream([data["index"]], seed=3).next_batch(N_ITEMS)
     got = first + rest
     assert _ids(got) == _ids(local)  # the order does not depend on where a shard is read from
@@ -220,19 +203,15 @@ def test_a_download_that_fails_in_transport_is_tried_again(data, tmp_path, monke
     from longreel.trainer import shard_cache
 
     monkeypatch.setattr(shard_cache, "RETRY_BASE_S", 0.0)
-    gets: Counter = Counter()
     failures = {"drop": 2, "503": 1}  # the first shard's first two GETs are cut off, the second's first is a 503
     first, second = sorted(p.name for p in Path(data["dir"]).glob("*.tar"))[:2]
 
-    class Flaky(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *a):
-            pass
-
+    class Flaky(QuietFiles):
         def do_GET(self):
             name = self.path.rsplit("/", 1)[-1]
-            gets[name] += 1
             if name == first and failures["drop"]:
                 failures["drop"] -= 1
+                self.served.append(self.path)
                 self.send_response(200)
                 self.send_header("Content-Length", "100000")
                 self.end_headers()
@@ -240,40 +219,39 @@ def test_a_download_that_fails_in_transport_is_tried_again(data, tmp_path, monke
                 return
             if name == second and failures["503"]:
                 failures["503"] -= 1
+                self.served.append(self.path)
                 self.send_error(503)
                 return
             super().do_GET()
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Flaky, directory=str(data["dir"])))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    base = f"http://127.0.0.1:{server.server_address[1]}"
-    index = f"{base}/{os.path.basename(data['index'])}"
-    cfg = DataConfig(train_urls=[index], cache_dir=str(tmp_path / "cache"), stream=stream)
-    try:
-        with caplog.at_level("WARNING", logger="longreel"):
-            if stream:
-                s = ShardItemStream([index], seed=3, shuffle=False, cache_dir=cfg.cache_dir)
-                got = _ids(s.next_batch(N_ITEMS))
-                s.close()
-            else:
-                got = [it["qra_id"] for it in load_items(cfg, "train")]
-        assert got == [it["qra_id"] for it in load_items(DataConfig(train_urls=[data["index"]]), "train")]
-        assert (gets[first], gets[second]) == (3, 2)
-        assert sum("trying again" in r.getMessage() for r in caplog.records) == 3
-        # out of tries: the shard's URL, the cause and the count, as the input's error (exit 2 from the CLI)
-        failures["503"] = 5
-        with pytest.raises(InputCheckError, match=rf"{second}: cannot download .*503.*after 2 tries"):
-            load_items(DataConfig(train_urls=[index], cache_dir=str(tmp_path / "again"), fetch_retries=1), "train")
-        # a missing shard is not tried again
-        gets.clear()
-        doc = json.loads(Path(data["index"]).read_text())
-        doc["shardlist"][0]["url"] = "missing.tar"
-        Path(data["dir"], "with-missing.index.json").write_text(json.dumps(doc))
-        with pytest.raises(InputCheckError, match="missing.tar: cannot download .*404"):
-            load_items(DataConfig(train_urls=[f"{base}/with-missing.index.json"], cache_dir=str(tmp_path / "m")),
-                       "train")
-        assert gets["missing.tar"] == 1
-    finally:
-        server.shutdown()
-        server.server_close()
-        Path(data["dir"], "with-missing.index.json").unlink(missing_ok=True)
+    missing_index = Path(data["dir"], "with-missing.index.json")
+    with file_server(data["dir"], Flaky) as (base, served):
+        gets = lambda name: sum(p.endswith("/" + name) for p in served)  # noqa: E731
+        index = f"{base}/{os.path.basename(data['index'])}"
+        cfg = DataConfig(train_urls=[index], cache_dir=str(tmp_path / "cache"), stream=stream)
+        try:
+            with caplog.at_level("WARNING", logger="longreel"):
+                if stream:
+                    s = ShardItemStream([index], seed=3, shuffle=False, cache_dir=cfg.cache_dir)
+                    got = _ids(s.next_batch(N_ITEMS))
+                    s.close()
+                else:
+                    got = [it["qra_id"] for it in load_items(cfg, "train")]
+            assert got == [it["qra_id"] for it in load_items(DataConfig(train_urls=[data["index"]]), "train")]
+            assert (gets(first), gets(second)) == (3, 2)
+            assert sum("trying again" in r.getMessage() for r in caplog.records) == 3
+            # out of tries: the shard's URL, the cause and the count, as the input's error (exit 2 from the CLI)
+            failures["503"] = 5
+            with pytest.raises(InputCheckError, match=rf"{second}: cannot download .*503.*after 2 tries"):
+                load_items(DataConfig(train_urls=[index], cache_dir=str(tmp_path / "again"), fetch_retries=1),
+                           "train")
+            # a missing shard is not tried again
+            doc = json.loads(Path(data["index"]).read_text())
+            doc["shardlist"][0]["url"] = "missing.tar"
+            missing_index.write_text(json.dumps(doc))
+            with pytest.raises(InputCheckError, match="missing.tar: cannot download .*404"):
+                load_items(DataConfig(train_urls=[f"{base}/{missing_index.name}"], cache_dir=str(tmp_path / "m")),
+                           "train")
+            assert gets("missing.tar") == 1
+        finally:
+            missing_index.unlink(missing_ok=True)
