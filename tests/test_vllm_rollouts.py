@@ -74,6 +74,20 @@ def test_a_resumed_run_gives_its_vllm_engine_the_checkpoints_weights(tiny, tmp_p
     assert rows[2]["behav_logp_absdiff"] < 1e-5, rows[2]["behav_logp_absdiff"]
 
 
+def test_a_prompt_longer_than_the_engine_takes_names_the_setting(tiny, tmp_path, monkeypatch, capsys):
+    # vLLM refuses a request over its max_model_len; a long video's prompt can be: one line, exit 2, naming the key
+    from longreel.cli import main
+
+    vllm_standin.install(monkeypatch)
+    sets = [f"model.path={tiny}", f"run.out_dir={tmp_path / 'run'}", "data.source=synthetic", "run.steps=1",
+            "rollout.engine=vllm", "rollout.n=2", "rollout.max_new_tokens=8", "rollout.vllm_max_model_len=64",
+            "run.progress=false", "run.tensorboard=false"]
+    assert main(["train", "grpo", *[a for s in sets for a in ("--set", s)]]) == 2
+    err = capsys.readouterr().err
+    assert "exceed rollout.vllm_max_model_len (64): set rollout.vllm_max_model_len to at least" in err
+    assert "Traceback" not in err
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_every_rank_syncs_its_vllm_engine(tiny, tmp_path, monkeypatch, strategy):

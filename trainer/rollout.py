@@ -241,6 +241,7 @@ class VLLMEngine(RolloutEngine):
         from longreel.engines.vllm_engine import VLLMEngine as SharedVLLMEngine
 
         self.processor = processor
+        self.max_model_len = max_model_len
         self.engine = SharedVLLMEngine(model_path, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
                                        max_model_len=max_model_len, seed=seed, return_logprobs=True,
                                        enable_mm_embeds=enable_mm_embeds, in_process=True)
@@ -274,6 +275,7 @@ class VLLMEngine(RolloutEngine):
     def generate(self, prompts, sampling, seeds, video_embeds=None, items=None):
         if items is None:
             raise ValueError("the vllm engine needs the items (it renders the prompt and passes the frames itself)")
+        self._check_lengths(prompts, sampling)
         requests = [self._request(item, video_embeds[i] if video_embeds is not None else None, sampling, seeds[i])
                     for i, item in enumerate(items)]
         groups = []
@@ -288,6 +290,20 @@ class VLLMEngine(RolloutEngine):
             groups.append(RolloutGroup(prompt.key, ids.to(dev), mask.to(dev), list(c.texts),
                                        torch.tensor([f == "stop" for f in c.finish]), behav.to(dev)))
         return groups
+
+    def _check_lengths(self, prompts: Sequence[PromptInputs], sampling: SamplingConfig) -> None:
+        """vLLM refuses a request longer than its ``max_model_len``; a long video's prompt alone can be (1,024 frames
+        of Qwen2-VL at 168x280 are ~30k tokens). Said here as the setting to change, before any request is sent,
+        rather than as a failed rollout."""
+        from longreel.trainer.preflight import InputCheckError
+
+        longest = max(prompts, key=lambda p: p.length, default=None)
+        if longest is not None and longest.length + sampling.max_new_tokens > self.max_model_len:
+            raise InputCheckError(
+                f"sample {longest.key!r}: its prompt ({longest.length} tokens, the video included) and "
+                f"rollout.max_new_tokens ({sampling.max_new_tokens}) exceed rollout.vllm_max_model_len "
+                f"({self.max_model_len}): set rollout.vllm_max_model_len to at least "
+                f"{longest.length + sampling.max_new_tokens}, or sample fewer frames")
 
     def sync_weights(self, model: torch.nn.Module, state_dict: dict[str, Tensor] | None = None) -> None:
         self.engine.sync_weights(state_dict if state_dict is not None else model.state_dict())
