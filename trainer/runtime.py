@@ -363,6 +363,9 @@ class ItemStream:
         self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
         self._order = self._make_order(self.epoch)
 
+    def close(self) -> None:
+        """Nothing to release (the shard stream's interface)."""
+
 
 def open_item_stream(cfg, items: list[dict] | None = None):
     """The run's item order: over ``items`` (or every item of the training data, loaded now), or, with
@@ -749,8 +752,7 @@ class TrainSession:
         that set one up itself, e.g. to run several sessions in one launch, keeps it)."""
         self.logger.close()
         self.release_lock()
-        if hasattr(getattr(self, "stream", None), "close"):  # a shard stream's download ahead
-            self.stream.close()
+        self.stream.close()  # a shard stream's download ahead
         if self.info.enabled and self.info.owns_group:
             import torch.distributed as dist
 

@@ -53,14 +53,12 @@ def cache_remote_shards(specs: list[ShardSpec], cache_dir: str, retries: int = 3
     local shards as they are. A download that fails in transport is tried again up to ``retries`` times (see
     :func:`_download`). Raises :class:`ShardError` naming the URL when a download fails or its sha256 differs."""
     out, fetched, nbytes, t0 = [], 0, 0, time.monotonic()
+    root = Path(os.path.expanduser(cache_dir))
     for spec in specs:
-        if local_path(spec.url) is not None:
-            out.append(spec)
-            continue
-        path, size = _fetch(spec, Path(os.path.expanduser(cache_dir)), retries)
+        local, size = _local_copy(spec, root, retries)
         if size is not None:
             fetched, nbytes = fetched + 1, nbytes + size
-        out.append(ShardSpec(str(path), spec.sha256, spec.bytes, spec.nsamples))
+        out.append(local)
     if fetched:
         log.info("shard cache: downloaded %d shard(s), %.1f MB, into %s in %.1f s", fetched, nbytes / 1e6, cache_dir,
                  time.monotonic() - t0)
@@ -88,31 +86,38 @@ class ShardFetcher:
     def __call__(self, spec: ShardSpec, upcoming: ShardSpec | None = None) -> ShardSpec:
         local = self._get(spec)
         if upcoming is not None and local_path(upcoming.url) is None and upcoming.url not in self._ahead:
-            self._ahead[upcoming.url] = self._pool.submit(_fetch, upcoming, self.root, self.retries)
+            self._ahead[upcoming.url] = self._pool.submit(_local_copy, upcoming, self.root, self.retries)
         return local
 
     def _get(self, spec: ShardSpec) -> ShardSpec:
-        if local_path(spec.url) is not None:
-            return spec
         ahead = self._ahead.pop(spec.url, None)
-        path = size = None
+        local = size = None
         if ahead is not None:
             try:
-                path, size = ahead.result()
+                local, size = ahead.result()
             except ShardError as e:
                 log.info("shard cache: the download ahead of %s failed (%s); fetching it again", spec.url, e)
-        if path is None:
-            path, size = _fetch(spec, self.root, self.retries)
+        if local is None:
+            local, size = _local_copy(spec, self.root, self.retries)
         if size is not None:
             self.downloaded += 1
             log.info("shard cache: downloaded %s (%.1f MB)", spec.url, size / 1e6)
-        return ShardSpec(str(path), spec.sha256, spec.bytes, spec.nsamples)
+        return local
 
     def close(self) -> None:
         for f in self._ahead.values():
             f.cancel()
         self._ahead.clear()
         self._pool.shutdown(wait=True)
+
+
+def _local_copy(spec: ShardSpec, root: Path, retries: int = 3) -> tuple[ShardSpec, int | None]:
+    """The spec to read for ``spec``: itself when local, else its cached copy (downloaded when missing); and the
+    bytes downloaded (None when nothing was)."""
+    if local_path(spec.url) is not None:
+        return spec, None
+    path, size = _fetch(spec, root, retries)
+    return ShardSpec(str(path), spec.sha256, spec.bytes, spec.nsamples), size
 
 
 def _fetch(spec: ShardSpec, root: Path, retries: int = 3) -> tuple[Path, int | None]:

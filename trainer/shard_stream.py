@@ -33,7 +33,7 @@ class ShardItemStream:
         urls: ``data.train_urls`` (URLs, brace patterns, local globs or a wids index).
         seed, shuffle: the order's seed and whether to permute shards and interleave items.
         shuffle_buffer: videos interleaved within a shard.
-        on_error: ``"raise"`` or ``"skip"`` (bad samples and shards are counted in :attr:`stats`).
+        on_error: ``"raise"`` or ``"skip"`` (bad samples and shards are skipped with a warning each).
         cache_dir: where remote shards are cached when reached (None: streamed over the network, frames in RAM).
         retries: tries again of a cache download that failed in transport (``shard_cache._download``).
     """
@@ -53,10 +53,6 @@ class ShardItemStream:
         self._it = None
         self._fresh_epoch = True  # the current pass started at the epoch's first shard
         self._pass_items = 0
-
-    @property
-    def stats(self):
-        return self.ds.stats
 
     def _next_item(self) -> dict:
         while True:
