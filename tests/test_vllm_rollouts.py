@@ -4,6 +4,8 @@ step's video embeddings, the rollouts come back as groups with the engine's log-
 engine's weights are synced, so that its log-probs are the trainer's own (``behav_logp_absdiff`` ~ 0)."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import torch
@@ -74,6 +76,27 @@ def test_a_resumed_run_gives_its_vllm_engine_the_checkpoints_weights(tiny, tmp_p
     assert rows[2]["behav_logp_absdiff"] < 1e-5, rows[2]["behav_logp_absdiff"]
 
 
+def test_under_torchrun_each_ranks_engine_takes_its_own_device(tiny, monkeypatch):
+    # vLLM's in-process default puts the engine on the index in its `device` setting or 0 whatever the rank; under
+    # torchrun every rank's engine would land on GPU 0. The external launcher joins the trainer's ranks and takes
+    # LOCAL_RANK's device. One process here, with torch.distributed made to report a second rank.
+    from longreel.trainer.policy import load_policy
+    from longreel.trainer.rollout import make_engine
+
+    standin = vllm_standin.install(monkeypatch)
+    model, processor = load_policy(tiny, dtype=torch.float32, device=torch.device("cpu"))
+    make_engine("vllm", model, processor, model_path=tiny)
+    assert "distributed_executor_backend" not in standin.BUILT[-1]  # one process: vLLM's own default
+    assert standin.BUILT[-1]["device_index"] == 0
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda *a, **k: 2)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    make_engine("vllm", model, processor, model_path=tiny)
+    assert standin.BUILT[-1]["distributed_executor_backend"] == "external_launcher"
+    assert standin.BUILT[-1]["device_index"] == 1
+
+
 def test_a_prompt_longer_than_the_engine_takes_names_the_setting(tiny, tmp_path, monkeypatch, capsys):
     # vLLM refuses a request over its max_model_len; a long video's prompt can be: one line, exit 2, naming the key
     from longreel.cli import main
@@ -108,7 +131,12 @@ def test_every_rank_syncs_its_vllm_engine(tiny, tmp_path, monkeypatch, strategy)
             "rollout.engine=vllm", "rollout.n=4", "rollout.max_new_tokens=8", "grpo.mix_policy=true",
             f"dist.strategy={strategy}"]
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))  # the ranks import the stand-in as vllm
+    monkeypatch.setenv("VLLM_STANDIN_LOG", str(tmp_path / "built.jsonl"))
     _run([*_torchrun(2), "-m", "longreel", "train", "grpo", *[a for s in sets for a in ("--set", s)]])
+    built = [json.loads(line) for line in (tmp_path / "built.jsonl").read_text().splitlines()]
+    # one engine a rank, each joined to the trainer's ranks and on its own rank's device (not both on device 0)
+    assert sorted((b["rank"], b["device_index"]) for b in built) == [(0, 0), (1, 1)]
+    assert all(b["distributed_executor_backend"] == "external_launcher" for b in built)
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert any(r["skipped_update"] == 0.0 for r in rows[:2])

@@ -16,13 +16,19 @@ trainer depends on it:
   ``prompt_token_ids`` and per completion ``token_ids`` (the EOS included), ``text``, ``finish_reason`` and
   ``logprobs`` (one ``{token_id: Logprob}`` per token, processed: after temperature);
 * ``apply_model(fn)`` calls ``fn`` with the model, whose ``load_weights`` takes ``(name, tensor)`` pairs of the
-  Hugging Face state dict.
+  Hugging Face state dict;
+* the GPU its worker would take (``device_index``, recorded): ``LOCAL_RANK`` with
+  ``distributed_executor_backend="external_launcher"``, otherwise the index in ``device`` or 0, on every rank
+  (vLLM's ``UniProcExecutor._distributed_args`` and ``gpu_worker.init_device``). With ``VLLM_STANDIN_LOG`` set, each
+  build is also appended there as a JSON line, for tests whose engines live in other processes.
 
 Sampling is longreel's own transformers engine on the copy, so a step's engine log-probs equal the trainer's old
 log-probs when (and only when) the weights were synced.
 """
 from __future__ import annotations
 
+import json
+import os
 import sys
 import types
 from dataclasses import dataclass, field
@@ -75,6 +81,13 @@ class _Model:
         return set(state)
 
 
+def _device_index(kw: dict) -> int:
+    if kw.get("distributed_executor_backend") == "external_launcher":
+        return int(os.environ["LOCAL_RANK"])  # vLLM reads it unchecked: a KeyError outside a launcher, as here
+    device = str(kw.get("device", "cuda"))
+    return int(device.split(":")[1]) if ":" in device else 0
+
+
 class LLM:
     last: "LLM | None" = None  # the newest one built (the test reads its weights)
 
@@ -83,8 +96,13 @@ class LLM:
         from longreel.trainer.policy import load_policy
         from longreel.trainer.rollout import TransformersEngine
 
-        BUILT.append(dict(model=model, dtype=dtype, seed=seed, enable_mm_embeds=enable_mm_embeds,
-                          logprobs_mode=logprobs_mode, limit_mm_per_prompt=limit_mm_per_prompt, **kw))
+        built = dict(model=model, dtype=dtype, seed=seed, enable_mm_embeds=enable_mm_embeds,
+                     logprobs_mode=logprobs_mode, limit_mm_per_prompt=limit_mm_per_prompt,
+                     device_index=_device_index(kw), rank=int(os.environ.get("RANK", "0")), **kw)
+        BUILT.append(built)
+        if os.environ.get("VLLM_STANDIN_LOG"):
+            with open(os.environ["VLLM_STANDIN_LOG"], "a") as f:
+                f.write(json.dumps(built) + "\n")
         self.enable_mm_embeds, self.logprobs_mode = enable_mm_embeds, logprobs_mode
         self.model, self.processor = load_policy(model, dtype=torch.float32, device=torch.device("cpu"))
         self.model.eval().requires_grad_(False)

@@ -232,19 +232,26 @@ class VLLMEngine(RolloutEngine):
     ``LLM.apply_model``; the weights are passed as ``(name, tensor)`` pairs of the HF state dict, which the vLLM
     model's ``load_weights`` maps to its own layout. Log-probs are the processed ones (after temperature), to be
     comparable with the trainer's; vision placeholder tokens get a -100 logit bias so they are never sampled.
+
+    Under ``torchrun`` (``external_launcher=True``) each rank's engine is built with vLLM's
+    ``distributed_executor_backend="external_launcher"``: the engine joins the trainer's process group and takes the
+    rank's GPU (``LOCAL_RANK``). vLLM's in-process default picks the device index in its ``device`` setting or 0,
+    whatever the rank, so every rank's engine would be put on GPU 0 and each rank's current device switched to it.
     """
 
     name = "vllm"
 
     def __init__(self, model_path: str, processor, *, dtype: str = "bfloat16", gpu_memory_utilization: float = 0.4,
-                 max_model_len: int = 8192, seed: int = 0, enable_mm_embeds: bool = False):
+                 max_model_len: int = 8192, seed: int = 0, enable_mm_embeds: bool = False,
+                 external_launcher: bool = False):
         from longreel.engines.vllm_engine import VLLMEngine as SharedVLLMEngine
 
         self.processor = processor
         self.max_model_len = max_model_len
+        launcher = {"distributed_executor_backend": "external_launcher"} if external_launcher else {}
         self.engine = SharedVLLMEngine(model_path, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
                                        max_model_len=max_model_len, seed=seed, return_logprobs=True,
-                                       enable_mm_embeds=enable_mm_embeds, in_process=True)
+                                       enable_mm_embeds=enable_mm_embeds, in_process=True, **launcher)
         try:
             self.engine.setup()
         except RuntimeError as e:
@@ -309,6 +316,12 @@ class VLLMEngine(RolloutEngine):
         self.engine.sync_weights(state_dict if state_dict is not None else model.state_dict())
 
 
+def _under_torchrun() -> bool:
+    """More than one trainer process: each rank's vLLM engine must join them rather than start a world of its own."""
+    return torch.distributed.is_available() and torch.distributed.is_initialized() \
+        and torch.distributed.get_world_size() > 1
+
+
 def make_engine(name: str, model, processor, *, model_path: str = "", rollout_cfg=None, seed: int = 0,
                 dtype: str = "bfloat16", group=None) -> RolloutEngine:
     """``group``: an SP group whose ranks split each prompt's rollouts (transformers engine; vLLM samples every
@@ -322,5 +335,5 @@ def make_engine(name: str, model, processor, *, model_path: str = "", rollout_cf
         return VLLMEngine(model_path, processor, dtype=dtype,
                           gpu_memory_utilization=getattr(rollout_cfg, "vllm_gpu_memory_utilization", 0.4),
                           max_model_len=getattr(rollout_cfg, "vllm_max_model_len", 8192), seed=seed,
-                          enable_mm_embeds=True)
+                          enable_mm_embeds=True, external_launcher=_under_torchrun())
     raise ValueError(f"unknown rollout engine {name!r}; choose transformers or vllm")
