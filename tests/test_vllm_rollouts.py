@@ -53,6 +53,7 @@ def test_vllm_rollouts_take_the_steps_embeddings_and_follow_every_update(tiny, t
         assert r["behav_logp_absdiff"] < 1e-5, (r["step"], r["behav_logp_absdiff"])
     assert any(r["skipped_update"] == 0.0 for r in rows[:2])  # an update happened before a later step's rollouts
     llm = standin.LLM.last
+    assert set(llm.sync_routes) == {"reload_weights"}  # vLLM's in-place reload, not load_weights alone
     assert len(llm.synced_names) >= 2 and all(names == llm.synced_names[0] for names in llm.synced_names)
     from longreel.trainer.policy import load_policy
 
@@ -61,6 +62,18 @@ def test_vllm_rollouts_take_the_steps_embeddings_and_follow_every_update(tiny, t
     assert trained.keys() == held.keys() and all(torch.equal(trained[k], held[k]) for k in trained)
     base, _ = load_policy(tiny, dtype=torch.float32, device=torch.device("cpu"))
     assert any(not torch.equal(v, trained[k]) for k, v in base.state_dict().items())  # and they did change
+
+
+def test_a_vllm_without_reload_weights_is_synced_through_load_weights(tiny, tmp_path, monkeypatch):
+    from longreel.trainer.grpo import run_grpo
+
+    standin = vllm_standin.install(monkeypatch)
+    monkeypatch.setattr(standin.LLM, "has_reload_weights", False)
+    assert run_grpo(_cfg(tiny, tmp_path / "run"))["step"] == 3
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert any(r["skipped_update"] == 0.0 for r in rows[:2])
+    assert all(r["behav_logp_absdiff"] < 1e-5 for r in rows), rows
+    assert set(standin.LLM.last.sync_routes) == {"apply_model"}
 
 
 def test_a_resumed_run_gives_its_vllm_engine_the_checkpoints_weights(tiny, tmp_path, monkeypatch):
@@ -133,10 +146,18 @@ def test_every_rank_syncs_its_vllm_engine(tiny, tmp_path, monkeypatch, strategy)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))  # the ranks import the stand-in as vllm
     monkeypatch.setenv("VLLM_STANDIN_LOG", str(tmp_path / "built.jsonl"))
     _run([*_torchrun(2), "-m", "longreel", "train", "grpo", *[a for s in sets for a in ("--set", s)]])
-    built = [json.loads(line) for line in (tmp_path / "built.jsonl").read_text().splitlines()]
+    log = [json.loads(line) for line in (tmp_path / "built.jsonl").read_text().splitlines()]
+    built = [r for r in log if r["event"] == "build"]
     # one engine a rank, each joined to the trainer's ranks and on its own rank's device (not both on device 0)
     assert sorted((b["rank"], b["device_index"]) for b in built) == [(0, 0), (1, 1)]
     assert all(b["distributed_executor_backend"] == "external_launcher" for b in built)
+    syncs = [r for r in log if r["event"] == "sync"]
+    assert sorted(r["rank"] for r in syncs) == [0, 0, 0, 1, 1, 1]  # after each of the 3 updates, on each rank
+    if strategy == "fsdp":
+        # each weight gathered from the shards only when the engine reads it: one full tensor alive at a time, not
+        # a full copy of the model on every rank
+        assert all(r["peak_alive"] == 1 for r in syncs), syncs
+        assert all(r["n"] > 10 for r in syncs), syncs
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert any(r["skipped_update"] == 0.0 for r in rows[:2])

@@ -15,12 +15,14 @@ trainer depends on it:
 * ``SamplingParams(n, max_tokens, temperature, top_p, seed, logprobs=0, logit_bias, ...)``; outputs carry
   ``prompt_token_ids`` and per completion ``token_ids`` (the EOS included), ``text``, ``finish_reason`` and
   ``logprobs`` (one ``{token_id: Logprob}`` per token, processed: after temperature);
-* ``apply_model(fn)`` calls ``fn`` with the model, whose ``load_weights`` takes ``(name, tensor)`` pairs of the
-  Hugging Face state dict;
+* ``collective_rpc("reload_weights", kwargs={"weights_iterator": pairs})`` (vLLM's in-place reload) and
+  ``apply_model(fn)`` (which calls ``fn`` with the model) both reach a ``load_weights`` that takes
+  ``(name, tensor)`` pairs of the Hugging Face state dict; ``has_reload_weights = False`` plays a vLLM without the
+  former;
 * the GPU its worker would take (``device_index``, recorded): ``LOCAL_RANK`` with
   ``distributed_executor_backend="external_launcher"``, otherwise the index in ``device`` or 0, on every rank
   (vLLM's ``UniProcExecutor._distributed_args`` and ``gpu_worker.init_device``). With ``VLLM_STANDIN_LOG`` set, each
-  build is also appended there as a JSON line, for tests whose engines live in other processes.
+  build and each weight load is also appended there as a JSON line, for tests whose engines live in other processes.
 
 Sampling is longreel's own transformers engine on the copy, so a step's engine log-probs equal the trainer's old
 log-probs when (and only when) the weights were synced.
@@ -31,6 +33,7 @@ import json
 import os
 import sys
 import types
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -73,12 +76,29 @@ class _Model:
         self.hf_model, self.llm = hf_model, llm
 
     def load_weights(self, weights) -> set[str]:
-        state = dict(weights)
-        missing, unexpected = self.hf_model.load_state_dict(state, strict=False)
-        if unexpected:
-            raise KeyError(f"load_weights: unknown weights {unexpected[:3]}")
-        self.llm.synced_names.append(sorted(state))
-        return set(state)
+        """Like vLLM's loaders, reads the pairs one at a time and copies each into the model as it comes (an unknown
+        name is an error); records how many of the handed-over tensors were alive at once, at most, and their bytes:
+        a sharded trainer's sync that gathers each only when asked keeps that to one."""
+        params = self.hf_model.state_dict()
+        names, alive, peak, peak_bytes = [], [], 0, 0
+        for name, tensor in weights:
+            if name not in params:
+                raise KeyError(f"load_weights: unknown weight {name!r}")
+            params[name].copy_(tensor)
+            names.append(name)
+            alive = [r for r in alive if r() is not None] + [weakref.ref(tensor)]
+            peak = max(peak, len(alive))
+            peak_bytes = max(peak_bytes, sum(r().numel() * r().element_size() for r in alive if r() is not None))
+            del tensor
+        self.llm.synced_names.append(sorted(names))
+        _log(event="sync", n=len(names), peak_alive=peak, peak_alive_bytes=peak_bytes)
+        return set(names)
+
+
+def _log(**record) -> None:
+    if os.environ.get("VLLM_STANDIN_LOG"):
+        with open(os.environ["VLLM_STANDIN_LOG"], "a") as f:
+            f.write(json.dumps(dict(record, rank=int(os.environ.get("RANK", "0")))) + "\n")
 
 
 def _device_index(kw: dict) -> int:
@@ -100,9 +120,7 @@ class LLM:
                      logprobs_mode=logprobs_mode, limit_mm_per_prompt=limit_mm_per_prompt,
                      device_index=_device_index(kw), rank=int(os.environ.get("RANK", "0")), **kw)
         BUILT.append(built)
-        if os.environ.get("VLLM_STANDIN_LOG"):
-            with open(os.environ["VLLM_STANDIN_LOG"], "a") as f:
-                f.write(json.dumps(built) + "\n")
+        _log(event="build", **built)
         self.enable_mm_embeds, self.logprobs_mode = enable_mm_embeds, logprobs_mode
         self.model, self.processor = load_policy(model, dtype=torch.float32, device=torch.device("cpu"))
         self.model.eval().requires_grad_(False)
@@ -110,13 +128,27 @@ class LLM:
         self.engine.report_logprobs = True  # the decode's own log-probs, after temperature: processed
         self.llm_engine = types.SimpleNamespace(model_config=types.SimpleNamespace(hf_config=self.model.config))
         self.synced_names: list[list[str]] = []
+        self.sync_routes: list[str] = []
         LLM.last = self
 
     def get_tokenizer(self):
         return self.processor.tokenizer
 
+    #: False: a vLLM before the worker's ``reload_weights`` (the engine then loads through ``apply_model``)
+    has_reload_weights = True
+
     def apply_model(self, fn):
+        self.sync_routes.append("apply_model")
         return [fn(_Model(self.model, self))]  # one result per worker, as vLLM returns
+
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        """Only the worker's ``reload_weights(weights_iterator=...)`` (vLLM's in-place reload), with vLLM's error
+        for a method the worker lacks."""
+        if method != "reload_weights" or not self.has_reload_weights:
+            raise NotImplementedError(f"Method {method!r} is not implemented.")
+        self.sync_routes.append("reload_weights")
+        _Model(self.model, self).load_weights((kwargs or {})["weights_iterator"])
+        return [None]
 
     def reset_prefix_cache(self) -> bool:
         return True

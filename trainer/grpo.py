@@ -153,7 +153,7 @@ class GRPOTrainer:
                                   dtype="bfloat16" if s.dtype == torch.bfloat16 else "float32",
                                   group=s.info.sp_group if self.mrsp and s.info.sp_size > 1 else None)
         if self.engine.name != "transformers" and s.step > 0:
-            self.engine.sync_weights(s.model, s.full_state_dict(every_rank=True))
+            self.engine.sync_weights(s.model, s.weights_for_engine())
         self.ref = None
         if cfg.grpo.beta > 0:  # the reference is loaded only when the KL term is on
             from longreel.trainer.policy import load_policy
@@ -547,7 +547,7 @@ class GRPOTrainer:
                 grad_norm = 0.0
             loss_total = _replica_sum(epoch_loss, s.info)
         if self.engine.name != "transformers":
-            self.engine.sync_weights(model, s.full_state_dict(every_rank=True))
+            self.engine.sync_weights(model, s.weights_for_engine())
         return loss_total, sums, grad_norm, signal
 
     def _metrics(self, stats: dict, sums: dict, sums_behav: list[float], loss_total: float, grad_norm: float,

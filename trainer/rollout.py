@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import torch
 from torch import Tensor
@@ -255,7 +255,8 @@ class VLLMEngine(RolloutEngine):
         try:
             self.engine.setup()
         except RuntimeError as e:
-            raise RuntimeError("rollout.engine=vllm needs vllm installed (pip install 'longreel[gpu]') and a GPU") from e
+            raise RuntimeError("rollout.engine=vllm needs vllm installed (pip install 'longreel[gpu]') and a GPU") \
+                from e
         tok = processor.tokenizer
         self.pad_id = tok.pad_token_id or 0
         ids = [tok.convert_tokens_to_ids(t) for t in ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>",
@@ -312,8 +313,10 @@ class VLLMEngine(RolloutEngine):
                 f"({self.max_model_len}): set rollout.vllm_max_model_len to at least "
                 f"{longest.length + sampling.max_new_tokens}, or sample fewer frames")
 
-    def sync_weights(self, model: torch.nn.Module, state_dict: dict[str, Tensor] | None = None) -> None:
-        self.engine.sync_weights(state_dict if state_dict is not None else model.state_dict())
+    def sync_weights(self, model: torch.nn.Module, weights: Iterable[tuple[str, Tensor]] | None = None) -> None:
+        """``weights``: ``(name, tensor)`` pairs to load in place of ``model``'s own (FSDP's, gathered as the engine
+        reads them)."""
+        self.engine.sync_weights(weights if weights is not None else model.state_dict())
 
 
 def _under_torchrun() -> bool:

@@ -590,10 +590,9 @@ class TrainSession:
 
             dist.barrier()
 
-    def full_state_dict(self, every_rank: bool = False) -> dict[str, torch.Tensor] | None:
-        """FSDP: the model's full weights, gathered from the shards (every rank takes part), in CPU memory on rank 0
-        only (for saving), or with ``every_rank`` on every rank's device (each rank's own rollout engine needs them);
-        None without FSDP (the model holds them)."""
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """FSDP: the model's full weights, gathered from the shards (every rank takes part), in rank 0's CPU memory
+        (the other ranks get an empty dict), for saving; None without FSDP (the model holds them)."""
         if not self.fsdp:
             return None
         self.release()
@@ -601,12 +600,28 @@ class TrainSession:
 
         from longreel.trainer.checkpoint import tied_aliases
 
-        # torch's cpu_offload gives the full tensors to rank 0 and an empty dict to the other ranks
-        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True,
-                                                                         cpu_offload=not every_rank))
+        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         # the gathered copies share no storage, so save_pretrained would write a tied LM head twice
         aliases = tied_aliases(self.model)
         return {k: v for k, v in full.items() if k not in aliases}
+
+    def weights_for_engine(self) -> Iterator[tuple[str, torch.Tensor]] | None:
+        """FSDP: the model's full weights as ``(name, tensor)`` pairs on this rank's device, each gathered from the
+        shards only when the consumer asks for it, for the rank's own rollout engine to load as they come; None
+        without FSDP (the engine reads the model's own tensors). Gathering them all first would hold a full copy of
+        the model on every GPU while the engine loads it (a 7B model: ~15 GB in bf16); this way the largest tensor
+        (the token embeddings) is the most held at once. Each gather is a collective: every rank must consume every
+        pair, in order."""
+        if not self.fsdp:
+            return None
+        self.release()
+        from torch.distributed.tensor import DTensor
+
+        from longreel.trainer.checkpoint import tied_aliases
+
+        aliases = tied_aliases(self.model)  # the engine ties them itself, as from_pretrained does
+        return ((name, t.full_tensor() if isinstance(t, DTensor) else t)
+                for name, t in self.model.state_dict().items() if name not in aliases)
 
     def skip_step(self) -> None:
         """A step without an update (every group tied: the gradient is zero, and AdamW would still move the weights

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Mapping
 
 from longreel.engines.base import Completion, Engine, EngineRequest, video_metadata, weights_revision
 from longreel.engines.local_models import dequantized
@@ -35,6 +36,21 @@ def structured_output(vllm_mod, schema: dict):
     if hasattr(sampling, "StructuredOutputsParams"):
         return "structured_outputs", sampling.StructuredOutputsParams(json=schema)
     return "guided_decoding", sampling.GuidedDecodingParams(json=schema)
+
+
+class _Counted:
+    """An iterator that counts what has been drawn from it."""
+
+    def __init__(self, items):
+        self._it, self.drawn = iter(items), 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        item = next(self._it)
+        self.drawn += 1
+        return item
 
 
 class VLLMEngine(Engine):
@@ -180,15 +196,31 @@ class VLLMEngine(Engine):
                 c.logprobs.append(lp + [0.0] * (len(ids) - len(lp)))
         return c
 
-    def sync_weights(self, state_dict: dict) -> None:
-        """Load ``(name, tensor)`` pairs of a Hugging Face state dict into the engine's model (its
-        ``load_weights`` maps them to vLLM's layout); needs ``in_process=True``."""
-        weights = [(k, v.detach()) for k, v in state_dict.items()]
+    def sync_weights(self, weights) -> None:
+        """Load a Hugging Face state dict, or its ``(name, tensor)`` pairs, into the engine's model; needs
+        ``in_process=True``. The tensors are a state dict's (detached). Pairs are handed over as they come,
+        untouched, so a producer that makes each tensor when asked (a sharded trainer's gather) never has them all
+        alive at once; any the loader leaves unread are still drawn, since such a producer's ranks must each draw
+        every one.
 
-        def _load(vllm_model):
-            vllm_model.load_weights(iter(weights))
+        Through vLLM's in-place reload (the worker's ``reload_weights``): the model's ``load_weights`` maps the
+        names to vLLM's layout, then the weights are processed into the kernels' layout again as at start-up.
+        ``load_weights`` alone is not enough where that processing replaced the parameters (vLLM's CPU backend
+        repacks them: "'Parameter' object has no attribute 'weight_loader'"); it is the fallback for a vLLM
+        without ``reload_weights``."""
+        pairs = _Counted(weights.items() if isinstance(weights, Mapping) else weights)
+        try:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": pairs})
+        except NotImplementedError:
+            if pairs.drawn:  # not the missing method: the reload itself failed partway
+                raise
 
-        self.llm.apply_model(_load)
+            def _load(vllm_model):
+                vllm_model.load_weights(pairs)
+
+            self.llm.apply_model(_load)
+        for _ in pairs:
+            pass
         try:
             self._llm.reset_prefix_cache()
         except Exception:  # noqa: BLE001 - prefix caching is off; older vLLMs lack the call
