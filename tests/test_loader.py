@@ -445,6 +445,54 @@ def test_remote_shards_are_read_from_a_verified_disk_cache(shards, tmp_path):
             assert r["shard"] == f"{base}/{os.path.basename(x['shard'])}"  # the URL given, not the cache file
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_bad_sample_in_a_cached_shard_is_named_by_the_shards_url(shards, tmp_path, stream):
+    # a cache file is named by the index's sha256, which does not say which of the user's shards it holds: an error
+    # met in the cached copy names the shard's URL, and the copy; the items name the URL too
+    import hashlib
+    import shutil
+
+    from longreel.trainer.config import DataConfig
+    from longreel.trainer.preflight import InputCheckError
+    from longreel.trainer.runtime import load_items
+    from longreel.trainer.shard_stream import ShardItemStream
+
+    from conftest import file_server
+
+    served_dir = tmp_path / "served"
+    served_dir.mkdir()
+    for t in shards["tars"]:
+        shutil.copy(t, served_dir)
+    victim = served_dir / os.path.basename(shards["tars"][1])
+    offs = _member_offsets(str(victim))
+    _flip(str(victim), offs[sorted(offs)[5]][0] + 10, str(victim))  # a tar header in the middle of the shard
+    doc = json.loads(open(shards["index"]).read())
+    for e in doc["shardlist"]:  # the index describes the served bytes: the download verifies, the read does not
+        if e["url"].endswith(victim.name):
+            e["sha256"], e["bytes"] = hashlib.sha256(victim.read_bytes()).hexdigest(), victim.stat().st_size
+    (served_dir / "ds.index.json").write_text(json.dumps(doc))
+
+    def read(url, **kw):
+        cfg = DataConfig(train_urls=[url], cache_dir=str(tmp_path / "cache"), **kw)
+        if not stream:
+            return load_items(cfg, "train")
+        s = ShardItemStream([url], seed=0, shuffle=False, cache_dir=cfg.cache_dir, on_error=cfg.on_error)
+        try:
+            return [it for _, it in s.next_batch(sum(QUESTIONS))]
+        finally:
+            s.close()
+
+    with file_server(served_dir) as (base, _):
+        with pytest.raises((InputCheckError, ShardError)) as e:
+            read(f"{base}/ds.index.json")
+        good = read(f"{base}/ds.index.json", on_error="skip")
+    msg = str(e.value)
+    assert f"{base}/{victim.name}: " in msg and "corrupt tar stream" in msg
+    assert f"(read from its cached copy {tmp_path / 'cache'}" in msg
+    assert good and all(it["shard"].startswith(f"{base}/") for it in good)
+
+
+
 def test_shard_cache_benchmark_loads_the_same_items_in_every_mode(tmp_path):
     from conftest import load_benchmark
 

@@ -38,6 +38,7 @@ cursor, items taken from that shard)``; :meth:`ShardDataset.state_dict` returns 
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import random
@@ -281,23 +282,31 @@ class ShardDataset(_Base):
             self._fail(e, shard=True)
             return None
 
-    def _samples(self, source: ShardSpec | None, cid: int, n: int) -> Iterator[dict]:
+    def _samples(self, spec: ShardSpec, source: ShardSpec | None, cid: int, n: int) -> Iterator[dict]:
         if source is None:
             return
         keep = (lambda i: i % n == cid) if self.split_by == "sample" else None
-        yield from read_shard(source, self.stats, self._fail, verify=self.verify, mmap=self.mmap, pool=self._pool,
+        fail = self._fail if source.url == spec.url else functools.partial(self._fail_in_copy, spec.url, source.url)
+        yield from read_shard(source, self.stats, fail, verify=self.verify, mmap=self.mmap, pool=self._pool,
                               keep=keep)
+
+    def _fail_in_copy(self, url: str, copy: str, err: ShardError, shard: bool) -> None:
+        """An error in what ``fetch`` gave for ``url`` (its cached copy), said of the shard the user named, with
+        where the copy is: a cache file's name alone does not say which of the user's shards it holds."""
+        renamed = type(err)(url, err.key, f"{err.detail} (read from its cached copy {copy})")
+        renamed.__cause__ = err
+        self._fail(renamed, shard)
 
     def _shard_items(self, spec: ShardSpec, epoch: int, cid: int, n: int,
                      source: ShardSpec | None) -> Iterator[dict]:
         # seeded by the shard's own name, not its cached copy's: the order does not depend on where it is read from
         rng = random.Random(f"{self.seed}:{epoch}:{spec.url.rsplit('/', 1)[-1]}:{cid}")
         if not self.shuffle:
-            for sample in self._samples(source, cid, n):
+            for sample in self._samples(spec, source, cid, n):
                 yield from _items_of(sample, spec.url, self.unit)
             return
         buf: list[list[dict]] = []
-        for sample in self._samples(source, cid, n):
+        for sample in self._samples(spec, source, cid, n):
             items = _items_of(sample, spec.url, self.unit)
             rng.shuffle(items)
             if items:

@@ -399,16 +399,14 @@ def load_items(cfg: DataConfig, split: str) -> list[dict]:
 
     try:
         specs = resolve_shards(list(urls))
-        origin = {}
+        fetch = None
         if cfg.cache_remote:  # remote frames memory-mapped from disk rather than held in RAM
-            cached = cache_remote_shards(specs, cfg.cache_dir or default_cache_dir(), retries=cfg.fetch_retries)
-            origin = {c.url: s.url for s, c in zip(specs, cached) if c.url != s.url}
-            specs = cached
+            cached = dict(zip(specs, cache_remote_shards(specs, cfg.cache_dir or default_cache_dir(),
+                                                         retries=cfg.fetch_retries)))
+            fetch = lambda spec, upcoming: cached[spec]  # noqa: E731 - read the copy, name the shard
         # every rank reads every item; ItemStream splits each global batch over the ranks
-        ds = ShardDataset(specs, shuffle=False, epochs=1, rank=0, world_size=1, on_error=cfg.on_error)
+        ds = ShardDataset(specs, shuffle=False, epochs=1, rank=0, world_size=1, on_error=cfg.on_error, fetch=fetch)
         items = list(ds)
-        for item in items:  # an item names the shard as the user gave it, not its cached copy
-            item["shard"] = origin.get(item["shard"], item["shard"])
     except ShardError as e:  # a shard that cannot be fetched or a corrupt sample (data.on_error=raise): the input's
         raise InputCheckError(f"{e} (data.on_error=skip skips and counts bad samples and shards)") from e
     if ds.stats.skipped_samples or ds.stats.skipped_shards:
