@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import tarfile
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -38,6 +39,10 @@ def data(tmp_path_factory):
     index = write_shards(make_items(N_ITEMS, seed=5, kinds=("colour", "count")), str(root / "shards"),
                          per_shard=PER_SHARD)
     return {"index": index, "dir": Path(index).parent, "model": build_tiny_qwen2vl(root / "m", seed=0)}
+
+
+def _index(data) -> list[dict]:
+    return json.loads(Path(data["index"]).read_text())["shardlist"]
 
 
 def _ids(batch) -> list[str]:
@@ -194,6 +199,44 @@ def test_remote_shards_that_would_not_fit_in_the_cache_stop_the_run_before_it_st
     err = capsys.readouterr().err
     assert rc == 2 and "remote training shard(s) not yet cached need" in err and "Traceback" not in err
     assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+def test_closing_the_stream_stops_the_download_ahead(data, tmp_path):
+    # a run that ends (or is interrupted) while the next shard downloads must not wait for a shard it will not read:
+    # the server holds the second shard's second half back until the fetcher is told to stop (or 10 s pass), so the
+    # download can only end with the stop or, when the stop goes unheeded, complete
+    first, second = sorted(p.name for p in Path(data["dir"]).glob("*.tar"))[:2]
+    cache = tmp_path / "cache"
+    held = {}
+
+    class Slow(QuietFiles):
+        def do_GET(self):
+            name = self.path.rsplit("/", 1)[-1]
+            if name != second:
+                return super().do_GET()
+            self.served.append(self.path)
+            body = Path(data["dir"], name).read_bytes()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body[:len(body) // 2])
+            self.wfile.flush()
+            held["stop"].wait(10)
+            try:
+                self.wfile.write(body[len(body) // 2:])
+            except OSError:  # the client has gone
+                pass
+
+    with file_server(data["dir"], Slow) as (base, served):
+        s = ShardItemStream([f"{base}/{os.path.basename(data['index'])}"], seed=3, shuffle=False,
+                            cache_dir=str(cache))
+        held["stop"] = s.fetcher._stop
+        s.next_batch(1)  # reads the first shard; the second starts downloading ahead
+        while not any(p.endswith("/" + second) for p in served):
+            time.sleep(0.01)
+        s.close()
+    assert sorted(p.name for p in cache.glob("*.tar")) == [f"{e['sha256']}.tar" for e in _index(data)[:1]]
+    assert not [p for p in cache.iterdir() if not p.name.endswith((".tar", ".lock"))]  # no partial download left
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -24,6 +24,7 @@ import hashlib
 import logging
 import os
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,7 +72,9 @@ class ShardFetcher:
     cache holds only the shards read so far, not the whole dataset before the first step.
 
     The download ahead is a hint: when it fails, the shard is fetched again in the foreground when it is reached,
-    and that failure is the one reported (naming the URL). Local shards pass through.
+    and that failure is the one reported (naming the URL). Local shards pass through. :meth:`close` stops a download
+    ahead that is still running (its partial file removed) instead of waiting for it: a run that ends, or is
+    interrupted, does not wait on a shard it will not read.
     """
 
     def __init__(self, cache_dir: str, retries: int = 3):
@@ -81,12 +84,14 @@ class ShardFetcher:
         self.retries = retries
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="longreel-shard-prefetch")
         self._ahead: dict[str, object] = {}  # url -> Future of its fetch
+        self._stop = threading.Event()  # set by close: the download ahead ends at its next read
         self.downloaded = 0  # shards this fetcher downloaded (not found in the cache)
 
     def __call__(self, spec: ShardSpec, upcoming: ShardSpec | None = None) -> ShardSpec:
         local = self._get(spec)
         if upcoming is not None and local_path(upcoming.url) is None and upcoming.url not in self._ahead:
-            self._ahead[upcoming.url] = self._pool.submit(_local_copy, upcoming, self.root, self.retries)
+            self._ahead[upcoming.url] = self._pool.submit(_local_copy, upcoming, self.root, self.retries,
+                                                          self._stop)
         return local
 
     def _get(self, spec: ShardSpec) -> ShardSpec:
@@ -105,22 +110,26 @@ class ShardFetcher:
         return local
 
     def close(self) -> None:
+        self._stop.set()
         for f in self._ahead.values():
             f.cancel()
         self._ahead.clear()
         self._pool.shutdown(wait=True)
 
 
-def _local_copy(spec: ShardSpec, root: Path, retries: int = 3) -> tuple[ShardSpec, int | None]:
+def _local_copy(spec: ShardSpec, root: Path, retries: int = 3,
+                stop: threading.Event | None = None) -> tuple[ShardSpec, int | None]:
     """The spec to read for ``spec``: itself when local, else its cached copy (downloaded when missing); and the
-    bytes downloaded (None when nothing was)."""
+    bytes downloaded (None when nothing was). ``stop``, once set, ends a download (or the wait for another rank's)
+    with ``InterruptedError``."""
     if local_path(spec.url) is not None:
         return spec, None
-    path, size = _fetch(spec, root, retries)
+    path, size = _fetch(spec, root, retries, stop)
     return ShardSpec(str(path), spec.sha256, spec.bytes, spec.nsamples), size
 
 
-def _fetch(spec: ShardSpec, root: Path, retries: int = 3) -> tuple[Path, int | None]:
+def _fetch(spec: ShardSpec, root: Path, retries: int = 3,
+           stop: threading.Event | None = None) -> tuple[Path, int | None]:
     """The cached file of ``spec`` and the bytes downloaded (None when the file was already there)."""
     dest = root / cached_name(spec)
     try:
@@ -130,16 +139,30 @@ def _fetch(spec: ShardSpec, root: Path, retries: int = 3) -> tuple[Path, int | N
         raise ShardError(spec.url, None, f"cannot use the shard cache {root} ({e.strerror}): set data.cache_dir to a "
                                          "writable directory, or data.cache_remote=false") from e
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # another rank on this machine may be downloading it: wait for that one
+        _lock(fd, stop)  # another rank on this machine may be downloading it: wait for that one
         if dest.is_file():
             try:
                 os.utime(dest)  # the last use, which `longreel cache prune` evicts by
             except OSError:  # a cache another user owns, or read-only: readable all the same
                 pass
             return dest, None
-        return dest, _download(spec, dest, retries)
+        return dest, _download(spec, dest, retries, stop)
     finally:
         os.close(fd)
+
+
+def _lock(fd: int, stop: threading.Event | None) -> None:
+    """``flock`` ``fd`` exclusively; with ``stop``, by polling, so that setting it ends the wait."""
+    if stop is None:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if stop.wait(0.2):
+                raise InterruptedError("stopped while another process downloads the shard") from None
 
 
 def _lock_path(shard: Path) -> str:
@@ -155,14 +178,14 @@ def _open_lock(shard: Path) -> int:
 RETRY_BASE_S = 1.0
 
 
-def _download(spec: ShardSpec, dest: Path, retries: int = 3) -> int:
+def _download(spec: ShardSpec, dest: Path, retries: int = 3, stop: threading.Event | None = None) -> int:
     """Download ``spec`` into ``dest`` (verified, then renamed into place). A transport failure (a reset connection,
     a timeout, an HTTP 5xx, a truncated transfer, a failing ``gsutil``/``aws`` pipe) is tried again up to
     ``retries`` times after 1, 2, 4, ... seconds, as object stores ask of their clients; a refusal that another try
     would not change (an HTTP 4xx: missing or forbidden) and a verified copy that does not match the index are not."""
     for attempt in range(retries + 1):
         try:
-            return _download_once(spec, dest)
+            return _download_once(spec, dest, stop)
         except _Transient as e:
             cause = getattr(e.__cause__, "detail", e.__cause__)  # a ShardError's own text names the URL again
             if attempt == retries:
@@ -171,7 +194,10 @@ def _download(spec: ShardSpec, dest: Path, retries: int = 3) -> int:
             wait = RETRY_BASE_S * 2 ** attempt
             log.warning("shard cache: download of %s failed (%s); trying again in %.0f s (%d of %d)", spec.url,
                         cause, wait, attempt + 1, retries)
-            time.sleep(wait)
+            if stop is None:
+                time.sleep(wait)
+            elif stop.wait(wait):
+                raise InterruptedError(f"{spec.url}: download stopped") from None
     raise AssertionError("unreachable")
 
 
@@ -179,14 +205,16 @@ class _Transient(Exception):
     """A download failure that another try may not meet (its cause is ``__cause__``)."""
 
 
-def _download_once(spec: ShardSpec, dest: Path) -> int:
+def _download_once(spec: ShardSpec, dest: Path, stop: threading.Event | None = None) -> int:
     import urllib.error
 
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
     try:
         with os.fdopen(fd, "wb") as out:
             try:
-                size = copy_verified(spec, out)
+                size = copy_verified(spec, out, stop)
+            except InterruptedError:  # stopped, not failed: no retry
+                raise
             except ShardError as e:
                 # fewer bytes than the index gives: the transfer was cut short (urllib reads a connection closed
                 # early as the end of the body), which another try may not meet; a full-size mismatch is the data's

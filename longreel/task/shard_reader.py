@@ -578,13 +578,19 @@ def open_shard(spec: ShardSpec, verify: str = "none", mmap: bool = True):
     return tmp
 
 
-def copy_verified(spec: ShardSpec, out) -> int:
+def copy_verified(spec: ShardSpec, out, stop=None) -> int:
     """Copy the shard at ``spec.url`` into the binary file ``out``, hashing as it streams; raise
     :class:`ShardError` when the index's sha256 or size (those it gives) do not match. Returns the bytes copied.
-    Used to stage a shard for ``verify="shard"`` and to fill the trainer's disk cache of remote shards."""
+    Used to stage a shard for ``verify="shard"`` and to fill the trainer's disk cache of remote shards.
+    ``stop`` (a ``threading.Event``): once set, the copy ends with ``InterruptedError`` at the next read."""
     h, size = hashlib.sha256(), 0
     with open_url(spec.url) as src:
-        while chunk := src.read(1 << 20):
+        # read1 returns what has arrived rather than waiting for a full MB, so `stop` is looked at during a slow
+        # transfer too
+        read = getattr(src, "read1", src.read)
+        while chunk := read(1 << 20):
+            if stop is not None and stop.is_set():
+                raise InterruptedError(f"{spec.url}: download stopped")
             h.update(chunk)
             size += len(chunk)
             out.write(chunk)
