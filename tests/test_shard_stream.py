@@ -22,6 +22,7 @@ from safetensors.torch import load_file  # noqa: E402
 
 from longreel.schemas.config import ConfigError, load_yaml  # noqa: E402
 from longreel.trainer.config import DataConfig, TrainConfig  # noqa: E402
+from longreel.trainer.data import ShardError  # noqa: E402
 from longreel.trainer.logging_utils import read_metrics  # noqa: E402
 from longreel.trainer.preflight import InputCheckError, check_resume  # noqa: E402
 from longreel.trainer.runtime import load_items  # noqa: E402
@@ -199,6 +200,95 @@ def test_remote_shards_that_would_not_fit_in_the_cache_stop_the_run_before_it_st
     err = capsys.readouterr().err
     assert rc == 2 and "remote training shard(s) not yet cached need" in err and "Traceback" not in err
     assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_shard_read_without_the_cache_is_read_again_when_its_transfer_breaks(data, tmp_path, monkeypatch, caplog,
+                                                                                stream):
+    # data.cache_remote=false reads shards straight from the network: a transfer cut short is read again from the
+    # start, skipping what was read, so the items and their order are an unbroken read's; a 404 is not read again
+    from longreel.trainer import remote_read
+
+    monkeypatch.setattr(remote_read, "RETRY_BASE_S", 0.0)
+    first = sorted(p.name for p in Path(data["dir"]).glob("*.tar"))[0]
+    cuts = {"n": 1}
+
+    class Cut(QuietFiles):
+        def do_GET(self):
+            name = self.path.rsplit("/", 1)[-1]
+            if name == first and cuts["n"]:
+                cuts["n"] -= 1
+                self.served.append(self.path)
+                body = Path(data["dir"], name).read_bytes()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body[:len(body) * 3 // 5])  # past the first samples, then the connection closes
+                return
+            super().do_GET()
+
+    def read(index, **kw):
+        cfg = DataConfig(train_urls=[index], cache_remote=False, cache_dir=str(tmp_path / "unused"), **kw)
+        if not stream:
+            return [it["qra_id"] for it in load_items(cfg, "train")]
+        s = ShardItemStream([index], seed=3, shuffle=False, cache_dir=None, retries=cfg.fetch_retries)
+        return _ids(s.next_batch(N_ITEMS))
+
+    want = [it["qra_id"] for it in load_items(DataConfig(train_urls=[data["index"]]), "train")]
+    missing_index = Path(data["dir"], "with-missing-direct.index.json")
+    with file_server(data["dir"], Cut) as (base, served):
+        gets = lambda name: sum(p.endswith("/" + name) for p in served)  # noqa: E731
+        index = f"{base}/{os.path.basename(data['index'])}"
+        try:
+            with caplog.at_level("WARNING", logger="longreel"):
+                assert read(index) == want
+            assert gets(first) == 2
+            assert sum("reading it again" in r.getMessage() for r in caplog.records) == 1
+            cuts["n"] = 5  # out of tries: the shard's error, after 1 + fetch_retries reads
+            with pytest.raises((InputCheckError, ShardError), match=rf"{first}"):
+                read(index, fetch_retries=1)
+            assert gets(first) == 4
+            cuts["n"] = 0
+            doc = json.loads(Path(data["index"]).read_text())
+            doc["shardlist"][0]["url"] = "missing.tar"
+            missing_index.write_text(json.dumps(doc))
+            with pytest.raises((InputCheckError, ShardError), match="missing.tar.*404"):
+                read(f"{base}/{missing_index.name}")
+            assert gets("missing.tar") == 1
+        finally:
+            missing_index.unlink(missing_ok=True)
+    assert not (tmp_path / "unused").exists()
+
+
+def test_a_read_again_skips_what_was_handled_and_reports_a_bad_sample_once(monkeypatch):
+    # the first read gives samples 0 and 1, reports 2 bad and breaks at 3; the second read must start at 3
+    from longreel.task.shard_reader import LoaderStats, ShardSpec
+    from longreel.trainer import remote_read
+
+    monkeypatch.setattr(remote_read, "RETRY_BASE_S", 0.0)
+    reads = []
+
+    def scripted(spec, stats, fail, *, keep, **kw):
+        reads.append([])
+        for i in range(5):
+            if not keep(i):
+                continue
+            reads[-1].append(i)
+            if len(reads) == 1 and i == 2:
+                fail(ShardError(spec.url, f"k{i}", "bad json"), False)
+                continue
+            if len(reads) == 1 and i == 3:
+                fail(ShardError(spec.url, None, "reading failed: ConnectionResetError"), True)
+                return
+            yield {"i": i}
+
+    monkeypatch.setattr(remote_read, "read_shard", scripted)
+    failed = []
+    got = list(remote_read.read_remote_shard(ShardSpec("http://x/a.tar"), LoaderStats(),
+                                             lambda e, whole: failed.append((e.detail, whole)), retries=2))
+    assert [s["i"] for s in got] == [0, 1, 3, 4]
+    assert reads == [[0, 1, 2, 3], [3, 4]]
+    assert failed == [("bad json", False)]  # once, and the break that was read again is not reported
 
 
 def test_closing_the_stream_stops_the_download_ahead(data, tmp_path):

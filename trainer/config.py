@@ -59,9 +59,10 @@ class DataConfig(ConfigModel):
                                    "every start.")
     cache_dir: str = cfg("", "Where data.cache_remote keeps remote shards ('': $LONGREEL_CACHE/shards, else "
                              "~/.cache/longreel/shards). Needs the shards' size in free disk.")
-    fetch_retries: int = cfg(3, "data.cache_remote: times a shard download that failed in transport (reset, timeout, "
-                                "HTTP 5xx, truncated) is tried again, after 1, 2, 4, ... s; a 4xx or a copy that does "
-                                "not match the index is not retried.")
+    fetch_retries: int = cfg(3, "Times a remote shard's download into the cache (or, with data.cache_remote=false, "
+                                "its read, from its start) that failed in transport (reset, timeout, HTTP 5xx, "
+                                "truncated) is tried again, after 1, 2, 4, ... s; a 4xx or a copy that does not match "
+                                "the index is not retried.")
     stream: bool = cfg(False, "Read the training shards as a stream instead of loading every item before step 1: "
                               "shard order permuted per epoch, items interleaved within data.shuffle_buffer videos, "
                               "remote shards cached one at a time as they are reached (the next one downloading "

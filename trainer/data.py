@@ -45,7 +45,8 @@ import random
 from typing import Iterator
 
 from longreel.task.shard_reader import (LoaderStats, ShardError, ShardSpec, UnsafeMemberError, _BufferPool,  # noqa: F401
-                                        iter_tar_samples, open_url, read_shard, resolve_shards)
+                                        iter_tar_samples, local_path, open_url, read_shard, resolve_shards)
+from longreel.trainer.remote_read import read_remote_shard
 
 log = logging.getLogger("longreel")
 
@@ -155,12 +156,14 @@ class ShardDataset(_Base):
             shard), called when the shard is reached; ``upcoming`` is the shard this consumer reads next (or
             None), for a fetcher that downloads ahead. Items and the shuffle still name ``spec``. A
             :class:`ShardError` it raises counts as the shard's (``on_error``).
+        retries: a remote shard read straight from the network whose stream breaks is read again from its start,
+            up to this many times, skipping the samples already handled (:mod:`longreel.trainer.remote_read`).
     """
 
     def __init__(self, source, *, shuffle: bool = False, seed: int = 0, epochs: int | None = 1,
                  rank: int | None = None, world_size: int | None = None, split_by: str = "shard",
                  verify: str = "none", on_error: str = "raise", unit: str = "question", shuffle_buffer: int = 4,
-                 mmap: bool = True, fetch=None):
+                 mmap: bool = True, fetch=None, retries: int = 0):
         if split_by not in ("shard", "sample"):
             raise ValueError("split_by must be 'shard' or 'sample'")
         if verify not in ("none", "sample", "shard"):
@@ -176,6 +179,7 @@ class ShardDataset(_Base):
         self.shuffle_buffer = max(1, int(shuffle_buffer))
         self.mmap = bool(mmap)
         self.fetch = fetch
+        self.retries = int(retries)
         self.start_epoch = 0
         self.stats = LoaderStats()
         self._positions: dict[int, list[int]] = {}  # consumer -> [epoch, shard cursor, items taken]
@@ -287,6 +291,10 @@ class ShardDataset(_Base):
             return
         keep = (lambda i: i % n == cid) if self.split_by == "sample" else None
         fail = self._fail if source.url == spec.url else functools.partial(self._fail_in_copy, spec.url, source.url)
+        if self.retries > 0 and local_path(source.url) is None:
+            yield from read_remote_shard(source, self.stats, fail, retries=self.retries, verify=self.verify,
+                                         mmap=self.mmap, pool=self._pool, keep=keep)
+            return
         yield from read_shard(source, self.stats, fail, verify=self.verify, mmap=self.mmap, pool=self._pool,
                               keep=keep)
 

@@ -405,7 +405,8 @@ def load_items(cfg: DataConfig, split: str) -> list[dict]:
                                                          retries=cfg.fetch_retries)))
             fetch = lambda spec, upcoming: cached[spec]  # noqa: E731 - read the copy, name the shard
         # every rank reads every item; ItemStream splits each global batch over the ranks
-        ds = ShardDataset(specs, shuffle=False, epochs=1, rank=0, world_size=1, on_error=cfg.on_error, fetch=fetch)
+        ds = ShardDataset(specs, shuffle=False, epochs=1, rank=0, world_size=1, on_error=cfg.on_error, fetch=fetch,
+                          retries=0 if cfg.cache_remote else cfg.fetch_retries)
         items = list(ds)
     except ShardError as e:  # a shard that cannot be fetched or a corrupt sample (data.on_error=raise): the input's
         raise InputCheckError(f"{e} (data.on_error=skip skips and counts bad samples and shards)") from e

@@ -35,7 +35,8 @@ class ShardItemStream:
         shuffle_buffer: videos interleaved within a shard.
         on_error: ``"raise"`` or ``"skip"`` (bad samples and shards are skipped with a warning each).
         cache_dir: where remote shards are cached when reached (None: streamed over the network, frames in RAM).
-        retries: tries again of a cache download that failed in transport (``shard_cache._download``).
+        retries: tries again of a cache download, or without the cache of a shard's read, that failed in transport
+            (``shard_cache._download``, ``remote_read.read_remote_shard``).
     """
 
     def __init__(self, urls: list[str], *, seed: int, shuffle: bool = True, shuffle_buffer: int = 16,
@@ -44,7 +45,8 @@ class ShardItemStream:
 
         self.fetcher = ShardFetcher(cache_dir, retries) if cache_dir else None
         self.ds = ShardDataset(resolve_shards(list(urls)), shuffle=shuffle, seed=seed, epochs=1, rank=0,
-                               world_size=1, on_error=on_error, shuffle_buffer=shuffle_buffer, fetch=self.fetcher)
+                               world_size=1, on_error=on_error, shuffle_buffer=shuffle_buffer, fetch=self.fetcher,
+                               retries=0 if cache_dir else retries)
         log.info("data.stream: %d shard(s) read as a stream (seed %d, shuffle %s, buffer %d videos)%s",
                  len(self.ds.shards), seed, shuffle, shuffle_buffer,
                  f"; remote shards cached in {cache_dir} as they are reached" if cache_dir else "")

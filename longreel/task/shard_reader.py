@@ -616,7 +616,9 @@ def read_shard(spec: ShardSpec, stats: LoaderStats, fail: Callable[[ShardError, 
         fail(e, True)
         return
     except OSError as e:
-        fail(ShardError(spec.url, None, f"cannot open: {e}"), True)
+        err = ShardError(spec.url, None, f"cannot open: {e}")
+        err.__cause__ = e  # what a caller that reads again looks at (an HTTP 4xx will not pass)
+        fail(err, True)
         return
     check_sums = verify != "none"
     counter = stream if isinstance(stream, _MmapStream) else CountingReader(stream)
