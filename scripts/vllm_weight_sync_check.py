@@ -15,6 +15,12 @@ checkpoint; SmolLM2-135M on vLLM's CPU backend in ``tox -e vllm``, any Llama/Qwe
 It also reports how many of the handed-over tensors were alive at once, at most (``peak_alive``): vLLM reads them as
 they come, so a trainer that gathers each when asked never holds a full copy. Prints a JSON report; exit status 1
 if a check fails.
+
+Under ``torchrun`` (``python -m torch.distributed.run --nproc_per_node N scripts/vllm_weight_sync_check.py ...``) it
+runs as the trainer's ranks do: the process group first (gloo on CPU, nccl on GPUs), then on every rank an engine
+built with ``distributed_executor_backend="external_launcher"``, each rank moving the weights with its own seed, so
+the checks show that each rank's engine holds its own rank's weights; the report (``--out`` gets ``.rankR`` before
+its suffix) also says whether the process group was still there after the engine's close (vLLM's teardown ends it).
 """
 from __future__ import annotations
 
@@ -66,10 +72,10 @@ def gap(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) for x, y in zip(a, b))
 
 
-def move_weights(model, std: float) -> None:
+def move_weights(model, std: float, seed: int) -> None:
     import torch
 
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for _, p in sorted(model.named_parameters()):
             p.add_((torch.randn(p.shape, generator=g) * std).to(p.device, p.dtype))
@@ -91,22 +97,39 @@ class OneAtATime:
             del copy
 
 
+def join_ranks() -> tuple[int, int]:
+    """Under torchrun: the process group, as the trainer makes it, and this process's (rank, world size)."""
+    import torch
+    import torch.distributed as dist
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return 0, 1
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return dist.get_rank(), world
+
+
 def run(args) -> dict:
     import torch
+    import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
     from longreel.engines.vllm_engine import VLLMEngine
 
+    rank, world = join_ranks()
+    launcher = {"distributed_executor_backend": "external_launcher"} if world > 1 else {}
     engine = VLLMEngine(args.model, dtype=args.dtype, max_model_len=512, enforce_eager=True, return_logprobs=True,
-                        in_process=True, gpu_memory_utilization=args.gpu_memory_utilization)
+                        in_process=True, gpu_memory_utilization=args.gpu_memory_utilization, **launcher)
     engine.setup()
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype)).to(device).eval()
     prompt = "The river was calm in the morning, and"
     p0, ids0, lp0 = sample(engine, prompt, args.tokens, seed=1)
     gap_before = gap(lp0, score(model, p0, ids0))
     old = {k: v.clone() for k, v in model.state_dict().items()}
-    move_weights(model, args.noise)
+    move_weights(model, args.noise, seed=rank)
     pairs = OneAtATime(model)
     engine.sync_weights(pairs)
     p1, ids1, lp1 = sample(engine, prompt, args.tokens, seed=1)
@@ -118,10 +141,13 @@ def run(args) -> dict:
     report = {"vllm": vllm.__version__, "model": os.path.basename(os.path.normpath(args.model)), "dtype": args.dtype,
               "device": device, "tokens_before": ids0, "tokens_after": ids1, "gap_before": gap_before,
               "gap_after": gap_after, "gap_to_old_weights": gap_old, "tensors_synced": pairs.n,
-              "peak_alive": pairs.peak, "tol": args.tol}
+              "peak_alive": pairs.peak, "tol": args.tol, "rank": rank, "world_size": world}
     report["passed"] = bool(gap_before <= args.tol and gap_after <= args.tol and gap_old > 10 * args.tol
                             and pairs.n == len(old))
     engine.close()
+    report["process_group_after_close"] = dist.is_initialized()
+    if dist.is_initialized():
+        dist.destroy_process_group()
     return report
 
 
@@ -131,7 +157,10 @@ def main(argv=None) -> int:
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:
-        Path(args.out).write_text(text + "\n", encoding="utf-8")
+        out = Path(args.out)
+        if report["world_size"] > 1:
+            out = out.with_name(f"{out.stem}.rank{report['rank']}{out.suffix}")
+        out.write_text(text + "\n", encoding="utf-8")
     return 0 if report["passed"] else 1
 
 

@@ -151,6 +151,8 @@ def test_every_rank_syncs_its_vllm_engine(tiny, tmp_path, monkeypatch, strategy)
     # one engine a rank, each joined to the trainer's ranks and on its own rank's device (not both on device 0)
     assert sorted((b["rank"], b["device_index"]) for b in built) == [(0, 0), (1, 1)]
     assert all(b["distributed_executor_backend"] == "external_launcher" for b in built)
+    # each rank's engine shut down at the end, before the trainer's process group (vLLM's teardown destroys it)
+    assert sorted(r["rank"] for r in log if r["event"] == "shutdown") == [0, 1]
     syncs = [r for r in log if r["event"] == "sync"]
     assert sorted(r["rank"] for r in syncs) == [0, 0, 0, 1, 1, 1]  # after each of the 3 updates, on each rank
     if strategy == "fsdp":

@@ -4,7 +4,10 @@ the vllm virtualenv: ``tox -e vllm``.
 
 Before the sync went through vLLM's in-place ``reload_weights``, calling the model's ``load_weights`` on the running
 engine failed on this backend ("'Parameter' object has no attribute 'weight_loader'": the CPU backend repacks the
-weights after loading)."""
+weights after loading).
+
+Under torchrun (2 gloo ranks) it runs as the trainer's ranks do: each rank's engine built with vLLM's
+``external_launcher`` joins the ranks' process group, takes its own rank's weights, and closes cleanly."""
 import json
 import os
 import subprocess
@@ -17,10 +20,14 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_synced_weights_are_the_ones_vllm_samples_with(tmp_path):
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
     from longreel.engines.local_models import dequantize_to_dir
 
-    model_dir = dequantize_to_dir("smollm2", str(tmp_path / "smollm2-f32"))
+    return dequantize_to_dir("smollm2", str(tmp_path_factory.mktemp("smollm2") / "smollm2-f32"))
+
+
+def test_synced_weights_are_the_ones_vllm_samples_with(model_dir, tmp_path):
     out = tmp_path / "sync.json"
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "vllm_weight_sync_check.py"),
                            "--model", model_dir, "--out", str(out)],
@@ -32,3 +39,20 @@ def test_synced_weights_are_the_ones_vllm_samples_with(tmp_path):
     assert report["tokens_after"] != report["tokens_before"]
     # the pairs are read as they come: a few alive at once, not the whole model
     assert report["tensors_synced"] > 200 and report["peak_alive"] <= 4
+
+
+def test_each_ranks_engine_joins_the_trainers_ranks_and_holds_its_own_weights(model_dir, tmp_path):
+    out = tmp_path / "sync.json"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                           os.path.join(ROOT, "scripts", "vllm_weight_sync_check.py"), "--model", model_dir,
+                           "--out", str(out)],
+                          capture_output=True, text=True, timeout=900, check=False,
+                          env=dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1"))
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "Traceback" not in proc.stderr  # vLLM's teardown ran before the process group's, not after it
+    reports = [json.loads((tmp_path / f"sync.rank{r}.json").read_text()) for r in (0, 1)]
+    for r in reports:
+        assert r["world_size"] == 2 and r["passed"], r
+        assert r["process_group_after_close"] is False  # vLLM's teardown ends torch's default group
+    # each rank moved its weights with its own seed, and its engine samples with those
+    assert reports[0]["tokens_after"] != reports[1]["tokens_after"]

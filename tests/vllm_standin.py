@@ -19,6 +19,8 @@ trainer depends on it:
   ``apply_model(fn)`` (which calls ``fn`` with the model) both reach a ``load_weights`` that takes
   ``(name, tensor)`` pairs of the Hugging Face state dict; ``has_reload_weights = False`` plays a vLLM without the
   former;
+* ``llm_engine.engine_core.shutdown()`` destroys torch.distributed's default process group, as vLLM's teardown of
+  an in-process engine does;
 * the GPU its worker would take (``device_index``, recorded): ``LOCAL_RANK`` with
   ``distributed_executor_backend="external_launcher"``, otherwise the index in ``device`` or 0, on every rank
   (vLLM's ``UniProcExecutor._distributed_args`` and ``gpu_worker.init_device``). With ``VLLM_STANDIN_LOG`` set, each
@@ -101,6 +103,14 @@ def _log(**record) -> None:
             f.write(json.dumps(dict(record, rank=int(os.environ.get("RANK", "0")))) + "\n")
 
 
+def _shutdown() -> None:
+    """vLLM's in-process engine core at shutdown: its teardown (``cleanup_dist_env_and_memory``) destroys
+    torch.distributed's default process group, the trainer's under torchrun."""
+    _log(event="shutdown")
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
 def _device_index(kw: dict) -> int:
     if kw.get("distributed_executor_backend") == "external_launcher":
         return int(os.environ["LOCAL_RANK"])  # vLLM reads it unchecked: a KeyError outside a launcher, as here
@@ -126,7 +136,8 @@ class LLM:
         self.model.eval().requires_grad_(False)
         self.engine = TransformersEngine(self.model, self.processor)
         self.engine.report_logprobs = True  # the decode's own log-probs, after temperature: processed
-        self.llm_engine = types.SimpleNamespace(model_config=types.SimpleNamespace(hf_config=self.model.config))
+        self.llm_engine = types.SimpleNamespace(model_config=types.SimpleNamespace(hf_config=self.model.config),
+                                                engine_core=types.SimpleNamespace(shutdown=_shutdown))
         self.synced_names: list[list[str]] = []
         self.sync_routes: list[str] = []
         LLM.last = self

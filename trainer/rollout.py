@@ -318,6 +318,13 @@ class VLLMEngine(RolloutEngine):
         reads them)."""
         self.engine.sync_weights(weights if weights is not None else model.state_dict())
 
+    def close(self) -> None:
+        """Shut the engine down now, before the trainer's process group. vLLM's teardown of an in-process engine
+        destroys torch.distributed's default group too (``cleanup_dist_env_and_memory``); left to interpreter exit,
+        it ran after the trainer had destroyed that group and printed a traceback ("Invalid process group
+        specified") from vLLM's finalizer."""
+        self.engine.close()
+
 
 def _under_torchrun() -> bool:
     """More than one trainer process: each rank's vLLM engine must join them rather than start a world of its own."""
