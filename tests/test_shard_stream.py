@@ -218,12 +218,8 @@ def test_a_shard_read_without_the_cache_is_read_again_when_its_transfer_breaks(d
             name = self.path.rsplit("/", 1)[-1]
             if name == first and cuts["n"]:
                 cuts["n"] -= 1
-                self.served.append(self.path)
                 body = Path(data["dir"], name).read_bytes()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body[:len(body) * 3 // 5])  # past the first samples, then the connection closes
+                self.send_start(len(body), body[:len(body) * 3 // 5])  # past the first samples, then it closes
                 return
             super().do_GET()
 
@@ -304,13 +300,8 @@ def test_closing_the_stream_stops_the_download_ahead(data, tmp_path):
             name = self.path.rsplit("/", 1)[-1]
             if name != second:
                 return super().do_GET()
-            self.served.append(self.path)
             body = Path(data["dir"], name).read_bytes()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body[:len(body) // 2])
-            self.wfile.flush()
+            self.send_start(len(body), body[:len(body) // 2])
             held["stop"].wait(10)
             try:
                 self.wfile.write(body[len(body) // 2:])
@@ -344,11 +335,7 @@ def test_a_download_that_fails_in_transport_is_tried_again(data, tmp_path, monke
             name = self.path.rsplit("/", 1)[-1]
             if name == first and failures["drop"]:
                 failures["drop"] -= 1
-                self.served.append(self.path)
-                self.send_response(200)
-                self.send_header("Content-Length", "100000")
-                self.end_headers()
-                self.wfile.write(b"\0" * 100)  # then the connection closes: a truncated transfer
+                self.send_start(100000, b"\0" * 100)  # then the connection closes: a truncated transfer
                 return
             if name == second and failures["503"]:
                 failures["503"] -= 1
