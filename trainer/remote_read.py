@@ -7,9 +7,13 @@ seconds, and skips the samples already handled by their place in the tar: the sa
 an unbroken read, and a bad sample met before the break is not reported twice. An HTTP 4xx when opening (missing,
 forbidden) is not tried again.
 
-Why by hand: webdataset's readers have no resumable reads either (its ``reraise``/``warn_and_continue`` handlers
-drop the rest of the shard), and a byte-range resume would need every store's range requests (http, ``gsutil``,
-``aws``); a re-read from the start needs none and costs at most one shard's bytes per retry.
+A shard that is itself broken (a corrupt tar header in the served bytes) looks the same from here: it is read
+``retries`` + 1 times before its error is reported.
+
+Why by hand: webdataset's tar readers hand a broken stream to their error handler (``reraise_exception`` stops,
+``warn_and_continue`` drops the rest of the shard) and do not read it again, and a byte-range resume would need every
+store's range requests (http, ``gsutil``, ``aws``); a re-read from the start needs none and costs at most one
+shard's bytes per retry.
 """
 from __future__ import annotations
 

@@ -228,9 +228,9 @@ class VLLMEngine(RolloutEngine):
     """Rollouts on the shared vLLM engine (:class:`longreel.engines.vllm_engine.VLLMEngine`, GPU), with the
     trainer's weights loaded into it after each update.
 
-    The engine runs in-process (``in_process=True``) so ``sync_weights`` can reach the model with
-    ``LLM.apply_model``; the weights are passed as ``(name, tensor)`` pairs of the HF state dict, which the vLLM
-    model's ``load_weights`` maps to its own layout. Log-probs are the processed ones (after temperature), to be
+    The engine runs in-process (``in_process=True``) so ``sync_weights`` can reach the model: the weights go as
+    ``(name, tensor)`` pairs of the HF state dict to vLLM's in-place reload (``reload_weights``), whose
+    ``load_weights`` maps them to its own layout. Log-probs are the processed ones (after temperature), to be
     comparable with the trainer's; vision placeholder tokens get a -100 logit bias so they are never sampled.
 
     Under ``torchrun`` (``external_launcher=True``) each rank's engine is built with vLLM's
