@@ -192,6 +192,32 @@ def test_a_run_resumes_only_its_own_configuration(tiny, tmp_path, capsys, caplog
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2]
 
 
+def test_a_run_finds_its_model_moved_by_its_content(tiny, tmp_path):
+    # a run resumed on another machine may find its model directory at another path: the checkpoint keeps the
+    # model's content hash (weights and config.json), so the same model elsewhere resumes, exactly; another model at
+    # the new path does not (GRPO's KL reference and the processor come from model.path)
+    import shutil
+
+    from longreel.trainer.preflight import InputCheckError
+    from longreel.trainer.sft import run_sft
+
+    model, out = tmp_path / "model", tmp_path / "run"
+    shutil.copytree(tiny, model)
+    run_sft(_cfg(str(model), out, "run.stop_after=3"))
+    state = json.loads((latest_checkpoint(out / "checkpoints") / "trainer_state.json").read_text())
+    assert len(state["model_fingerprint"]) == 16
+    moved = tmp_path / "elsewhere" / "model"
+    moved.parent.mkdir()
+    model.rename(moved)
+    other = build_tiny_qwen2vl(tmp_path / "other", seed=1)  # the same architecture, other weights
+    with pytest.raises(InputCheckError, match=rf"model.path: '{model}' there, '{other}' in this run"):
+        run_sft(_cfg(other, out))
+    assert run_sft(_cfg(str(moved), out))["step"] == 6
+    straight = tmp_path / "straight"
+    run_sft(_cfg(tiny, straight))
+    _assert_bitwise_equal(_weights(out), _weights(straight))
+
+
 def test_one_training_run_per_output_directory(tiny, tmp_path):
     import os
     import signal

@@ -9,14 +9,17 @@ opened when the loader reaches them (their errors name the shard).
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
 from longreel.schemas.config import to_dict
 from longreel.task.shard_reader import local_path, resolve_shards
 
+log = logging.getLogger("longreel")
+
 __all__ = ["InputCheckError", "check_model_dir", "check_shards", "check_cache_space", "check_out_dir", "check_topology",
-           "check_environment", "check_resume", "check_run_inputs", "config_record", "RESUMABLE",
+           "check_environment", "check_resume", "check_run_inputs", "config_record", "model_fingerprint", "RESUMABLE",
            "RESUMABLE_WITHIN_ROUNDING"]
 
 #: keys a resumed run may change: where and how long it runs, what it logs and saves, how it is launched, and its
@@ -126,6 +129,24 @@ def _same_dir(a, b) -> bool:
         and os.path.samefile(a, b)
 
 
+def model_fingerprint(path: str) -> str:
+    """sha256 over a model directory's weight files and config.json, names and bytes
+    (:func:`longreel.engines.local_models.weights_hash`)."""
+    from longreel.engines.local_models import weights_hash
+
+    return weights_hash(os.path.abspath(path))
+
+
+def _same_model(saved_fingerprint, path) -> bool:
+    """A model directory moved: ``path`` holds the weights and config the checkpoint's run started from."""
+    if not saved_fingerprint or not isinstance(path, str) or not os.path.isdir(path):
+        return False
+    try:
+        return model_fingerprint(path) == saved_fingerprint
+    except OSError:
+        return False
+
+
 def check_out_dir(cfg) -> None:
     out = cfg.run.out_dir
     if os.path.exists(out) and not os.path.isdir(out):
@@ -180,7 +201,7 @@ def check_resume(cfg, stage: str, checkpoint: Path) -> list[str]:
         return []
     there, here = _flat(saved), _flat(config_record(cfg))
     changed = [k for k in sorted(set(there) | set(here)) if there.get(k) != here.get(k)
-               and not (k == "model.path" and _same_dir(there.get(k), here.get(k)))]
+               and not (k == "model.path" and _model_path_kept(there.get(k), here.get(k), state))]
     rounding = [f"{k}: {there.get(k)!r} -> {here.get(k)!r}" for k in changed if k in RESUMABLE_WITHIN_ROUNDING]
     differ = [k for k in changed if not _resumable(k) and k not in RESUMABLE_WITHIN_ROUNDING]
     if differ:
@@ -190,6 +211,18 @@ def check_resume(cfg, stage: str, checkpoint: Path) -> list[str]:
                               f"{shown}{more}. Resume it with its own settings, give another run.out_dir, or set "
                               "run.resume=false to start over there")
     return rounding
+
+
+def _model_path_kept(there, here, state: dict) -> bool:
+    """``model.path`` names the run's model still: the same directory written another way, or the directory moved
+    with its content unchanged (by the fingerprint the checkpoint keeps)."""
+    if _same_dir(there, here):
+        return True
+    if _same_model(state.get("model_fingerprint"), here):
+        log.info("model.path %r is where the run's model (%s) was, as %r: the same weights and config", here,
+                 state["model_fingerprint"], there)
+        return True
+    return False
 
 
 def check_run_inputs(cfg, stage: str) -> None:

@@ -512,6 +512,7 @@ class TrainSession:
             self.stream.load_state_dict(state["loader"])
             self.step = int(state["step"])
             log.info("resumed %s from %s at step %d", stage, resume_from, self.step)
+        self._model_fingerprint = self._fingerprint_model(cfg.model.path)
         self.logger = MetricsLogger(self.out_dir, stage=stage, enabled=self.info.is_main,
                                     tensorboard=cfg.run.tensorboard, progress=cfg.run.progress,
                                     total_steps=self.total_steps, start_step=self.step)
@@ -663,12 +664,38 @@ class TrainSession:
         batch = self.stream.next_batch(self.cfg.data.batch_size)
         return [(j, i, it) for j, (i, it) in enumerate(batch) if j % self.info.dp_size == self.info.dp_rank]
 
+    def _fingerprint_model(self, path: str):
+        """The content hash of ``model.path`` (weights and config.json), for the checkpoints: a resumed run finds
+        its model by it when the directory has moved. Hashed in a background thread on rank 0 (a 7B model is ~16 GB
+        to read; the hash is remembered per machine by the files' stat, so a later start there only stats them)."""
+        if not self.info.is_main:
+            return None
+        from concurrent.futures import ThreadPoolExecutor
+
+        from longreel.trainer.preflight import model_fingerprint
+
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="longreel-model-hash")
+        future = pool.submit(model_fingerprint, path)
+        pool.shutdown(wait=False)
+        return future
+
+    def model_fingerprint(self) -> str | None:
+        """What :meth:`_fingerprint_model` found (waiting for it); None on ranks other than 0 or when unreadable."""
+        if self._model_fingerprint is None:
+            return None
+        try:
+            return self._model_fingerprint.result()
+        except OSError as e:
+            log.warning("model.path %r could not be hashed (%s): a resume will need it at this path",
+                        self.cfg.model.path, e)
+            return None
+
     def save(self) -> None:
         from longreel.trainer.checkpoint import prune_checkpoints, save_checkpoint
         from longreel.trainer.preflight import config_record
 
         state = {"stage": self.stage, "loader": self.stream.state_dict(), "config_hash": self.config_hash,
-                 "config": config_record(self.cfg)}
+                 "config": config_record(self.cfg), "model_fingerprint": self.model_fingerprint()}
         self.release()
         save_checkpoint(self.ckpt_root, self.step, model=self.model, optimizer=self.optimizer,
                         scheduler=self.scheduler, trainer_state=state, rank=self.info.rank, world=self.info.world,
