@@ -207,9 +207,9 @@ def test_a_shard_read_without_the_cache_is_read_again_when_its_transfer_breaks(d
                                                                                 stream):
     # data.cache_remote=false reads shards straight from the network: a transfer cut short is read again from the
     # start, skipping what was read, so the items and their order are an unbroken read's; a 404 is not read again
-    from longreel.trainer import remote_read
+    from longreel.trainer import transfer_retry
 
-    monkeypatch.setattr(remote_read, "RETRY_BASE_S", 0.0)
+    monkeypatch.setattr(transfer_retry, "RETRY_BASE_S", 0.0)
     first = sorted(p.name for p in Path(data["dir"]).glob("*.tar"))[0]
     cuts = {"n": 1}
 
@@ -259,9 +259,9 @@ def test_a_shard_read_without_the_cache_is_read_again_when_its_transfer_breaks(d
 def test_a_read_again_skips_what_was_handled_and_reports_a_bad_sample_once(monkeypatch):
     # the first read gives samples 0 and 1, reports 2 bad and breaks at 3; the second read must start at 3
     from longreel.task.shard_reader import LoaderStats, ShardSpec
-    from longreel.trainer import remote_read
+    from longreel.trainer import remote_read, transfer_retry
 
-    monkeypatch.setattr(remote_read, "RETRY_BASE_S", 0.0)
+    monkeypatch.setattr(transfer_retry, "RETRY_BASE_S", 0.0)
     reads = []
 
     def scripted(spec, stats, fail, *, keep, **kw):
@@ -324,9 +324,9 @@ def test_closing_the_stream_stops_the_download_ahead(data, tmp_path):
 def test_a_download_that_fails_in_transport_is_tried_again(data, tmp_path, monkeypatch, caplog, stream):
     # an object store drops connections and answers 503 now and then: hours into a run that must not stop it. A 404
     # is not passing, and is not tried again.
-    from longreel.trainer import shard_cache
+    from longreel.trainer import transfer_retry
 
-    monkeypatch.setattr(shard_cache, "RETRY_BASE_S", 0.0)
+    monkeypatch.setattr(transfer_retry, "RETRY_BASE_S", 0.0)
     failures = {"drop": 2, "503": 1}  # the first shard's first two GETs are cut off, the second's first is a 503
     first, second = sorted(p.name for p in Path(data["dir"]).glob("*.tar"))[:2]
 

@@ -18,25 +18,14 @@ shard's bytes per retry.
 from __future__ import annotations
 
 import logging
-import time
-import urllib.error
 from typing import Callable, Iterator
 
 from longreel.task.shard_reader import LoaderStats, ShardError, ShardSpec, read_shard
+from longreel.trainer.transfer_retry import backoff_s, pause, refused
 
 log = logging.getLogger("longreel")
 
-__all__ = ["read_remote_shard", "RETRY_BASE_S"]
-
-#: seconds before the first new read of a broken shard; doubled for each next one
-RETRY_BASE_S = 1.0
-
-
-def may_pass(err: ShardError) -> bool:
-    """Whether another read may not meet ``err``: not a refusal (an HTTP 4xx other than 408/429)."""
-    cause = err.__cause__
-    return not (isinstance(cause, urllib.error.HTTPError) and 400 <= cause.code < 500
-                and cause.code not in (408, 429))
+__all__ = ["read_remote_shard"]
 
 
 def read_remote_shard(spec: ShardSpec, stats: LoaderStats, fail: Callable[[ShardError, bool], None], *,
@@ -58,7 +47,7 @@ def read_remote_shard(spec: ShardSpec, stats: LoaderStats, fail: Callable[[Shard
 
         def note(err: ShardError, whole_shard: bool, last: bool = attempt == retries) -> None:
             nonlocal resume_at
-            if whole_shard and not last and may_pass(err):
+            if whole_shard and not last and not refused(err.__cause__):
                 broken.append(err)
                 return
             if not whole_shard:
@@ -70,7 +59,7 @@ def read_remote_shard(spec: ShardSpec, stats: LoaderStats, fail: Callable[[Shard
             yield sample
         if not broken:
             return
-        wait = RETRY_BASE_S * 2 ** attempt
+        wait = backoff_s(attempt)
         log.warning("loader: reading %s broke (%s); reading it again in %.0f s from sample %d (%d of %d)",
                     spec.url, broken[0].detail, wait, resume_at, attempt + 1, retries)
-        time.sleep(wait)
+        pause(wait)

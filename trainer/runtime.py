@@ -609,7 +609,7 @@ class TrainSession:
         """FSDP: the model's full weights as ``(name, tensor)`` pairs on this rank's device, each gathered from the
         shards only when the consumer asks for it, for the rank's own rollout engine to load as they come; None
         without FSDP (the engine reads the model's own tensors). Gathering them all first would hold a full copy of
-        the model on every GPU while the engine loads it (a 7B model: ~15 GB in bf16); this way the largest tensor
+        the model on every GPU while the engine loads it (Qwen2-VL-2B: 4.42 GB in bf16); this way the largest tensor
         (the token embeddings) is the most held at once. Each gather is a collective: every rank must consume every
         pair, in order."""
         if not self.fsdp:

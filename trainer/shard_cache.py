@@ -31,6 +31,7 @@ from pathlib import Path
 
 from longreel.engines.local_models import cache_dir as longreel_cache_dir
 from longreel.task.shard_reader import ShardError, ShardSpec, copy_verified, local_path
+from longreel.trainer.transfer_retry import backoff_s, pause, refused
 
 log = logging.getLogger("longreel")
 
@@ -174,10 +175,6 @@ def _open_lock(shard: Path) -> int:
     return os.open(_lock_path(shard), os.O_RDWR | os.O_CREAT, 0o644)
 
 
-#: seconds before the first retry of a failed download; doubled for each next one
-RETRY_BASE_S = 1.0
-
-
 def _download(spec: ShardSpec, dest: Path, retries: int = 3, stop: threading.Event | None = None) -> int:
     """Download ``spec`` into ``dest`` (verified, then renamed into place). A transport failure (a reset connection,
     a timeout, an HTTP 5xx, a truncated transfer, a failing ``gsutil``/``aws`` pipe) is tried again up to
@@ -191,13 +188,10 @@ def _download(spec: ShardSpec, dest: Path, retries: int = 3, stop: threading.Eve
             if attempt == retries:
                 raise ShardError(spec.url, None, f"cannot download into the shard cache: {cause} (after "
                                                  f"{retries + 1} tries)") from e.__cause__
-            wait = RETRY_BASE_S * 2 ** attempt
+            wait = backoff_s(attempt)
             log.warning("shard cache: download of %s failed (%s); trying again in %.0f s (%d of %d)", spec.url,
                         cause, wait, attempt + 1, retries)
-            if stop is None:
-                time.sleep(wait)
-            elif stop.wait(wait):
-                raise InterruptedError(f"{spec.url}: download stopped") from None
+            pause(wait, stop)
     raise AssertionError("unreachable")
 
 
@@ -206,8 +200,6 @@ class _Transient(Exception):
 
 
 def _download_once(spec: ShardSpec, dest: Path, stop: threading.Event | None = None) -> int:
-    import urllib.error
-
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
     try:
         with os.fdopen(fd, "wb") as out:
@@ -221,11 +213,9 @@ def _download_once(spec: ShardSpec, dest: Path, stop: threading.Event | None = N
                 if spec.bytes is not None and out.tell() < spec.bytes:
                     raise _Transient() from e
                 raise
-            except urllib.error.HTTPError as e:
-                if 400 <= e.code < 500 and e.code not in (408, 429):  # missing, forbidden: not a passing failure
+            except Exception as e:  # noqa: BLE001 - any transport error is this shard's and may pass, but a refusal
+                if refused(e):
                     raise ShardError(spec.url, None, f"cannot download into the shard cache: {e}") from e
-                raise _Transient() from e
-            except Exception as e:  # noqa: BLE001 - any other transport error is this shard's and may pass
                 raise _Transient() from e
         os.chmod(tmp, 0o644)  # mkstemp's 0600 would keep a shared cache directory's shards from other users
         os.replace(tmp, dest)
