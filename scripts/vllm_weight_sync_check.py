@@ -13,8 +13,11 @@ checkpoint; SmolLM2-135M on vLLM's CPU backend in ``tox -e vllm``, any Llama/Qwe
   3. vLLM samples again; its log-probs must equal transformers' on the moved weights (``gap_after`` <= ``--tol``)
      and differ from the old weights' (``gap_to_old_weights`` > 10 x ``--tol``): the engine holds the new weights.
 It also reports how many of the handed-over tensors were alive at once, at most (``peak_alive``): vLLM reads them as
-they come, so a trainer that gathers each when asked never holds a full copy. Prints a JSON report; exit status 1
-if a check fails.
+they come, so a trainer that gathers each when asked never holds a full copy. The engine has prefix caching on, as
+the trainer's rollout engine does: the sample after the sync must take no prompt token from the cache (the sync
+clears it; ``cached_prompt_tokens_after_sync`` 0). Last, the rule the trainer's sequence-parallel split relies on:
+one request of n = 4 seeded s gives the samples of two requests of n = 2 seeded s and s + 2
+(``split_matches_one_request``). Prints a JSON report; exit status 1 if a check fails.
 
 Under ``torchrun`` (``python -m torch.distributed.run --nproc_per_node N scripts/vllm_weight_sync_check.py ...``) it
 runs as the trainer's ranks do: the process group first (gloo on CPU, nccl on GPUs), then on every rank an engine
@@ -49,13 +52,32 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def sample(engine, prompt: str, n_tokens: int, seed: int):
-    """vLLM's sampled tokens of ``prompt`` and their processed log-probs: (prompt ids, token ids, log-probs)."""
+    """vLLM's sampled tokens of ``prompt`` and their processed log-probs: (prompt ids, token ids, log-probs, prompt
+    tokens served from the prefix cache)."""
     import vllm
 
     params = vllm.SamplingParams(max_tokens=n_tokens, temperature=1.0, seed=seed, logprobs=0)
     out = engine.llm.generate([prompt], params, use_tqdm=False)[0]
     c = out.outputs[0]
-    return list(out.prompt_token_ids), list(c.token_ids), [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)]
+    return (list(out.prompt_token_ids), list(c.token_ids), [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)],
+            int(out.num_cached_tokens or 0))
+
+
+def split_matches_one_request(engine, prompt: str, n_tokens: int, n: int, seed: int) -> tuple[bool, int]:
+    """vLLM seeds child ``j`` of a request seeded ``s`` with ``s + j``, the rule the trainer's SP split relies on:
+    one request of ``n`` seeded ``s`` against two of ``n / 2`` seeded ``s`` and ``s + n / 2``. Also returns the
+    prompt tokens the whole request's children took from the prefix cache (they share the prompt's prefill)."""
+    import vllm
+
+    def ask(shares):
+        params = [vllm.SamplingParams(n=k, max_tokens=n_tokens, temperature=1.0, seed=s) for k, s in shares]
+        return engine.llm.generate([prompt] * len(shares), params, use_tqdm=False)
+
+    engine.llm.reset_prefix_cache()
+    [whole] = ask([(n, seed)])
+    halves = ask([(n // 2, seed), (n - n // 2, seed + n // 2)])
+    ids = [list(o.token_ids) for o in whole.outputs]
+    return ids == [list(o.token_ids) for h in halves for o in h.outputs], int(whole.num_cached_tokens or 0)
 
 
 def score(model, prompt_ids: list[int], ids: list[int]) -> list[float]:
@@ -120,20 +142,25 @@ def run(args) -> dict:
 
     rank, world = join_ranks()
     launcher = {"distributed_executor_backend": "external_launcher"} if world > 1 else {}
+    # prefix caching on, as the trainer's rollout engine has it: the sample after the sync finds the prompt's blocks
+    # cached unless the sync cleared them
     engine = VLLMEngine(args.model, dtype=args.dtype, max_model_len=512, enforce_eager=True, return_logprobs=True,
-                        in_process=True, gpu_memory_utilization=args.gpu_memory_utilization, **launcher)
+                        in_process=True, gpu_memory_utilization=args.gpu_memory_utilization,
+                        enable_prefix_caching=True, **launcher)
     engine.setup()
     device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype)).to(device).eval()
-    prompt = "The river was calm in the morning, and"
-    p0, ids0, lp0 = sample(engine, prompt, args.tokens, seed=1)
+    # longer than two of vLLM's KV blocks (16 tokens on GPUs, 128 on its CPU backend): only whole blocks are cached
+    prompt = "The river was calm in the morning, and the boats lay still by the old stone bridge. " * 16 + "Then"
+    p0, ids0, lp0, _ = sample(engine, prompt, args.tokens, seed=1)
     gap_before = gap(lp0, score(model, p0, ids0))
     old = {k: v.clone() for k, v in model.state_dict().items()}
     move_weights(model, args.noise, seed=rank)
     pairs = OneAtATime(model)
     engine.sync_weights(pairs)
-    p1, ids1, lp1 = sample(engine, prompt, args.tokens, seed=1)
+    p1, ids1, lp1, cached_after_sync = sample(engine, prompt, args.tokens, seed=1)
     gap_after = gap(lp1, score(model, p1, ids1))
+    split_same, shared_prompt_tokens = split_matches_one_request(engine, prompt, args.tokens, n=4, seed=11)
     model.load_state_dict(old)
     gap_old = gap(lp1, score(model, p1, ids1))
     import vllm
@@ -141,9 +168,11 @@ def run(args) -> dict:
     report = {"vllm": vllm.__version__, "model": os.path.basename(os.path.normpath(args.model)), "dtype": args.dtype,
               "device": device, "tokens_before": ids0, "tokens_after": ids1, "gap_before": gap_before,
               "gap_after": gap_after, "gap_to_old_weights": gap_old, "tensors_synced": pairs.n,
-              "peak_alive": pairs.peak, "tol": args.tol, "rank": rank, "world_size": world}
+              "peak_alive": pairs.peak, "prompt_tokens": len(p0), "cached_prompt_tokens_after_sync": cached_after_sync,
+              "split_matches_one_request": split_same, "prompt_tokens_shared_by_a_requests_children":
+              shared_prompt_tokens, "tol": args.tol, "rank": rank, "world_size": world}
     report["passed"] = bool(gap_before <= args.tol and gap_after <= args.tol and gap_old > 10 * args.tol
-                            and pairs.n == len(old))
+                            and pairs.n == len(old) and cached_after_sync == 0 and split_same)
     engine.close()
     report["process_group_after_close"] = dist.is_initialized()
     if dist.is_initialized():

@@ -44,7 +44,8 @@ def test_vllm_rollouts_take_the_steps_embeddings_and_follow_every_update(tiny, t
     # the trainer hands the engine the step's video embeddings (MR-SP's reuse, and the plain path's one encode):
     # vLLM takes them only from an engine built with enable_mm_embeds
     assert built["enable_mm_embeds"] is True and built["logprobs_mode"] == "processed_logprobs"
-    assert built["enable_prefix_caching"] is False  # the weights change under it after every sync
+    # a prompt's G samples share its prefill through vLLM's prefix cache, which each weight sync clears
+    assert built["enable_prefix_caching"] is True
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
     # the engine's log-probs of its own samples equal the trainer's old log-probs at every step: the weights it
@@ -54,6 +55,9 @@ def test_vllm_rollouts_take_the_steps_embeddings_and_follow_every_update(tiny, t
     assert any(r["skipped_update"] == 0.0 for r in rows[:2])  # an update happened before a later step's rollouts
     llm = standin.LLM.last
     assert set(llm.sync_routes) == {"reload_weights"}  # vLLM's in-place reload, not load_weights alone
+    # every sync clears the prefix cache before the next rollouts: no K/V of the old weights is reused
+    syncs = [i for i, e in enumerate(llm.events) if e == "sync"]
+    assert len(syncs) >= 2 and all(llm.events[i + 1] == "reset" for i in syncs), llm.events
     assert len(llm.synced_names) >= 2 and all(names == llm.synced_names[0] for names in llm.synced_names)
     from longreel.trainer.policy import load_policy
 
@@ -74,6 +78,16 @@ def test_a_vllm_without_reload_weights_is_synced_through_load_weights(tiny, tmp_
     assert any(r["skipped_update"] == 0.0 for r in rows[:2])
     assert all(r["behav_logp_absdiff"] < 1e-5 for r in rows), rows
     assert set(standin.LLM.last.sync_routes) == {"apply_model"}
+
+
+def test_a_prefix_cache_vllm_will_not_clear_stops_the_run(tiny, tmp_path, monkeypatch):
+    # the cached K/V of the old weights would be reused in silence: off-policy rollouts whose log-probs look right
+    from longreel.trainer.grpo import run_grpo
+
+    standin = vllm_standin.install(monkeypatch)
+    monkeypatch.setattr(standin.LLM, "reset_ok", False)
+    with pytest.raises(RuntimeError, match="prefix cache could not be cleared after a weight sync"):
+        run_grpo(_cfg(tiny, tmp_path / "run"))
 
 
 def test_a_resumed_run_gives_its_vllm_engine_the_checkpoints_weights(tiny, tmp_path, monkeypatch):
@@ -165,3 +179,56 @@ def test_every_rank_syncs_its_vllm_engine(tiny, tmp_path, monkeypatch, strategy)
     assert any(r["skipped_update"] == 0.0 for r in rows[:2])
     for r in rows:  # both ranks' rollouts: the gap is summed over every rank's tokens
         assert r["behav_logp_absdiff"] < 1e-5, (r["step"], r["behav_logp_absdiff"])
+
+
+@pytest.mark.slow
+def test_an_sp_group_splits_each_prompts_vllm_rollouts_and_gets_one_processs(tiny, tmp_path, monkeypatch):
+    """``mrsp.sp_size=2``: each rank's engine samples its half of every prompt's G rollouts (one request of n = G/2
+    seeded s + its first row, vLLM's child-seed rule), then the halves are gathered: the step equals one
+    process's, where one request of n = G samples them all."""
+    import sys
+    from pathlib import Path
+
+    from test_dist_resume import _run, _torchrun
+
+    site = tmp_path / "site" / "vllm"
+    site.mkdir(parents=True)
+    tests = Path(__file__).resolve().parent
+    (site / "__init__.py").write_text(f"import sys\nsys.path.insert(0, {str(tests)!r})\nfrom vllm_standin import *\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    sets = [f"model.path={tiny}", "data.source=synthetic", "data.synthetic_train=8",
+            "data.synthetic_kinds=[colour, count]", "data.batch_size=2", "run.steps=1", "run.save_every=0",
+            "run.save_final=false", "run.progress=false", "run.tensorboard=false", "run.threads=1", "run.seed=3",
+            "rollout.engine=vllm", "rollout.n=4", "rollout.max_new_tokens=8", "mrsp.enabled=true",
+            "grpo.mix_policy=true"]  # a target row in each group: the advantages, so the gradients, are not zero
+    runs = {}
+    for name, launcher, extra in (("one", [sys.executable], []),
+                                  ("sp2", _torchrun(2), ["mrsp.sp_size=2", "mrsp.sp_min_tokens=1"])):
+        out, log = tmp_path / name, tmp_path / f"{name}.jsonl"
+        monkeypatch.setenv("VLLM_STANDIN_LOG", str(log))
+        grads = f"run.dump_grads={tmp_path / name}.safetensors"
+        _run([*launcher, "-m", "longreel", "train", "grpo",
+              *[a for s in [*sets, f"run.out_dir={out}", grads, *extra] for a in ("--set", s)]])
+        requests = [json.loads(line) for line in log.read_text().splitlines()]
+        runs[name] = (read_metrics(out / "metrics.jsonl"), [r for r in requests if r["event"] == "request"])
+    (one, one_req), (sp2, sp2_req) = runs["one"], runs["sp2"]
+    # one process: a request of n=4 per prompt; the SP pair: each rank n=2, rank 1's seeded 2 past rank 0's
+    assert [r["n"] for r in one_req] == [4, 4]
+    by_rank = {rank: [r for r in sp2_req if r["rank"] == rank] for rank in (0, 1)}
+    assert [r["n"] for r in by_rank[0]] == [r["n"] for r in by_rank[1]] == [2, 2]
+    assert [r["seed"] for r in by_rank[0]] == [r["seed"] for r in one_req]
+    assert [r["seed"] for r in by_rank[1]] == [r["seed"] + 2 for r in one_req]
+    # the two halves are one process's rollouts, in order
+    for i, whole in enumerate(one_req):
+        assert by_rank[0][i]["token_ids"] + by_rank[1][i]["token_ids"] == whole["token_ids"]
+    assert len({tuple(t) for t in one_req[0]["token_ids"]}) > 1  # distinct samples, not one repeated
+    # and the step, from the gathered rollouts, is one process's: metrics, loss and step-1 gradients
+    for k in ("reward_mean", "accuracy", "format_rate", "response_len_mean", "groups_with_signal"):
+        assert one[0][k] == sp2[0][k], (k, one[0][k], sp2[0][k])
+    assert abs(one[0]["loss"] - sp2[0]["loss"]) <= 1e-6
+    from safetensors.torch import load_file
+
+    g1, g2 = load_file(str(tmp_path / "one.safetensors")), load_file(str(tmp_path / "sp2.safetensors"))
+    assert g1.keys() == g2.keys() and sum(float(g.abs().sum()) for g in g1.values()) > 0
+    assert max(float((g1[k] - g2[k]).abs().max()) for k in g1) <= 1e-5
+    assert one[0]["behav_logp_absdiff"] < 1e-5 and sp2[0]["behav_logp_absdiff"] < 1e-5

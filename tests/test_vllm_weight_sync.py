@@ -6,6 +6,9 @@ Before the sync went through vLLM's in-place ``reload_weights``, calling the mod
 engine failed on this backend ("'Parameter' object has no attribute 'weight_loader'": the CPU backend repacks the
 weights after loading).
 
+The engine has prefix caching on, as the trainer's does; the sync clears the cache, and vLLM's child-seed rule that
+the trainer's sequence-parallel split of a prompt's rollouts relies on is checked too.
+
 Under torchrun (2 gloo ranks) it runs as the trainer's ranks do: each rank's engine built with vLLM's
 ``external_launcher`` joins the ranks' process group, takes its own rank's weights, and closes cleanly."""
 import json
@@ -39,6 +42,13 @@ def test_synced_weights_are_the_ones_vllm_samples_with(model_dir, tmp_path):
     assert report["tokens_after"] != report["tokens_before"]
     # the pairs are read as they come: a few alive at once, not the whole model
     assert report["tensors_synced"] > 200 and report["peak_alive"] <= 4
+    # with prefix caching on (as the trainer's engine has it), a request's children share the prompt's cached
+    # blocks, and the sync clears them: nothing computed with the old weights is reused (without the reset, 256
+    # of the 305 prompt tokens came from the cache and the gap after the sync was 2.0)
+    assert report["prompt_tokens_shared_by_a_requests_children"] > 0
+    assert report["cached_prompt_tokens_after_sync"] == 0
+    # vLLM's child-seed rule, which the trainer's SP split of a prompt's rollouts relies on
+    assert report["split_matches_one_request"] is True
 
 
 def test_each_ranks_engine_joins_the_trainers_ranks_and_holds_its_own_weights(model_dir, tmp_path):

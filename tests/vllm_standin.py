@@ -19,6 +19,9 @@ trainer depends on it:
   ``apply_model(fn)`` (which calls ``fn`` with the model) both reach a ``load_weights`` that takes
   ``(name, tensor)`` pairs of the Hugging Face state dict; ``has_reload_weights = False`` plays a vLLM without the
   former;
+* parallel sampling as vLLM's ``ParentRequest`` does it: child ``k`` of a request seeded ``s`` is sampled as a
+  request of its own seeded ``s + k``;
+* ``reset_prefix_cache()`` returns whether the cache was cleared (``reset_ok = False`` plays vLLM refusing);
 * ``llm_engine.engine_core.shutdown()`` destroys torch.distributed's default process group, as vLLM's teardown of
   an in-process engine does;
 * the GPU its worker would take (``device_index``, recorded): ``LOCAL_RANK`` with
@@ -93,6 +96,7 @@ class _Model:
             peak_bytes = max(peak_bytes, sum(r().numel() * r().element_size() for r in alive if r() is not None))
             del tensor
         self.llm.synced_names.append(sorted(names))
+        self.llm.events.append("sync")
         _log(event="sync", n=len(names), peak_alive=peak, peak_alive_bytes=peak_bytes)
         return set(names)
 
@@ -139,6 +143,7 @@ class LLM:
         self.llm_engine = types.SimpleNamespace(model_config=types.SimpleNamespace(hf_config=self.model.config),
                                                 engine_core=types.SimpleNamespace(shutdown=_shutdown))
         self.synced_names: list[list[str]] = []
+        self.events: list[str] = []  # "sync", "reset" and "generate", in order
         self.sync_routes: list[str] = []
         LLM.last = self
 
@@ -161,8 +166,12 @@ class LLM:
         _Model(self.model, self).load_weights((kwargs or {})["weights_iterator"])
         return [None]
 
+    #: False: vLLM refusing the reset (it does while requests are running)
+    reset_ok = True
+
     def reset_prefix_cache(self) -> bool:
-        return True
+        self.events.append("reset")
+        return self.reset_ok
 
     def _prompt_inputs(self, prompt: dict):
         from longreel.trainer.policy import PromptInputs, VideoEmbeds, encode_video
@@ -189,19 +198,24 @@ class LLM:
     def generate(self, prompts: list[dict], sampling_params: list[SamplingParams], use_tqdm: bool = False):
         from longreel.trainer.rollout import SamplingConfig
 
+        self.events.append("generate")
         out = []
         for prompt, sp in zip(prompts, sampling_params):
             inputs, embeds = self._prompt_inputs(prompt)
-            cfg = SamplingConfig(n=sp.n, temperature=sp.temperature, top_p=sp.top_p, max_new_tokens=sp.max_tokens)
-            [group] = self.engine.generate([inputs], cfg, [sp.seed], video_embeds=[embeds])
+            # vLLM's parallel sampling: child k of a request seeded s is a request of its own seeded s + k
+            # (ParentRequest), so a rollout depends on s + k alone, not on n
+            cfg = SamplingConfig(n=1, temperature=sp.temperature, top_p=sp.top_p, max_new_tokens=sp.max_tokens)
+            children = self.engine.generate([inputs] * sp.n, cfg, [sp.seed + k for k in range(sp.n)],
+                                            video_embeds=[embeds] * sp.n)
             res = RequestOutput(inputs.input_ids[0].tolist())
-            for k in range(sp.n):
-                n = int(group.response_mask[k].sum())
-                ids = group.response_ids[k, :n].tolist()
-                lps = [{t: Logprob(float(lp))} for t, lp in zip(ids, group.behav_logp[k, :n].tolist())]
-                res.outputs.append(CompletionOutput(ids, group.texts[k],
-                                                    "stop" if bool(group.finished[k]) else "length",
+            for child in children:
+                n = int(child.response_mask[0].sum())
+                ids = child.response_ids[0, :n].tolist()
+                lps = [{t: Logprob(float(lp))} for t, lp in zip(ids, child.behav_logp[0, :n].tolist())]
+                res.outputs.append(CompletionOutput(ids, child.texts[0],
+                                                    "stop" if bool(child.finished[0]) else "length",
                                                     lps if sp.logprobs is not None else None))
+            _log(event="request", n=sp.n, seed=sp.seed, token_ids=[o.token_ids for o in res.outputs])
             out.append(res)
         return out
 

@@ -14,7 +14,10 @@
   holding its own copy of the weights; ``sync_weights(model)`` copies the trainer's weights into it after every
   update. vLLM is imported lazily, only when this engine is built. With
   ``video_embeds`` it passes the cached embeddings (``{"video": {"video_embeds", "video_grid_thw"}}``, needs
-  ``enable_mm_embeds``) instead of the frames, so vLLM does not re-encode the video.
+  ``enable_mm_embeds``) instead of the frames, so vLLM does not re-encode the video. A prompt's G samples share
+  its prefill and K/V blocks through vLLM's prefix cache, which every weight sync clears. An SP ``group`` splits
+  each prompt's G rollouts the same way (one request of ``n = hi - lo`` seeded ``seed + lo``: vLLM seeds child
+  ``j`` of a request seeded ``s`` with ``s + j``), then all-gathers them.
 
 A ``RolloutGroup`` holds right-padded response ids ending at (and including) the first EOS, their mask, the decoded
 texts (special tokens skipped, reasoning tags kept), and, when the engine reports them, the behaviour log-probs.
@@ -99,6 +102,32 @@ def vision_token_ids(model) -> list[int]:
     return sorted({int(getattr(cfg, n)) for n in names if isinstance(getattr(cfg, n, None), int)})
 
 
+def group_share(n: int, group) -> list[int]:
+    """This rank's contiguous share of a prompt's ``n`` rollouts when an SP ``group`` splits them (``ceil(n /
+    size)`` each, the last ranks fewer or none); every row without a group."""
+    from longreel.trainer.mrsp.dist_ops import world
+
+    # no group: this process samples every rollout (world(None) would be the whole torchrun world, whose
+    # data-parallel ranks hold other prompts)
+    rank, size = world(group) if group is not None else (0, 1)
+    per = -(-n // size)
+    return list(range(min(n, rank * per), min(n, (rank + 1) * per)))
+
+
+def gather_group(mine: list, group) -> list[list]:
+    """Every rank's per-prompt lists (token ids and the like: small), in rank order, so row order is one
+    process's."""
+    import torch.distributed as dist
+
+    from longreel.trainer.mrsp.dist_ops import world
+
+    if group is None or world(group)[1] == 1:
+        return [mine]
+    out: list = [None] * world(group)[1]
+    dist.all_gather_object(out, mine, group=group)
+    return out
+
+
 class RolloutEngine(ABC):
     name = "base"
 
@@ -149,31 +178,6 @@ class TransformersEngine(RolloutEngine):
         inputs.update(prompt.extra)
         return inputs
 
-    def _my_rows(self, n: int) -> tuple[list[int], list[int]]:
-        """This rank's contiguous share of a group's ``n`` rollouts, and every rank's count."""
-        from longreel.trainer.mrsp.dist_ops import world
-
-        # no group: this process samples every rollout (world(None) would be the whole torchrun world, whose
-        # data-parallel ranks hold other prompts)
-        rank, size = world(self.group) if self.group is not None else (0, 1)
-        per = -(-n // size)
-        sizes = [max(0, min(n, (r + 1) * per) - r * per) for r in range(size)]
-        lo = sum(sizes[:rank])
-        return list(range(lo, lo + sizes[rank])), sizes
-
-    def _gather(self, mine: list[tuple]) -> list[list[tuple]]:
-        """Every rank's per-prompt row lists, in rank order (token ids only: small)."""
-        import torch.distributed as dist
-
-        from longreel.trainer.mrsp.dist_ops import world
-
-        size = world(self.group)[1] if self.group is not None else 1
-        if size == 1:
-            return [mine]
-        out: list = [None] * size
-        dist.all_gather_object(out, mine, group=self.group)
-        return out
-
     @torch.no_grad()
     def generate(self, prompts, sampling, seeds, video_embeds=None, items=None):
         """With an SP ``group`` each rank samples its contiguous share of every prompt's ``G`` rollouts (rollout
@@ -185,7 +189,7 @@ class TransformersEngine(RolloutEngine):
         was_training = model.training
         model.eval()
         try:
-            rows, _ = self._my_rows(sampling.n)
+            rows = group_share(sampling.n, self.group)
             inputs, samplings = [], []
             for i, prompt in enumerate(prompts):
                 emb = video_embeds[i] if video_embeds is not None and video_embeds[i] is not None else None
@@ -202,7 +206,7 @@ class TransformersEngine(RolloutEngine):
             mine = [(c.token_ids, c.finish, c.logprobs if self.report_logprobs else None) for c in done]
         finally:
             model.train(was_training)
-        parts = self._gather(mine)
+        parts = gather_group(mine, self.group)
         tok = self.processor.tokenizer
         groups = []
         for i, prompt in enumerate(prompts):
@@ -243,15 +247,20 @@ class VLLMEngine(RolloutEngine):
 
     def __init__(self, model_path: str, processor, *, dtype: str = "bfloat16", gpu_memory_utilization: float = 0.4,
                  max_model_len: int = 8192, seed: int = 0, enable_mm_embeds: bool = False,
-                 external_launcher: bool = False):
+                 external_launcher: bool = False, group=None):
         from longreel.engines.vllm_engine import VLLMEngine as SharedVLLMEngine
 
         self.processor = processor
         self.max_model_len = max_model_len
+        self.group = group  # an SP group: its ranks split each prompt's rollouts, then all-gather them
         launcher = {"distributed_executor_backend": "external_launcher"} if external_launcher else {}
+        # a prompt's G samples share its prefill and its K/V blocks through vLLM's prefix cache (else each of the
+        # G child requests prefills the whole prompt, the video's tokens included, into blocks of its own); the
+        # cache is cleared at every weight sync
         self.engine = SharedVLLMEngine(model_path, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
                                        max_model_len=max_model_len, seed=seed, return_logprobs=True,
-                                       enable_mm_embeds=enable_mm_embeds, in_process=True, **launcher)
+                                       enable_mm_embeds=enable_mm_embeds, in_process=True,
+                                       enable_prefix_caching=True, **launcher)
         try:
             self.engine.setup()
         except RuntimeError as e:
@@ -263,7 +272,7 @@ class VLLMEngine(RolloutEngine):
                                                       "<|vision_end|>")]
         self.suppress = {int(i): -100.0 for i in ids if isinstance(i, int) and i != tok.unk_token_id}
 
-    def _request(self, item: dict, embeds: VideoEmbeds | None, sampling: SamplingConfig, seed: int):
+    def _request(self, item: dict, embeds: VideoEmbeds | None, sampling: SamplingConfig, seed: int, n: int):
         from longreel.engines.base import EngineRequest, Sampling, Video
         from longreel.trainer.policy import _frames, _metadata_dict, item_metadata, prompt_messages
 
@@ -277,26 +286,39 @@ class VLLMEngine(RolloutEngine):
         return EngineRequest(key=str(item.get("key", "")), messages=prompt_messages(item), video=video,
                              sampling=Sampling(max_new_tokens=sampling.max_new_tokens,
                                                temperature=0.0 if sampling.greedy else sampling.temperature,
-                                               top_p=sampling.top_p, n=sampling.n, seed=int(seed)),
+                                               top_p=sampling.top_p, n=n, seed=int(seed)),
                              logit_bias=self.suppress or None)
 
     def generate(self, prompts, sampling, seeds, video_embeds=None, items=None):
+        """With an SP ``group`` each rank asks its engine for its contiguous share ``lo..hi`` of every prompt's
+        ``G`` rollouts, then the samples are all-gathered: every rank returns the same groups. vLLM seeds child
+        ``j`` of a request seeded ``s`` with ``s + j`` (``ParentRequest``), so the share is one request of
+        ``n = hi - lo`` seeded ``s + lo``: the rollouts one process's request of ``n = G`` gives."""
         if items is None:
             raise ValueError("the vllm engine needs the items (it renders the prompt and passes the frames itself)")
         self._check_lengths(prompts, sampling)
-        requests = [self._request(item, video_embeds[i] if video_embeds is not None else None, sampling, seeds[i])
-                    for i, item in enumerate(items)]
+        rows = group_share(sampling.n, self.group)
+        mine: list = [([], [], [], [])] * len(prompts)
+        if rows:
+            requests = [self._request(item, video_embeds[i] if video_embeds is not None else None, sampling,
+                                      int(seeds[i]) + rows[0], len(rows))
+                        for i, item in enumerate(items)]
+            mine = []
+            for prompt, c in zip(prompts, self.engine.generate(requests)):
+                if not c.ok:
+                    raise RuntimeError(f"vllm rollout failed for {prompt.key}: {c.error_message}")
+                mine.append((c.token_ids, c.finish, c.logprobs, list(c.texts)))
+        parts = gather_group(mine, self.group)
         groups = []
-        for prompt, c in zip(prompts, self.engine.generate(requests)):
-            if not c.ok:
-                raise RuntimeError(f"vllm rollout failed for {prompt.key}: {c.error_message}")
-            ids, mask = pad_responses(c.token_ids, self.pad_id)
+        for i, prompt in enumerate(prompts):
+            token_ids, finish, logprobs, texts = ([x for part in parts for x in part[i][f]] for f in range(4))
+            ids, mask = pad_responses(token_ids, self.pad_id)
             behav = torch.zeros(ids.shape, dtype=torch.float32)
-            for j, lp in enumerate(c.logprobs):
+            for j, lp in enumerate(logprobs):
                 behav[j, :len(lp)] = torch.tensor(lp, dtype=torch.float32)
             dev = prompt.input_ids.device
-            groups.append(RolloutGroup(prompt.key, ids.to(dev), mask.to(dev), list(c.texts),
-                                       torch.tensor([f == "stop" for f in c.finish]), behav.to(dev)))
+            groups.append(RolloutGroup(prompt.key, ids.to(dev), mask.to(dev), texts,
+                                       torch.tensor([f == "stop" for f in finish]), behav.to(dev)))
         return groups
 
     def _check_lengths(self, prompts: Sequence[PromptInputs], sampling: SamplingConfig) -> None:
@@ -334,8 +356,7 @@ def _under_torchrun() -> bool:
 
 def make_engine(name: str, model, processor, *, model_path: str = "", rollout_cfg=None, seed: int = 0,
                 dtype: str = "bfloat16", group=None) -> RolloutEngine:
-    """``group``: an SP group whose ranks split each prompt's rollouts (transformers engine; vLLM samples every
-    rollout on each rank)."""
+    """``group``: an SP group whose ranks split each prompt's rollouts, then all-gather them."""
     if name == "transformers":
         return TransformersEngine(model, processor, group=group,
                                   prompts_per_decode=getattr(rollout_cfg, "prompts_per_decode", 0))
@@ -345,5 +366,5 @@ def make_engine(name: str, model, processor, *, model_path: str = "", rollout_cf
         return VLLMEngine(model_path, processor, dtype=dtype,
                           gpu_memory_utilization=getattr(rollout_cfg, "vllm_gpu_memory_utilization", 0.4),
                           max_model_len=getattr(rollout_cfg, "vllm_max_model_len", 8192), seed=seed,
-                          enable_mm_embeds=True, external_launcher=_under_torchrun())
+                          enable_mm_embeds=True, external_launcher=_under_torchrun(), group=group)
     raise ValueError(f"unknown rollout engine {name!r}; choose transformers or vllm")

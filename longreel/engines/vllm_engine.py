@@ -96,8 +96,6 @@ class VLLMEngine(Engine):
             kw["limit_mm_per_prompt"] = {"video": 1, "image": 0}
         if self.enable_mm_embeds:
             kw["enable_mm_embeds"] = True
-        if self.return_logprobs:
-            kw["enable_prefix_caching"] = False  # weights change under it after every sync
         kw.update(self.llm_kwargs)
         self._llm = self._new_llm(vllm, kw)
         if self.vision:
@@ -221,10 +219,18 @@ class VLLMEngine(Engine):
             self.llm.apply_model(_load)
         for _ in pairs:
             pass
-        try:
-            self._llm.reset_prefix_cache()
-        except Exception:  # noqa: BLE001 - prefix caching is off; older vLLMs lack the call
-            pass
+        self._forget_cached_prefixes()
+
+    def _forget_cached_prefixes(self) -> None:
+        """Drop the prefix cache: its K/V were computed with the old weights. The G samples of a prompt share
+        its cached prefill (vLLM's prefix caching, on by default), so keeping the cache on for RL is worth this;
+        a reset vLLM refuses (it does while requests run) is an error, not stale K/V used in silence."""
+        if self.llm_kwargs.get("enable_prefix_caching") is False:
+            return
+        reset = getattr(self._llm, "reset_prefix_cache", None)
+        if reset is None or reset() is False:
+            raise RuntimeError("vllm: the prefix cache could not be cleared after a weight sync (its K/V would be "
+                               "the old weights'); build the engine with enable_prefix_caching=False")
 
     def close(self) -> None:
         llm, self._llm = self._llm, None
