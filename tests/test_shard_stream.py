@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import tarfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -288,34 +289,35 @@ def test_a_read_again_skips_what_was_handled_and_reports_a_bad_sample_once(monke
 
 
 def test_closing_the_stream_stops_the_download_ahead(data, tmp_path):
-    # a run that ends (or is interrupted) while the next shard downloads must not wait for a shard it will not read:
-    # the server holds the second shard's second half back until the fetcher is told to stop (or 10 s pass), so the
-    # download can only end with the stop or, when the stop goes unheeded, complete
+    # a run that ends (or is interrupted) while the next shard downloads must not wait for a shard it will not read,
+    # nor for a stalled server: the server sends half of the second shard, then stalls until the stream's close has
+    # returned (or 10 s pass). Before the close cut the socket, the copy sat in its read until the stall ended.
     first, second = sorted(p.name for p in Path(data["dir"]).glob("*.tar"))[:2]
     cache = tmp_path / "cache"
-    held = {}
+    closed, stall = threading.Event(), {}
 
-    class Slow(QuietFiles):
+    class Stalled(QuietFiles):
         def do_GET(self):
             name = self.path.rsplit("/", 1)[-1]
             if name != second:
                 return super().do_GET()
             body = Path(data["dir"], name).read_bytes()
             self.send_start(len(body), body[:len(body) // 2])
-            held["stop"].wait(10)
+            stall["ended_by_close"] = closed.wait(10)
             try:
                 self.wfile.write(body[len(body) // 2:])
             except OSError:  # the client has gone
                 pass
 
-    with file_server(data["dir"], Slow) as (base, served):
+    with file_server(data["dir"], Stalled) as (base, served):
         s = ShardItemStream([f"{base}/{os.path.basename(data['index'])}"], seed=3, shuffle=False,
                             cache_dir=str(cache))
-        held["stop"] = s.fetcher._stop
         s.next_batch(1)  # reads the first shard; the second starts downloading ahead
         while not any(p.endswith("/" + second) for p in served):
             time.sleep(0.01)
         s.close()
+        closed.set()
+    assert stall["ended_by_close"] is True  # the close returned while the server still stalled
     assert sorted(p.name for p in cache.glob("*.tar")) == [f"{e['sha256']}.tar" for e in _index(data)[:1]]
     assert not [p for p in cache.iterdir() if not p.name.endswith((".tar", ".lock"))]  # no partial download left
 
@@ -375,3 +377,55 @@ def test_a_download_that_fails_in_transport_is_tried_again(data, tmp_path, monke
             assert gets("missing.tar") == 1
         finally:
             missing_index.unlink(missing_ok=True)
+
+
+def test_a_stop_cuts_a_pipe_that_waits_on_its_source(tmp_path):
+    # gs:// and s3:// shards come through a gsutil / aws process: a stop kills it, so a copy waiting on a source that
+    # sends nothing more ends with the stop, not when the source does (the child below would take 60 s)
+    import sys
+
+    from webdataset.gopen import Pipe
+
+    from longreel.task.shard_reader import ShardSpec, copy_verified
+    from longreel.task.transfer_stop import StopSignal
+
+    child = "import sys, time; sys.stdout.buffer.write(b'x' * 100); sys.stdout.flush(); time.sleep(60)"
+    pipes, first_bytes = [], threading.Event()
+
+    def open_pipe(url):
+        pipe = Pipe([sys.executable, "-c", child], mode="rb", bufsize=0, ignore_status=[141])
+        read = pipe.read
+
+        def read_and_tell(n):
+            chunk = read(n)
+            first_bytes.set()
+            return chunk
+
+        pipe.read = read_and_tell
+        pipes.append(pipe)
+        return pipe
+
+    stop, result = StopSignal(), {}
+
+    def copy():
+        try:
+            with open(tmp_path / "out", "wb") as out:
+                copy_verified(ShardSpec("gs://bucket/a.tar"), out, stop)
+        except BaseException as e:  # noqa: BLE001 - the test reads what ended the copy
+            result["error"] = e
+
+    import longreel.task.shard_reader as shard_reader
+
+    original = shard_reader.open_url
+    shard_reader.open_url = open_pipe
+    try:
+        t = threading.Thread(target=copy)
+        t.start()
+        assert first_bytes.wait(30)  # the copy has the first bytes and waits on the source for more
+        stop.set()
+        t.join(30)
+    finally:
+        shard_reader.open_url = original
+    assert not t.is_alive()
+    assert isinstance(result.get("error"), InterruptedError), result
+    assert pipes[0].proc.returncode == -9  # killed by the stop, not ended by its source

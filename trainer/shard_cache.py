@@ -31,6 +31,7 @@ from pathlib import Path
 
 from longreel.engines.local_models import cache_dir as longreel_cache_dir
 from longreel.task.shard_reader import ShardError, ShardSpec, copy_verified, local_path
+from longreel.task.transfer_stop import StopSignal
 from longreel.trainer.transfer_retry import backoff_s, pause, refused
 
 log = logging.getLogger("longreel")
@@ -74,8 +75,9 @@ class ShardFetcher:
 
     The download ahead is a hint: when it fails, the shard is fetched again in the foreground when it is reached,
     and that failure is the one reported (naming the URL). Local shards pass through. :meth:`close` stops a download
-    ahead that is still running (its partial file removed) instead of waiting for it: a run that ends, or is
-    interrupted, does not wait on a shard it will not read.
+    ahead that is still running (its partial file removed) instead of waiting for it, also one waiting on a stalled
+    server (its socket is shut down, its ``gsutil``/``aws`` process killed): a run that ends, or is interrupted, does
+    not wait on a shard it will not read.
     """
 
     def __init__(self, cache_dir: str, retries: int = 3):
@@ -85,7 +87,8 @@ class ShardFetcher:
         self.retries = retries
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="longreel-shard-prefetch")
         self._ahead: dict[str, object] = {}  # url -> Future of its fetch
-        self._stop = threading.Event()  # set by close: the download ahead ends at its next read
+        # set by close: the download ahead ends at once, also when it waits on a stalled server
+        self._stop = StopSignal()
         self.downloaded = 0  # shards this fetcher downloaded (not found in the cache)
 
     def __call__(self, spec: ShardSpec, upcoming: ShardSpec | None = None) -> ShardSpec:

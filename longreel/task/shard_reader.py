@@ -37,6 +37,8 @@ from typing import Callable, Iterator
 import numpy as np
 from braceexpand import braceexpand
 
+from longreel.task.transfer_stop import cut_on_stop
+
 log = logging.getLogger("longreel")
 
 PICKLE_EXTS = frozenset({"pyd", "pickle", "pkl", "pth", "pt", "mp", "msgpack", "joblib"})
@@ -582,18 +584,27 @@ def copy_verified(spec: ShardSpec, out, stop=None) -> int:
     """Copy the shard at ``spec.url`` into the binary file ``out``, hashing as it streams; raise
     :class:`ShardError` when the index's sha256 or size (those it gives) do not match. Returns the bytes copied.
     Used to stage a shard for ``verify="shard"`` and to fill the trainer's disk cache of remote shards.
-    ``stop`` (a ``threading.Event``): once set, the copy ends with ``InterruptedError`` at the next read."""
+    ``stop`` (a ``threading.Event``): once set, the copy ends with ``InterruptedError`` at the next read; a
+    :class:`~longreel.task.transfer_stop.StopSignal` also cuts a read that is waiting on a stalled server."""
     h, size = hashlib.sha256(), 0
-    with open_url(spec.url) as src:
-        # read1 returns what has arrived rather than waiting for a full MB, so `stop` is looked at during a slow
-        # transfer too
-        read = getattr(src, "read1", src.read)
-        while chunk := read(1 << 20):
-            if stop is not None and stop.is_set():
-                raise InterruptedError(f"{spec.url}: download stopped")
-            h.update(chunk)
-            size += len(chunk)
-            out.write(chunk)
+    stopped = (lambda: stop.is_set()) if stop is not None else (lambda: False)
+    try:
+        with open_url(spec.url) as src, cut_on_stop(stop, src):
+            # read1 returns what has arrived rather than waiting for a full MB, so `stop` is looked at during a
+            # slow transfer too
+            read = getattr(src, "read1", src.read)
+            while chunk := read(1 << 20):
+                if stopped():
+                    break
+                h.update(chunk)
+                size += len(chunk)
+                out.write(chunk)
+    except Exception:
+        if stopped():  # a cut pipe's killed process fails its read or its close: the stop, not a transport error
+            raise InterruptedError(f"{spec.url}: download stopped") from None
+        raise
+    if stopped():  # a cut socket ends the stream as if complete: it is not
+        raise InterruptedError(f"{spec.url}: download stopped")
     got = h.hexdigest()
     if (spec.sha256 and got != spec.sha256) or (spec.bytes is not None and size != spec.bytes):
         raise ShardError(spec.url, None, f"shard sha256/size mismatch with the index ({size} bytes read, "
