@@ -88,6 +88,9 @@ def test_a_prefix_cache_vllm_will_not_clear_stops_the_run(tiny, tmp_path, monkey
     monkeypatch.setattr(standin.LLM, "reset_ok", False)
     with pytest.raises(RuntimeError, match="prefix cache could not be cleared after a weight sync"):
         run_grpo(_cfg(tiny, tmp_path / "run"))
+    # with the cache off (rollout.vllm_prefix_caching=false) there is nothing to clear
+    assert run_grpo(_cfg(tiny, tmp_path / "off", "rollout.vllm_prefix_caching=false"))["step"] == 3
+    assert standin.BUILT[-1]["enable_prefix_caching"] is False
 
 
 def test_a_resumed_run_gives_its_vllm_engine_the_checkpoints_weights(tiny, tmp_path, monkeypatch):

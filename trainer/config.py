@@ -96,6 +96,8 @@ class RolloutConfig(ConfigModel):
                                      "Lower it when the prompts' K/V together do not fit in memory.")
     vllm_gpu_memory_utilization: float = cfg(0.4, "vllm: fraction of GPU memory the engine may take.")
     vllm_max_model_len: int = cfg(8192, "vllm: longest prompt + response.")
+    vllm_prefix_caching: bool = cfg(True, "vllm: a prompt's G samples share its prefill and K/V blocks through vLLM's "
+                                          "prefix cache (cleared at every weight sync); false: each prefills it alone.")
 
 
 class GRPOConfig(ConfigModel):

@@ -247,7 +247,7 @@ class VLLMEngine(RolloutEngine):
 
     def __init__(self, model_path: str, processor, *, dtype: str = "bfloat16", gpu_memory_utilization: float = 0.4,
                  max_model_len: int = 8192, seed: int = 0, enable_mm_embeds: bool = False,
-                 external_launcher: bool = False, group=None):
+                 external_launcher: bool = False, group=None, prefix_caching: bool = True):
         from longreel.engines.vllm_engine import VLLMEngine as SharedVLLMEngine
 
         self.processor = processor
@@ -260,7 +260,7 @@ class VLLMEngine(RolloutEngine):
         self.engine = SharedVLLMEngine(model_path, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
                                        max_model_len=max_model_len, seed=seed, return_logprobs=True,
                                        enable_mm_embeds=enable_mm_embeds, in_process=True,
-                                       enable_prefix_caching=True, **launcher)
+                                       enable_prefix_caching=bool(prefix_caching), **launcher)
         try:
             self.engine.setup()
         except RuntimeError as e:
@@ -366,5 +366,6 @@ def make_engine(name: str, model, processor, *, model_path: str = "", rollout_cf
         return VLLMEngine(model_path, processor, dtype=dtype,
                           gpu_memory_utilization=getattr(rollout_cfg, "vllm_gpu_memory_utilization", 0.4),
                           max_model_len=getattr(rollout_cfg, "vllm_max_model_len", 8192), seed=seed,
-                          enable_mm_embeds=True, external_launcher=_under_torchrun(), group=group)
+                          enable_mm_embeds=True, external_launcher=_under_torchrun(), group=group,
+                          prefix_caching=getattr(rollout_cfg, "vllm_prefix_caching", True))
     raise ValueError(f"unknown rollout engine {name!r}; choose transformers or vllm")
