@@ -230,7 +230,8 @@ class VLLMEngine(Engine):
         reset = getattr(self._llm, "reset_prefix_cache", None)
         if reset is None or reset() is False:
             raise RuntimeError("vllm: the prefix cache could not be cleared after a weight sync (its K/V would be "
-                               "the old weights'); build the engine with enable_prefix_caching=False")
+                               "the old weights'); build the engine with enable_prefix_caching=False "
+                               "(the trainer: rollout.vllm_prefix_caching=false)")
 
     def close(self) -> None:
         llm, self._llm = self._llm, None
