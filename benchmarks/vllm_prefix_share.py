@@ -64,8 +64,7 @@ def run_arm(args) -> dict:
 
     model = args.model or dequantized("smollm2")
     texts = prompts(args)
-    # the whole call in one scheduler step: vLLM's CPU backend fails a seeded request whose prefill is split over
-    # steps ("CPU Generator does not use offset"), which GPUs' generators allow
+    # the whole call in one scheduler step, in both arms (on the CPU the engine prefills whole prompts a step)
     budget = args.prompts * args.n * (2 * args.prompt_tokens + args.new_tokens)
     engine = VLLMEngine(model, dtype=args.dtype, max_model_len=2 * args.prompt_tokens + args.new_tokens + 256,
                         enforce_eager=True, return_logprobs=True, in_process=True,

