@@ -379,7 +379,7 @@ def test_a_download_that_fails_in_transport_is_tried_again(data, tmp_path, monke
             missing_index.unlink(missing_ok=True)
 
 
-def test_a_stop_cuts_a_pipe_that_waits_on_its_source(tmp_path):
+def test_a_stop_cuts_a_pipe_that_waits_on_its_source(tmp_path, monkeypatch):
     # gs:// and s3:// shards come through a gsutil / aws process: a stop kills it, so a copy waiting on a source that
     # sends nothing more ends with the stop, not when the source does (the child below would take 60 s)
     import sys
@@ -416,16 +416,12 @@ def test_a_stop_cuts_a_pipe_that_waits_on_its_source(tmp_path):
 
     import longreel.task.shard_reader as shard_reader
 
-    original = shard_reader.open_url
-    shard_reader.open_url = open_pipe
-    try:
-        t = threading.Thread(target=copy)
-        t.start()
-        assert first_bytes.wait(30)  # the copy has the first bytes and waits on the source for more
-        stop.set()
-        t.join(30)
-    finally:
-        shard_reader.open_url = original
+    monkeypatch.setattr(shard_reader, "open_url", open_pipe)
+    t = threading.Thread(target=copy, daemon=True)
+    t.start()
+    assert first_bytes.wait(30)  # the copy has the first bytes and waits on the source for more
+    stop.set()
+    t.join(30)
     assert not t.is_alive()
     assert isinstance(result.get("error"), InterruptedError), result
     assert pipes[0].proc.returncode == -9  # killed by the stop, not ended by its source
