@@ -35,7 +35,7 @@ from torch import Tensor
 from longreel.trainer.policy import PromptInputs, VideoEmbeds, encode_video
 
 __all__ = ["SamplingConfig", "RolloutGroup", "RolloutEngine", "TransformersEngine", "VLLMEngine", "make_engine",
-           "pad_responses"]
+           "pad_responses", "pad_logprobs"]
 
 log = logging.getLogger("longreel.trainer")
 
@@ -78,6 +78,14 @@ def pad_responses(seqs: Sequence[Sequence[int]], pad_id: int, min_len: int = 1) 
         ids[i, :len(s)] = torch.as_tensor(list(s), dtype=torch.long)
         mask[i, :len(s)] = 1
     return ids, mask
+
+
+def pad_logprobs(logprobs: Sequence[Sequence[float]], shape: tuple[int, int]) -> Tensor:
+    """Per-token log-probs of each response, right-padded with 0 to ``shape`` ``[G, T]`` (float32)."""
+    out = torch.zeros(shape, dtype=torch.float32)
+    for j, lp in enumerate(logprobs):
+        out[j, :len(lp)] = torch.as_tensor(list(lp), dtype=torch.float32)
+    return out
 
 
 def _eos_ids(model) -> list[int]:
@@ -218,10 +226,7 @@ class TransformersEngine(RolloutEngine):
             dev = prompt.input_ids.device
             behav = None
             if all(part[i][2] is not None for part in parts):
-                behav = torch.zeros(ids.shape, dtype=torch.float32)
-                for j, lp in enumerate(lp for part in parts for lp in part[i][2]):
-                    behav[j, :len(lp)] = torch.tensor(lp, dtype=torch.float32)
-                behav = behav.to(dev)
+                behav = pad_logprobs([lp for part in parts for lp in part[i][2]], tuple(ids.shape)).to(dev)
             groups.append(RolloutGroup(prompt.key, ids.to(dev), mask.to(dev), texts,
                                        torch.tensor([f == "stop" for f in finish]), behav,
                                        behav_is_policy=behav is not None))
@@ -298,28 +303,31 @@ class VLLMEngine(RolloutEngine):
             raise ValueError("the vllm engine needs the items (it renders the prompt and passes the frames itself)")
         self._check_lengths(prompts, sampling)
         rows = group_share(sampling.n, self.group)
-        mine: list = [([], [], [], [])] * len(prompts)
-        if rows:
-            requests = [self._request(item, video_embeds[i] if video_embeds is not None else None, sampling,
-                                      int(seeds[i]) + rows[0], len(rows))
-                        for i, item in enumerate(items)]
-            mine = []
-            for prompt, c in zip(prompts, self.engine.generate(requests)):
-                if not c.ok:
-                    raise RuntimeError(f"vllm rollout failed for {prompt.key}: {c.error_message}")
-                mine.append((c.token_ids, c.finish, c.logprobs, list(c.texts)))
+        mine = self._sample(prompts, items, rows, sampling, seeds, video_embeds) if rows \
+            else [([], [], [], [])] * len(prompts)
         parts = gather_group(mine, self.group)
         groups = []
         for i, prompt in enumerate(prompts):
             token_ids, finish, logprobs, texts = ([x for part in parts for x in part[i][f]] for f in range(4))
             ids, mask = pad_responses(token_ids, self.pad_id)
-            behav = torch.zeros(ids.shape, dtype=torch.float32)
-            for j, lp in enumerate(logprobs):
-                behav[j, :len(lp)] = torch.tensor(lp, dtype=torch.float32)
             dev = prompt.input_ids.device
             groups.append(RolloutGroup(prompt.key, ids.to(dev), mask.to(dev), texts,
-                                       torch.tensor([f == "stop" for f in finish]), behav.to(dev)))
+                                       torch.tensor([f == "stop" for f in finish]),
+                                       pad_logprobs(logprobs, tuple(ids.shape)).to(dev)))
         return groups
+
+    def _sample(self, prompts, items, rows: list[int], sampling: SamplingConfig, seeds, video_embeds) -> list:
+        """This rank's rows of every prompt, one request each: per prompt (token ids, finish reasons, log-probs,
+        texts)."""
+        requests = [self._request(item, video_embeds[i] if video_embeds is not None else None, sampling,
+                                  int(seeds[i]) + rows[0], len(rows))
+                    for i, item in enumerate(items)]
+        out = []
+        for prompt, c in zip(prompts, self.engine.generate(requests)):
+            if not c.ok:
+                raise RuntimeError(f"vllm rollout failed for {prompt.key}: {c.error_message}")
+            out.append((c.token_ids, c.finish, c.logprobs, list(c.texts)))
+        return out
 
     def _check_lengths(self, prompts: Sequence[PromptInputs], sampling: SamplingConfig) -> None:
         """vLLM refuses a request longer than its ``max_model_len``; a long video's prompt alone can be (1,024 frames

