@@ -185,6 +185,8 @@ def test_trace_reasoning_keeps_the_item_and_spells_out_the_frames():
             for (colour, cell), b in ((words[0:2], balls[0]), (words[3:5], balls[-1])):
                 assert list(b) == [colour] and b[colour]["cell"] == int(cell)
         else:
+            # the balls in the options' order: which colour comes first must be readable from the question
+            assert [words[0], words[2]] == t["options"]
             for colour, at in (words[0:2], words[2:4]):
                 cells = [b[colour]["cell"] for b in balls]
                 assert [i for i in range(1, len(cells)) if cells[i] != cells[i - 1]] == [int(at)]

@@ -209,13 +209,16 @@ def _question(kind: str, facts: dict, rng: np.random.Generator) -> tuple[str, li
 REASONING = ("short", "trace")
 
 
-def _trace(kind: str, facts: dict) -> str | None:
+def _trace(kind: str, facts: dict, options: list[str]) -> str | None:
     """The time kinds' reasoning spelled out frame by frame: what the frames show, in the order a reader would note
     it, from which the answer follows by a fixed rule (distinct colours, sign of the column step, the attribute that
-    differs, the earlier move). None for the other kinds (their short reasoning is already a reading)."""
+    differs, the earlier move). None for the other kinds (their short reasoning is already a reading).
+
+    Every word must follow from the frames and the question alone, or SFT is taught to guess: ``order`` names its
+    two balls in the options' order (the order the colours were drawn in is in no pixel)."""
     if kind == "order":
-        (a, b), (ta, tb) = facts["colours"], facts["move_times"]
-        return f"{a} {ta} {b} {tb}."
+        times = dict(zip(facts["colours"], facts["move_times"]))
+        return " ".join(f"{c} {times[c]}" for c in options) + "."
     if kind == "count_colours":
         return " ".join(facts["sequence"]) + "."
     if kind == "direction":
@@ -278,7 +281,7 @@ def make_item(index: int, seed: int = 0, kinds: Iterable[str] = ("colour",), n_f
     # the question's own draws (option order) come after the rendering's, from the same stream
     question, options, answer, think = _question(kind, facts, rng)
     if reasoning == "trace":
-        think = _trace(kind, facts) or think
+        think = _trace(kind, facts, options) or think
     video_id = f"synth{seed}_{index:06d}"
     meta = {
         "fps": FPS,
