@@ -27,3 +27,18 @@ def test_seeded_prompts_past_the_step_budget_are_all_answered():
     assert all(c.ok for c in done), [c.error_message for c in done]
     assert all(c.prompt_tokens > 3000 for c in done)  # three prompts: more than one step's budget together
     assert all(c.new_tokens > 0 for c in done)
+
+
+def test_vllm_refuses_sleep_mode_on_the_cpu():
+    # the trainer's rollout.vllm_sleep_level refuses to run where on_cpu() holds, with the key named
+    # (tests/test_vllm_rollouts.py); this is the vLLM behaviour that rests on
+    from longreel.engines.vllm_engine import VLLMEngine, on_cpu
+
+    assert on_cpu()
+    engine = VLLMEngine("smollm2", dtype="float32", max_model_len=2048, gpu_memory_utilization=None,
+                        enforce_eager=True, enable_sleep_mode=True)
+    try:
+        with pytest.raises(ValueError, match="Sleep mode is not supported on current platform"):
+            engine.setup()
+    finally:
+        engine.close()

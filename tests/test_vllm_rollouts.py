@@ -68,6 +68,53 @@ def test_vllm_rollouts_take_the_steps_embeddings_and_follow_every_update(tiny, t
     assert any(not torch.equal(v, trained[k]) for k, v in base.state_dict().items())  # and they did change
 
 
+@pytest.mark.parametrize("level", [1, 2])
+def test_a_sleeping_vllm_engine_frees_its_memory_for_the_update_and_wakes_with_the_new_weights(
+        tiny, tmp_path, monkeypatch, level):
+    # vLLM's sleep mode between a step's rollouts and the weight sync: the stand-in's weights are NaN while asleep
+    # and, at level 2, after the weights' wake until a load, so a rollout from anything but the synced weights shows
+    from longreel.trainer.grpo import run_grpo
+
+    standin = vllm_standin.install(monkeypatch)
+    awake = run_grpo(_cfg(tiny, tmp_path / "awake"))
+    assert "enable_sleep_mode" not in standin.BUILT[-1]
+    assert not any(e.startswith(("sleep", "wake")) for e in standin.LLM.last.events)
+    out = run_grpo(_cfg(tiny, tmp_path / "asleep", f"rollout.vllm_sleep_level={level}"))
+    assert out["step"] == awake["step"] == 3
+    assert standin.BUILT[-1]["enable_sleep_mode"] is True
+    events = standin.LLM.last.events
+    # each step: its rollouts, then sleep; the sync wakes the weights and loads them, and only then wakes the KV
+    # cache and clears the prefix cache, before the next step's rollouts
+    assert events == ["generate", f"sleep {level}", "wake weights", "sync", "wake kv_cache", "reset"] * 3, events
+    rows, base = (read_metrics(tmp_path / d / "metrics.jsonl") for d in ("asleep", "awake"))
+    for r, b in zip(rows, base, strict=True):
+        assert r["behav_logp_absdiff"] < 1e-5, (r["step"], r["behav_logp_absdiff"])
+        assert (r["loss"], r["reward_mean"]) == (b["loss"], b["reward_mean"])
+    assert any(r["skipped_update"] == 0.0 for r in rows[:2])
+
+
+def test_a_sleeping_vllm_engine_refuses_rollouts_until_a_sync(tiny, monkeypatch):
+    from longreel.trainer.policy import load_policy
+    from longreel.trainer.rollout import SamplingConfig, make_engine
+
+    vllm_standin.install(monkeypatch)
+    model, processor = load_policy(tiny, dtype=torch.float32, device=torch.device("cpu"))
+    engine = make_engine("vllm", model, processor, model_path=tiny,
+                         rollout_cfg=TrainConfig().rollout.model_copy(update={"vllm_sleep_level": 2}))
+    engine.release()
+    with pytest.raises(RuntimeError, match="asleep .* sync its weights first"):
+        engine.generate([], SamplingConfig(n=2), [], items=[])
+    engine.sync_weights(model)
+    assert not engine.asleep and engine.generate([], SamplingConfig(n=2), [], items=[]) == []
+    # vLLM's CPU backend has no sleep mode (it refuses the engine: tests/test_vllm_cpu_batches.py): the key is named
+    from longreel.schemas.config import ConfigError
+
+    monkeypatch.setattr("longreel.engines.vllm_engine.on_cpu", lambda: True)
+    with pytest.raises(ConfigError, match=r"rollout.vllm_sleep_level=2: .* runs on the CPU; set it to 0"):
+        make_engine("vllm", model, processor, model_path=tiny,
+                    rollout_cfg=TrainConfig().rollout.model_copy(update={"vllm_sleep_level": 2}))
+
+
 def test_a_vllm_without_reload_weights_is_synced_through_load_weights(tiny, tmp_path, monkeypatch):
     from longreel.trainer.grpo import run_grpo
 

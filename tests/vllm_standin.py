@@ -22,6 +22,11 @@ trainer depends on it:
 * parallel sampling as vLLM's ``ParentRequest`` does it: child ``k`` of a request seeded ``s`` is sampled as a
   request of its own seeded ``s + k``;
 * ``reset_prefix_cache()`` returns whether the cache was cleared (``reset_ok = False`` plays vLLM refusing);
+* sleep mode: ``sleep(level)`` and ``wake_up(tags)`` only on an engine built with ``enable_sleep_mode=True``. Level 1
+  keeps a CPU copy of the weights and level 2 none; either way the weights the engine holds while asleep are
+  NaN, and so stay after a level-2 ``wake_up(["weights"])`` until a load: a rollout from weights that were not
+  synced after a wake is NaN, not a plausible sample. ``generate`` with the weights or the KV cache asleep is an
+  error (on a GPU it would fault);
 * ``llm_engine.engine_core.shutdown()`` destroys torch.distributed's default process group, as vLLM's teardown of
   an in-process engine does;
 * the GPU its worker would take (``device_index``, recorded): ``LOCAL_RANK`` with
@@ -143,7 +148,10 @@ class LLM:
         self.llm_engine = types.SimpleNamespace(model_config=types.SimpleNamespace(hf_config=self.model.config),
                                                 engine_core=types.SimpleNamespace(shutdown=_shutdown))
         self.synced_names: list[list[str]] = []
-        self.events: list[str] = []  # "sync", "reset" and "generate", in order
+        self.events: list[str] = []  # "sync", "reset", "generate", "sleep N" and "wake TAG", in order
+        self.sleep_mode = bool(kw.get("enable_sleep_mode", False))
+        self.asleep: set[str] = set()  # "weights", "kv_cache"
+        self._backup: dict[str, torch.Tensor] | None = None
         self.sync_routes: list[str] = []
         LLM.last = self
 
@@ -173,6 +181,26 @@ class LLM:
         self.events.append("reset")
         return self.reset_ok
 
+    def sleep(self, level: int = 1) -> None:
+        if not self.sleep_mode:
+            raise ValueError("Sleep mode is not enabled. Please compile vLLM with sleep mode enabled.")
+        self.events.append(f"sleep {level}")
+        params = self.model.state_dict()
+        self._backup = {k: v.clone() for k, v in params.items()} if level == 1 else None
+        for v in params.values():
+            v.fill_(float("nan"))
+        self.asleep = {"weights", "kv_cache"}
+
+    def wake_up(self, tags: list[str] | None = None) -> bool:
+        """Returns whether it is fully awake (vLLM resumes scheduling only then)."""
+        for tag in tags or ["weights", "kv_cache"]:
+            self.events.append(f"wake {tag}")
+            if tag == "weights" and "weights" in self.asleep and self._backup is not None:
+                for k, v in self.model.state_dict().items():
+                    v.copy_(self._backup[k])
+            self.asleep.discard(tag)
+        return not self.asleep
+
     def _prompt_inputs(self, prompt: dict):
         from longreel.trainer.policy import PromptInputs, VideoEmbeds, encode_video
 
@@ -198,6 +226,8 @@ class LLM:
     def generate(self, prompts: list[dict], sampling_params: list[SamplingParams], use_tqdm: bool = False):
         from longreel.trainer.rollout import SamplingConfig
 
+        if self.asleep:
+            raise RuntimeError(f"generate on a sleeping engine ({sorted(self.asleep)} asleep)")
         self.events.append("generate")
         out = []
         for prompt, sp in zip(prompts, sampling_params):

