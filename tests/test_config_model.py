@@ -101,8 +101,8 @@ LATER_DEFAULTS = {("output", "parquet_shards"): 1, ("caption", "parquet_shards")
 TRAIN_LATER_KEYS = (("dist", "fsdp_param_dtype"), ("dist", "fsdp_reduce_dtype"),
                     ("dist", "fsdp_reshard_after_forward"), ("mrsp", "frozen_cache_mb"),
                     ("mrsp", "frozen_cache_offload"), ("mrsp", "ref_prefix_cache_mb"), ("model", "vision_attention"),
-                    ("mrsp", "frozen_feature_dir"), ("rollout", "prompts_per_decode"), ("rollout", "vllm_prefix_caching"),
-                    ("rollout", "vllm_sleep_level"), ("eval", "batch_size"),
+                    ("mrsp", "frozen_feature_dir"), ("rollout", "prompts_per_decode"),
+                    ("rollout", "vllm_prefix_caching"), ("rollout", "vllm_sleep_level"), ("eval", "batch_size"),
                     ("model", "packed_row_attention"), ("grpo", "dynamic_sampling"), ("grpo", "max_draws"),
                     ("data", "cache_remote"), ("data", "cache_dir"), ("data", "stream"), ("data", "shuffle_buffer"),
                     ("data", "fetch_retries"))
