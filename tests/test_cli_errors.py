@@ -256,3 +256,32 @@ def test_model_paths_are_checked_where_the_workers_share_this_filesystem(tmp_pat
         rc, _, err = _run(capsys, argv)
         assert rc == 2 and "no such model file or directory" in err and "Traceback" not in err, (argv, err)
     assert not (tmp_path / "out").exists()
+
+
+def test_rollout_keys_of_the_other_engine_are_named_once(caplog, monkeypatch):
+    """A ``rollout.vllm_*`` key under the transformers engine (or the transformers engine's key under vLLM) is not
+    read: the run says which, once, on rank 0, and goes on."""
+    from longreel.schemas.config import load_yaml
+    from longreel.trainer.config import TrainConfig
+    from longreel.trainer.preflight import keys_the_engine_ignores, warn_ignored_keys
+
+    def ignored(*overrides):
+        return keys_the_engine_ignores(load_yaml(TrainConfig, None, list(overrides)).rollout)
+
+    assert ignored() == [] and ignored("rollout.engine=vllm") == []
+    assert ignored("rollout.vllm_sleep_level=0") == []  # the default: nothing the user believes in
+    assert ignored("rollout.vllm_sleep_level=1", "rollout.vllm_max_model_len=4096") == \
+        ["rollout.vllm_max_model_len=4096", "rollout.vllm_sleep_level=1"]
+    assert ignored("rollout.engine=vllm", "rollout.vllm_sleep_level=1", "rollout.prompts_per_decode=2") == \
+        ["rollout.prompts_per_decode=2"]
+    cfg = load_yaml(TrainConfig, None, ["rollout.vllm_sleep_level=2"])
+    monkeypatch.setenv("RANK", "0")
+    with caplog.at_level("WARNING", logger="longreel"):
+        warn_ignored_keys(cfg, "sft")  # SFT reads no rollout key at all
+        assert caplog.records == []
+        warn_ignored_keys(cfg, "grpo")
+        assert len(caplog.records) == 1
+        assert "rollout.vllm_sleep_level=2: not read with rollout.engine=transformers" in caplog.records[0].message
+        monkeypatch.setenv("RANK", "1")
+        warn_ignored_keys(cfg, "grpo")
+        assert len(caplog.records) == 1

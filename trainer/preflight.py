@@ -19,8 +19,8 @@ from longreel.task.shard_reader import local_path, resolve_shards
 log = logging.getLogger("longreel")
 
 __all__ = ["InputCheckError", "check_model_dir", "check_shards", "check_cache_space", "check_out_dir", "check_topology",
-           "check_environment", "check_resume", "check_run_inputs", "config_record", "model_fingerprint", "RESUMABLE",
-           "RESUMABLE_WITHIN_ROUNDING"]
+           "check_environment", "check_resume", "check_run_inputs", "config_record", "keys_the_engine_ignores",
+           "model_fingerprint", "warn_ignored_keys", "ENGINE_KEYS", "RESUMABLE", "RESUMABLE_WITHIN_ROUNDING"]
 
 #: keys a resumed run may change: where and how long it runs, what it logs and saves, how it is launched, and its
 #: evaluation; none of them changes a training step's arithmetic (a different world size is warned about)
@@ -153,6 +153,34 @@ def check_out_dir(cfg) -> None:
         raise InputCheckError(f"run.out_dir {out!r} is not a directory")
 
 
+#: rollout keys that only one rollout engine reads, by the prefix of their name (the other engine ignores them)
+ENGINE_KEYS = {"vllm_": "vllm", "prompts_per_decode": "transformers"}
+
+
+def keys_the_engine_ignores(rollout_cfg) -> list[str]:
+    """``rollout.key=value`` for each key set away from its default that only the other rollout engine reads: a
+    ``rollout.vllm_sleep_level`` under ``rollout.engine=transformers`` frees no memory, and says nothing about it."""
+    defaults = type(rollout_cfg)()
+    out = []
+    for name in type(rollout_cfg).model_fields:
+        engine = next((e for prefix, e in ENGINE_KEYS.items() if name.startswith(prefix)), None)
+        value = getattr(rollout_cfg, name)
+        if engine is not None and engine != rollout_cfg.engine and value != getattr(defaults, name):
+            out.append(f"rollout.{name}={value}")
+    return out
+
+
+def warn_ignored_keys(cfg, stage: str) -> None:
+    """A key the run will not read is a setting the user believes in: say so once (rank 0), without stopping a run
+    whose config file serves both engines."""
+    if stage != "grpo" or int(os.environ.get("RANK", "0")) != 0:
+        return
+    ignored = keys_the_engine_ignores(cfg.rollout)
+    if ignored:
+        log.warning("%s: not read with rollout.engine=%s (%s)", ", ".join(ignored), cfg.rollout.engine,
+                    "the vllm_* keys apply to rollout.engine=vllm, prompts_per_decode to rollout.engine=transformers")
+
+
 def check_environment(cfg, stage: str) -> None:
     """What the config asks of this machine and its packages: a CUDA device, the vLLM rollout engine, FlashAttention
     2. Each is otherwise found after the imports and the model load, as a traceback."""
@@ -235,6 +263,7 @@ def check_run_inputs(cfg, stage: str) -> None:
     check_out_dir(cfg)
     check_topology(cfg, stage, int(os.environ.get("WORLD_SIZE", "1")))
     check_environment(cfg, stage)
+    warn_ignored_keys(cfg, stage)
     latest = latest_checkpoint(Path(cfg.run.out_dir) / "checkpoints") if cfg.run.resume else None
     if latest is not None:
         check_resume(cfg, stage, latest)
