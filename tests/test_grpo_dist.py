@@ -61,3 +61,38 @@ def test_torchrun_two_ranks_match_one_process(tmp_path):
               "reward_mean/colour", "reward_mean/count"):
         assert m1[0][k] == m2[0][k], k  # the same rollouts were sampled and scored (tallies summed over ranks)
     assert abs(m1[0]["loss"] - m2[0]["loss"]) <= 1e-6
+
+
+def test_a_held_run_dir_stops_every_rank_with_one_line(tmp_path):
+    """Another run holds ``run.out_dir``: rank 0 finds the lock taken, and every rank stops with its message (exit 2,
+    no traceback) instead of the other ranks waiting in their next collective for a rank that has left. The ranks are
+    started the way ``srun`` starts them, each on its own with RANK and WORLD_SIZE set, so no launcher stops them."""
+    from longreel.trainer.run_lock import RunLock
+
+    model = build_tiny_qwen2vl(tmp_path / "m", seed=0)
+    out = tmp_path / "run"
+    held = RunLock(out).acquire()
+    port = str(free_port())
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+               OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    argv = [sys.executable, "-m", "longreel", "train", "sft"]
+    for s in (f"model.path={model}", f"run.out_dir={out}", "run.steps=1", "run.progress=false", "run.threads=1",
+              "run.tensorboard=false", "data.source=synthetic", "data.synthetic_train=4", "data.batch_size=2"):
+        argv += ["--set", s]
+    try:
+        ranks = [subprocess.Popen(argv, cwd=REPO, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in (0, 1)]
+        results = []
+        for p in ranks:
+            try:
+                results.append((p.wait(timeout=300), p.stderr.read()))
+            except subprocess.TimeoutExpired:
+                for q in ranks:
+                    q.kill()
+                raise AssertionError("a rank was still running 300 s after the start: it waited for rank 0")
+    finally:
+        held.release()
+    for rc, err in results:
+        assert rc == 2 and "is in use by another longreel train run" in err and "Traceback" not in err, err[-3000:]
+    assert not (out / "checkpoints").exists() and not (out / "metrics.jsonl").exists()

@@ -53,9 +53,9 @@ from longreel.trainer.config import DataConfig, OptimConfig
 from longreel.trainer.preflight import InputCheckError
 from longreel.trainer.run_lock import RunLock
 
-__all__ = ["DistInfo", "init_distributed", "init_sp_groups", "sum_gradients", "all_gather_objects", "all_reduce_sum",
-           "all_reduce_max", "fsdp_mixed_precision", "shard_fsdp", "seed_everything", "build_optimizer",
-           "build_scheduler", "ItemStream", "load_items", "open_item_stream", "rollout_seed"]
+__all__ = ["DistInfo", "init_distributed", "init_sp_groups", "sum_gradients", "all_gather_objects", "broadcast_text",
+           "all_reduce_sum", "all_reduce_max", "fsdp_mixed_precision", "shard_fsdp", "seed_everything",
+           "build_optimizer", "build_scheduler", "ItemStream", "load_items", "open_item_stream", "rollout_seed"]
 
 log = logging.getLogger("longreel.trainer")
 
@@ -190,6 +190,30 @@ def all_reduce_max(value: int, info: DistInfo) -> int:
     t = torch.tensor([int(value)], dtype=torch.int64, device=info.device if info.backend == "nccl" else "cpu")
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return int(t.item())
+
+
+def broadcast_text(text: str | None, info: DistInfo, src: int = 0) -> str | None:
+    """Rank ``src``'s string (or None) on every rank, sent as its UTF-8 bytes in a tensor (no pickle).
+
+    For what one rank alone finds, such as another run holding the output directory's lock: every rank then stops
+    with the same message, where the others would otherwise wait in the next collective for a rank that has left
+    (under a launcher that does not stop the other ranks, e.g. ``srun``, until the collective's timeout)."""
+    if not info.enabled:
+        return text
+    import torch.distributed as dist
+
+    dev = info.device if info.backend == "nccl" else "cpu"
+    data = text.encode("utf-8") if info.rank == src and text is not None else b""
+    n = torch.tensor([len(data) if info.rank != src or text is not None else -1], dtype=torch.int64, device=dev)
+    dist.broadcast(n, src)
+    size = int(n.item())
+    if size < 0:
+        return None
+    buf = torch.tensor(list(data), dtype=torch.uint8, device=dev) if info.rank == src else \
+        torch.empty(size, dtype=torch.uint8, device=dev)
+    if size:
+        dist.broadcast(buf, src)
+    return bytes(buf.cpu().tolist()).decode("utf-8")
 
 
 def all_gather_objects(obj: Any, info: DistInfo) -> list[Any]:
@@ -462,7 +486,15 @@ class TrainSession:
         self.model.train()
         self.out_dir = Path(cfg.run.out_dir)
         self.ckpt_root = self.out_dir / "checkpoints"
-        self.lock = RunLock(self.out_dir).acquire() if self.info.is_main else None
+        self.lock, taken = None, None
+        if self.info.is_main:
+            try:
+                self.lock = RunLock(self.out_dir).acquire()
+            except InputCheckError as e:
+                taken = str(e)
+        taken = broadcast_text(taken, self.info)
+        if taken is not None:  # on every rank, so that none is left waiting for rank 0
+            raise InputCheckError(taken)
         try:
             self._start(cfg, stage, items, total_steps)
         except BaseException:
