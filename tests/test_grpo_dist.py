@@ -63,36 +63,73 @@ def test_torchrun_two_ranks_match_one_process(tmp_path):
     assert abs(m1[0]["loss"] - m2[0]["loss"]) <= 1e-6
 
 
+
+def _launch_like_srun(sets: list[str], timeout: int = 300) -> list[tuple[int, str]]:
+    """``longreel train sft`` on 2 ranks started the way ``srun`` starts them, each on its own with RANK and
+    WORLD_SIZE set, so that no launcher stops the others when one exits; (exit code, stderr) of each."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+               OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    argv = [sys.executable, "-m", "longreel", "train", "sft"]
+    for s in ("run.progress=false", "run.threads=1", "run.tensorboard=false", *sets):
+        argv += ["--set", s]
+    ranks = [subprocess.Popen(argv, cwd=REPO, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in (0, 1)]
+    results = []
+    try:
+        for p in ranks:
+            try:
+                results.append((p.wait(timeout=timeout), p.stderr.read()))
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"a rank was still running {timeout} s after the start: it waited for another "
+                                     "rank") from None
+    finally:
+        for p in ranks:
+            p.kill()
+            p.wait()
+    return results
+
+
 def test_a_held_run_dir_stops_every_rank_with_one_line(tmp_path):
     """Another run holds ``run.out_dir``: rank 0 finds the lock taken, and every rank stops with its message (exit 2,
-    no traceback) instead of the other ranks waiting in their next collective for a rank that has left. The ranks are
-    started the way ``srun`` starts them, each on its own with RANK and WORLD_SIZE set, so no launcher stops them."""
+    no traceback) instead of the other ranks going on to their next collective without rank 0 (before: an 'internal
+    error' traceback from gloo on rank 1)."""
     from longreel.trainer.run_lock import RunLock
 
     model = build_tiny_qwen2vl(tmp_path / "m", seed=0)
     out = tmp_path / "run"
     held = RunLock(out).acquire()
-    port = str(free_port())
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
-               OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-    argv = [sys.executable, "-m", "longreel", "train", "sft"]
-    for s in (f"model.path={model}", f"run.out_dir={out}", "run.steps=1", "run.progress=false", "run.threads=1",
-              "run.tensorboard=false", "data.source=synthetic", "data.synthetic_train=4", "data.batch_size=2"):
-        argv += ["--set", s]
     try:
-        ranks = [subprocess.Popen(argv, cwd=REPO, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), text=True,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in (0, 1)]
-        results = []
-        for p in ranks:
-            try:
-                results.append((p.wait(timeout=300), p.stderr.read()))
-            except subprocess.TimeoutExpired:
-                for q in ranks:
-                    q.kill()
-                raise AssertionError("a rank was still running 300 s after the start: it waited for rank 0")
+        results = _launch_like_srun([f"model.path={model}", f"run.out_dir={out}", "run.steps=1",
+                                     "data.source=synthetic", "data.synthetic_train=4", "data.batch_size=2"])
     finally:
         held.release()
     for rc, err in results:
         assert rc == 2 and "is in use by another longreel train run" in err and "Traceback" not in err, err[-3000:]
     assert not (out / "checkpoints").exists() and not (out / "metrics.jsonl").exists()
+
+
+def test_unreadable_held_out_shards_stop_every_rank_with_one_line(tmp_path):
+    """Rank 0 alone reads the held-out shards (DDP): when they cannot be read at the first evaluation, every rank
+    stops with rank 0's message."""
+    from longreel.trainer.synthetic_task import make_items, write_shards
+
+    model = build_tiny_qwen2vl(tmp_path / "m", seed=0)
+    train = write_shards(make_items(4, seed=5, kinds=("colour",)), str(tmp_path / "train"))
+    bad = tmp_path / "heldout-000000.tar"
+    bad.write_bytes(b"not a tar archive" * 64)  # found by the start's checks, unreadable when read
+    results = _launch_like_srun([f"model.path={model}", f"run.out_dir={tmp_path / 'run'}", "run.steps=2",
+                                 "run.save_every=0", "run.save_final=false", f"data.train_urls=[{train}]",
+                                 f"data.eval_urls=[{bad}]", "eval.every=1", "data.batch_size=2"])
+    for rc, err in results:
+        assert rc == 2 and str(bad) in err and "Traceback" not in err, err[-3000:]
+    # the same run with readable held-out shards evaluates on rank 0 at every step while rank 1 waits for it
+    held_out = write_shards(make_items(3, seed=6, kinds=("colour",)), str(tmp_path / "held_out"))
+    results = _launch_like_srun([f"model.path={model}", f"run.out_dir={tmp_path / 'run2'}", "run.steps=2",
+                                 "run.save_every=0", "run.save_final=false", f"data.train_urls=[{train}]",
+                                 f"data.eval_urls=[{held_out}]", "eval.every=1", "eval.max_new_tokens=8",
+                                 "data.batch_size=2"])
+    assert [rc for rc, _ in results] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
+    rows = read_metrics(tmp_path / "run2" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(0.0 <= r["eval_accuracy"] <= 1.0 and "eval_accuracy/colour" in r for r in rows)

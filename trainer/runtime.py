@@ -54,8 +54,9 @@ from longreel.trainer.preflight import InputCheckError
 from longreel.trainer.run_lock import RunLock
 
 __all__ = ["DistInfo", "init_distributed", "init_sp_groups", "sum_gradients", "all_gather_objects", "broadcast_text",
-           "all_reduce_sum", "all_reduce_max", "fsdp_mixed_precision", "shard_fsdp", "seed_everything",
-           "build_optimizer", "build_scheduler", "ItemStream", "load_items", "open_item_stream", "rollout_seed"]
+           "first_problem", "all_reduce_sum", "all_reduce_max", "fsdp_mixed_precision", "shard_fsdp",
+           "seed_everything", "build_optimizer", "build_scheduler", "ItemStream", "load_items", "open_item_stream",
+           "rollout_seed"]
 
 log = logging.getLogger("longreel.trainer")
 
@@ -214,6 +215,16 @@ def broadcast_text(text: str | None, info: DistInfo, src: int = 0) -> str | None
     if size:
         dist.broadcast(buf, src)
     return bytes(buf.cpu().tolist()).decode("utf-8")
+
+
+def first_problem(problem: str | None, info: DistInfo) -> str | None:
+    """The problem (a user's input that cannot be used) found by the lowest rank that found one, on every rank; None
+    when no rank did. Every rank must call it. A rank that raised alone would leave the others in their next
+    collective: under gloo it fails there as an internal error, under NCCL it waits for the collective's timeout."""
+    if not info.enabled:
+        return problem
+    found = all_reduce_max(info.world - info.rank if problem is not None else 0, info)
+    return None if found == 0 else broadcast_text(problem, info, src=info.world - found)
 
 
 def all_gather_objects(obj: Any, info: DistInfo) -> list[Any]:
@@ -492,7 +503,7 @@ class TrainSession:
                 self.lock = RunLock(self.out_dir).acquire()
             except InputCheckError as e:
                 taken = str(e)
-        taken = broadcast_text(taken, self.info)
+        taken = first_problem(taken, self.info)
         if taken is not None:  # on every rank, so that none is left waiting for rank 0
             raise InputCheckError(taken)
         try:
@@ -739,12 +750,14 @@ class TrainSession:
         """Held-out greedy accuracy every ``eval.every`` steps: rank 0 evaluates and the other ranks wait at the next
         collective (under FSDP every rank runs the same evaluation, since each forward needs all ranks)."""
         every = self.cfg.eval.every
-        if not every or self.step % every or (not self.info.is_main and not self.fsdp):
+        if not every or self.step % every:
+            return {}
+        if getattr(self, "_eval_items", None) is None:
+            self._eval_items = self._load_eval_items()
+        if not self.info.is_main and not self.fsdp:
             return {}
         from longreel.trainer.eval import evaluate
 
-        if getattr(self, "_eval_items", None) is None:
-            self._eval_items = load_items(self.cfg.data, "eval")
         with self.gathered():
             res = evaluate(self.model, self.processor, self._eval_items,
                            max_new_tokens=self.cfg.eval.max_new_tokens, max_items=self.cfg.eval.max_items,
@@ -754,6 +767,20 @@ class TrainSession:
         out = {"eval_accuracy": res["accuracy"], "eval_format_rate": res["format_rate"]}
         out.update({f"eval_accuracy/{k}": v["accuracy"] for k, v in res["per_category"].items()})
         return out
+
+    def _load_eval_items(self) -> list[dict]:
+        """The held-out items, read once by the ranks that evaluate. Held-out shards that cannot be read (corrupt, a
+        download that failed) stop every rank with the message, not only the ones that read them."""
+        items, problem = [], None
+        if self.info.is_main or self.fsdp:
+            try:
+                items = load_items(self.cfg.data, "eval")
+            except InputCheckError as e:
+                problem = str(e)
+        problem = first_problem(problem, self.info)
+        if problem is not None:
+            raise InputCheckError(problem)
+        return items
 
     def maybe_save(self) -> bool:
         """Save on the schedule; return True when the run should stop now (run.stop_after)."""
