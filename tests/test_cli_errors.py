@@ -285,3 +285,34 @@ def test_rollout_keys_of_the_other_engine_are_named_once(caplog, monkeypatch):
         monkeypatch.setenv("RANK", "1")
         warn_ignored_keys(cfg, "grpo")
         assert len(caplog.records) == 1
+
+
+def test_a_held_run_dir_is_refused_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    """The lock is looked at with the command's other checks, in a second, not after the process group and a load
+    of the policy that takes minutes for a 7B model."""
+    import longreel.trainer.policy as policy
+    from longreel.trainer.run_lock import LOCK_NAME, RunLock
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"")  # enough for the checks: the run must stop before reading it
+
+    def no_load(*a, **k):
+        raise AssertionError("the policy was loaded")
+
+    monkeypatch.setattr(policy, "load_policy", no_load)
+    out = tmp_path / "run"
+    argv = ["train", "sft", "--set", f"model.path={model}", "--set", f"run.out_dir={out}", "--set",
+            "data.source=synthetic"]
+    held = RunLock(out).acquire()
+    try:
+        rc, _, err = _run(capsys, argv)
+        assert rc == 2 and f"is in use by another longreel train run (pid {os.getpid()}" in err, err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    finally:
+        held.release()
+    assert not (out / LOCK_NAME).exists()  # the check created nothing
+    (out / LOCK_NAME).write_text("{}")  # a dead run's file without its flock holds nothing
+    rc, _, err = _run(capsys, argv)
+    assert rc == 1 and "the policy was loaded" in err  # past the checks (the CLI reports the stand-in as a bug)

@@ -81,9 +81,11 @@ def main(args, extra: list[str]) -> int:
         print(dump_yaml(cfg), end="")
         return 0
     from longreel.trainer.preflight import InputCheckError, check_run_inputs
+    from longreel.trainer.run_lock import check_free
 
     try:
         check_run_inputs(cfg, args.stage)
+        check_free(cfg.run.out_dir)  # before the process group and the model load, not after them
     except InputCheckError as e:
         print(f"longreel train {args.stage}: {e}", file=sys.stderr)
         return 2

@@ -5,7 +5,8 @@ write the same checkpoints, metrics and ``final/`` in turn and resume from each 
 ``flock`` on a file in the directory, so the kernel drops it when its process dies, ``kill -9`` included: a dead
 run never blocks the next. The file names its holder (host, pid, start time, command) for the message the second
 launch prints. It is removed when the run ends; the inode is checked after locking, so a launch that opened the file
-just before it was removed does not hold a lock on a file no one else can see.
+just before it was removed does not hold a lock on a file no one else can see. ``longreel train`` also looks at the
+lock (:func:`check_free`) with its other checks, so that a second launch is refused before its model load.
 
 Written here rather than shared with the curation side's lock (``longreel.pipelines.io.run_dir``, which also
 covers object stores): the trainer's ``out_dir`` is always a local directory and the two sides never import each
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from longreel.trainer.preflight import InputCheckError
 
-__all__ = ["RunLock", "LOCK_NAME"]
+__all__ = ["RunLock", "LOCK_NAME", "check_free"]
 
 LOCK_NAME = ".longreel-train.lock"
 
@@ -42,10 +43,9 @@ class RunLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                holder = _read_holder(fd)
+                problem = _in_use(self.out_dir, fd)
                 os.close(fd)
-                raise InputCheckError(f"run.out_dir {str(self.out_dir)!r} is in use by another longreel train run "
-                                      f"({holder}); wait for it to end or give another run.out_dir") from None
+                raise problem from None
             try:
                 same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
             except FileNotFoundError:
@@ -69,6 +69,32 @@ class RunLock:
             pass
         os.close(self._fd)  # closing drops the flock
         self._fd = None
+
+
+def check_free(out_dir: str | os.PathLike) -> None:
+    """Raise :class:`InputCheckError` naming the holder when another run holds ``out_dir``'s lock; create nothing.
+
+    For the command's checks before the process group and the model load (minutes for a 7B model), which every
+    rank runs: a shared ``flock``, so that the ranks of one launch checking together never see each other, while
+    a run's exclusive lock is seen. Rank 0 takes the lock itself later, after every rank has joined the process
+    group (hence after their checks); a run that starts in between is still refused then."""
+    path = Path(out_dir) / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise _in_use(out_dir, fd) from None
+    finally:
+        os.close(fd)
+
+
+def _in_use(out_dir, fd: int) -> InputCheckError:
+    return InputCheckError(f"run.out_dir {str(out_dir)!r} is in use by another longreel train run "
+                           f"({_read_holder(fd)}); wait for it to end or give another run.out_dir")
 
 
 def _read_holder(fd: int) -> str:
