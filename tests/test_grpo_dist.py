@@ -34,11 +34,14 @@ def _args(model: str, out: Path, grads: Path) -> list[str]:
     return out_args
 
 
+def _env(**extra: str) -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+                OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+                **extra)
+
+
 def _run(cmd: list[str]) -> None:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
-               OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"{cmd[:6]} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
 
 
@@ -67,9 +70,7 @@ def test_torchrun_two_ranks_match_one_process(tmp_path):
 def _launch_like_srun(sets: list[str], timeout: int = 300) -> list[tuple[int, str]]:
     """``longreel train sft`` on 2 ranks started the way ``srun`` starts them, each on its own with RANK and
     WORLD_SIZE set, so that no launcher stops the others when one exits; (exit code, stderr) of each."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
-               OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    env = _env(WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     argv = [sys.executable, "-m", "longreel", "train", "sft"]
     for s in ("run.progress=false", "run.threads=1", "run.tensorboard=false", *sets):
         argv += ["--set", s]

@@ -53,8 +53,8 @@ from longreel.trainer.config import DataConfig, OptimConfig
 from longreel.trainer.preflight import InputCheckError
 from longreel.trainer.run_lock import RunLock
 
-__all__ = ["DistInfo", "init_distributed", "init_sp_groups", "sum_gradients", "all_gather_objects", "broadcast_text",
-           "first_problem", "all_reduce_sum", "all_reduce_max", "fsdp_mixed_precision", "shard_fsdp",
+__all__ = ["DistInfo", "init_distributed", "init_sp_groups", "sum_gradients", "all_gather_objects", "first_problem",
+           "all_reduce_sum", "all_reduce_max", "fsdp_mixed_precision", "shard_fsdp",
            "seed_everything", "build_optimizer", "build_scheduler", "ItemStream", "load_items", "open_item_stream",
            "rollout_seed"]
 
@@ -193,38 +193,12 @@ def all_reduce_max(value: int, info: DistInfo) -> int:
     return int(t.item())
 
 
-def broadcast_text(text: str | None, info: DistInfo, src: int = 0) -> str | None:
-    """Rank ``src``'s string (or None) on every rank, sent as its UTF-8 bytes in a tensor (no pickle).
-
-    For what one rank alone finds, such as another run holding the output directory's lock: every rank then stops
-    with the same message, where the others would otherwise wait in the next collective for a rank that has left
-    (under a launcher that does not stop the other ranks, e.g. ``srun``, until the collective's timeout)."""
-    if not info.enabled:
-        return text
-    import torch.distributed as dist
-
-    dev = info.device if info.backend == "nccl" else "cpu"
-    data = text.encode("utf-8") if info.rank == src and text is not None else b""
-    n = torch.tensor([len(data) if info.rank != src or text is not None else -1], dtype=torch.int64, device=dev)
-    dist.broadcast(n, src)
-    size = int(n.item())
-    if size < 0:
-        return None
-    buf = torch.tensor(list(data), dtype=torch.uint8, device=dev) if info.rank == src else \
-        torch.empty(size, dtype=torch.uint8, device=dev)
-    if size:
-        dist.broadcast(buf, src)
-    return bytes(buf.cpu().tolist()).decode("utf-8")
-
-
 def first_problem(problem: str | None, info: DistInfo) -> str | None:
     """The problem (a user's input that cannot be used) found by the lowest rank that found one, on every rank; None
     when no rank did. Every rank must call it. A rank that raised alone would leave the others in their next
-    collective: under gloo it fails there as an internal error, under NCCL it waits for the collective's timeout."""
-    if not info.enabled:
-        return problem
-    found = all_reduce_max(info.world - info.rank if problem is not None else 0, info)
-    return None if found == 0 else broadcast_text(problem, info, src=info.world - found)
+    collective: under gloo it fails there as an internal error, under NCCL (and a launcher such as ``srun`` that does
+    not stop the other ranks) it waits for the collective's timeout."""
+    return next((p for p in all_gather_objects(problem, info) if p is not None), None)
 
 
 def all_gather_objects(obj: Any, info: DistInfo) -> list[Any]:
