@@ -209,7 +209,8 @@ def test_a_training_runs_missing_model_or_shards_is_a_usage_error(tmp_path, caps
                                    "--set", "rollout.engine=vllm", *out])
         assert rc == 2 and "rollout.engine=vllm needs vllm" in err and "Traceback" not in err
     # under torchrun (WORLD_SIZE) the global batch must split over the ranks
-    monkeypatch.setenv("WORLD_SIZE", "2")
+    for key, value in {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(key, value)
     rc, _, err = _run(capsys, ["train", "grpo", "--set", f"model.path={model}", "--set", "data.source=synthetic",
                                "--set", "data.batch_size=3", *out])
     assert rc == 2 and "data.batch_size 3 must divide by the world size 2" in err
@@ -283,6 +284,9 @@ def test_rollout_keys_of_the_other_engine_are_named_once(caplog, monkeypatch):
         assert len(caplog.records) == 1
         assert "rollout.vllm_sleep_level=2: not read with rollout.engine=transformers" in caplog.records[0].message
         monkeypatch.setenv("RANK", "1")
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+        monkeypatch.setenv("MASTER_PORT", "29500")
         warn_ignored_keys(cfg, "grpo")
         assert len(caplog.records) == 1
 
@@ -316,3 +320,69 @@ def test_a_held_run_dir_is_refused_before_the_model_loads(tmp_path, capsys, monk
     (out / LOCK_NAME).write_text("{}")  # a dead run's file without its flock holds nothing
     rc, _, err = _run(capsys, argv)
     assert rc == 1 and "the policy was loaded" in err  # past the checks (the CLI reports the stand-in as a bug)
+
+
+@pytest.mark.parametrize("env, says", [
+    ({"WORLD_SIZE": "two"}, "WORLD_SIZE='two' is not an integer"),
+    ({"WORLD_SIZE": "0"}, "WORLD_SIZE=0: the number of ranks must be at least 1"),
+    ({"WORLD_SIZE": "2"}, "WORLD_SIZE=2 but RANK is not set (torchrun sets it for each rank; under srun set "
+                          "RANK=$SLURM_PROCID"),
+    ({"WORLD_SIZE": "2", "RANK": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"},
+     "RANK=2 with WORLD_SIZE=2: the ranks are 0 to 1"),
+    ({"WORLD_SIZE": "2", "RANK": "1"}, "WORLD_SIZE=2 but MASTER_ADDR is not set"),
+    ({"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "127.0.0.1"}, "WORLD_SIZE=2 but MASTER_PORT is not set"),
+    ({"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "h", "MASTER_PORT": "70000"}, "MASTER_PORT=70000: not a TCP port"),
+    ({"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "-1", "MASTER_ADDR": "h", "MASTER_PORT": "1"},
+     "LOCAL_RANK=-1: a rank's GPU index on its node cannot be negative"),
+])
+def test_a_malformed_launch_is_named_before_the_process_group(tmp_path, capsys, monkeypatch, env, says):
+    """Launch variables set by hand (a launcher such as srun) or missing: one line, exit 2, before the rendezvous.
+    Before, a missing RANK or MASTER_ADDR and a WORLD_SIZE that is not a number were tracebacks reported as bugs,
+    and a RANK outside the world waited at the rendezvous for good."""
+    import longreel.trainer.policy as policy
+
+    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"")
+
+    def no_load(*a, **k):
+        raise AssertionError("the policy was loaded")
+
+    monkeypatch.setattr(policy, "load_policy", no_load)
+    rc, _, err = _run(capsys, ["train", "grpo", "--set", f"model.path={model}", "--set",
+                               f"run.out_dir={tmp_path / 'run'}", "--set", "data.source=synthetic"])
+    assert rc == 2 and err.startswith(f"longreel train grpo: {says}"), err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_each_rank_of_a_gpu_launch_must_know_its_gpu(monkeypatch):
+    """Without LOCAL_RANK every rank of a node would take GPU 0 (NCCL says so at its first collective, or the ranks
+    run out of memory on one device); a LOCAL_RANK past the node's GPUs is more ranks than GPUs."""
+    import torch
+
+    from longreel.schemas.config import load_yaml
+    from longreel.trainer.config import TrainConfig
+    from longreel.trainer.preflight import InputCheckError, Launch, check_launch, read_launch
+
+    rendezvous = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+    assert read_launch({}) == Launch() == read_launch({"WORLD_SIZE": "1", "RANK": "7"})  # one process: no rank
+    assert read_launch({"WORLD_SIZE": "4", "RANK": "3", **rendezvous}) == Launch(world=4, rank=3, local_rank=None)
+    assert read_launch({"WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1", **rendezvous}).local_rank == 1
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    auto, cpu = load_yaml(TrainConfig, None, []), load_yaml(TrainConfig, None, ["run.device=cpu"])
+    check_launch(auto, Launch(world=16, rank=9, local_rank=1))
+    check_launch(auto, Launch())  # one process takes the first GPU
+    check_launch(cpu, Launch(world=16, rank=9))  # gloo on CPUs: no GPU to pick
+    with pytest.raises(InputCheckError, match=r"LOCAL_RANK is not set and this node has 8 GPUs: every rank would "
+                                              r"take GPU 0.*LOCAL_RANK=\$SLURM_LOCALID"):
+        check_launch(auto, Launch(world=16, rank=9))
+    with pytest.raises(InputCheckError, match="LOCAL_RANK=8 but 8 GPUs are visible on this node"):
+        check_launch(auto, Launch(world=16, rank=8, local_rank=8))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    check_launch(auto, Launch(world=16, rank=9))  # one GPU a rank (CUDA_VISIBLE_DEVICES): GPU 0 is the rank's own

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from longreel.schemas.config import to_dict
@@ -19,7 +20,7 @@ from longreel.task.shard_reader import local_path, resolve_shards
 log = logging.getLogger("longreel")
 
 __all__ = ["InputCheckError", "check_model_dir", "check_shards", "check_cache_space", "check_out_dir", "check_topology",
-           "check_environment", "check_resume", "check_run_inputs", "config_record", "keys_the_engine_ignores",
+           "check_environment", "check_launch", "check_resume", "check_run_inputs", "Launch", "read_launch", "config_record", "keys_the_engine_ignores",
            "model_fingerprint", "warn_ignored_keys", "ENGINE_KEYS", "RESUMABLE", "RESUMABLE_WITHIN_ROUNDING"]
 
 #: keys a resumed run may change: where and how long it runs, what it logs and saves, how it is launched, and its
@@ -173,12 +174,83 @@ def keys_the_engine_ignores(rollout_cfg) -> list[str]:
 def warn_ignored_keys(cfg, stage: str) -> None:
     """A key the run will not read is a setting the user believes in: say so once (rank 0), without stopping a run
     whose config file serves both engines."""
-    if stage != "grpo" or int(os.environ.get("RANK", "0")) != 0:
+    if stage != "grpo" or read_launch().rank != 0:
         return
     ignored = keys_the_engine_ignores(cfg.rollout)
     if ignored:
         log.warning("%s: not read with rollout.engine=%s (%s)", ", ".join(ignored), cfg.rollout.engine,
                     "the vllm_* keys apply to rollout.engine=vllm, prompts_per_decode to rollout.engine=transformers")
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How this process was started: one process, or one rank of ``world`` (``local_rank``: its GPU on its node;
+    None when the launcher did not say)."""
+    world: int = 1
+    rank: int = 0
+    local_rank: int | None = None
+
+
+def read_launch(environ=None) -> Launch:
+    """The launch that ``torchrun`` describes in the environment (``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``, and the
+    rendezvous ``MASTER_ADDR``/``MASTER_PORT``), or that a user set by hand for a launcher such as ``srun``.
+
+    A missing or malformed variable is a launch mistake: read unchecked it surfaced as a ``KeyError`` or a
+    ``ValueError`` traceback reported as a bug, and a ``RANK`` outside the world waited at the rendezvous for a rank
+    that never comes."""
+    env = os.environ if environ is None else environ
+    world = _env_int(env, "WORLD_SIZE", 1)
+    if world < 1:
+        raise InputCheckError(f"WORLD_SIZE={world}: the number of ranks must be at least 1")
+    if world == 1:
+        return Launch()
+    hint = ("torchrun sets it for each rank; under srun set RANK=$SLURM_PROCID, LOCAL_RANK=$SLURM_LOCALID and "
+            "WORLD_SIZE=$SLURM_NTASKS")
+    rank = _env_int(env, "RANK", None)
+    if rank is None:
+        raise InputCheckError(f"WORLD_SIZE={world} but RANK is not set ({hint})")
+    if not 0 <= rank < world:
+        raise InputCheckError(f"RANK={rank} with WORLD_SIZE={world}: the ranks are 0 to {world - 1}")
+    local = _env_int(env, "LOCAL_RANK", None)
+    if local is not None and local < 0:
+        raise InputCheckError(f"LOCAL_RANK={local}: a rank's GPU index on its node cannot be negative")
+    for key in ("MASTER_ADDR", "MASTER_PORT"):
+        if not env.get(key):
+            raise InputCheckError(f"WORLD_SIZE={world} but {key} is not set: the ranks meet at MASTER_ADDR:"
+                                  "MASTER_PORT, a free port on rank 0's host (torchrun sets both)")
+    port = _env_int(env, "MASTER_PORT", None)
+    if not 0 < port < 65536:
+        raise InputCheckError(f"MASTER_PORT={port}: not a TCP port (1 to 65535)")
+    return Launch(world=world, rank=rank, local_rank=local)
+
+
+def _env_int(env, key: str, default: int | None) -> int | None:
+    raw = env.get(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise InputCheckError(f"{key}={raw!r} is not an integer") from None
+
+
+def check_launch(cfg, launch: Launch) -> None:
+    """Each rank of a GPU launch must know its own GPU. Without ``LOCAL_RANK`` every rank of a node takes GPU 0,
+    which NCCL reports only at its first collective (or every rank runs out of memory on one device)."""
+    if launch.world == 1 or cfg.run.device == "cpu":
+        return
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus == 0:
+        return  # run.device=cuda without a GPU is check_environment's; auto runs on the CPU
+    if launch.local_rank is None and gpus > 1:
+        raise InputCheckError(f"LOCAL_RANK is not set and this node has {gpus} GPUs: every rank would take GPU 0. "
+                              "torchrun sets it; under srun set LOCAL_RANK=$SLURM_LOCALID (or give each rank one GPU "
+                              "with CUDA_VISIBLE_DEVICES)")
+    if launch.local_rank is not None and launch.local_rank >= gpus:
+        raise InputCheckError(f"LOCAL_RANK={launch.local_rank} but {gpus} GPU{'s are' if gpus > 1 else ' is'} "
+                              "visible on this node: more ranks were started on it than it has GPUs")
 
 
 def check_environment(cfg, stage: str) -> None:
@@ -261,8 +333,10 @@ def check_run_inputs(cfg, stage: str) -> None:
 
     check_model_dir(cfg.model.path)
     check_out_dir(cfg)
-    check_topology(cfg, stage, int(os.environ.get("WORLD_SIZE", "1")))
+    launch = read_launch()
+    check_topology(cfg, stage, launch.world)
     check_environment(cfg, stage)
+    check_launch(cfg, launch)
     warn_ignored_keys(cfg, stage)
     latest = latest_checkpoint(Path(cfg.run.out_dir) / "checkpoints") if cfg.run.resume else None
     if latest is not None:

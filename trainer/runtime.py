@@ -50,7 +50,7 @@ import torch
 
 from longreel.trainer.activation_checkpointing import enable_checkpointing
 from longreel.trainer.config import DataConfig, OptimConfig
-from longreel.trainer.preflight import InputCheckError
+from longreel.trainer.preflight import InputCheckError, read_launch
 from longreel.trainer.run_lock import RunLock
 
 __all__ = ["DistInfo", "init_distributed", "init_sp_groups", "sum_gradients", "all_gather_objects", "first_problem",
@@ -103,10 +103,10 @@ def init_distributed(device: torch.device, backend: str = "auto") -> DistInfo:
     """Join the process group when launched by torchrun; a single process otherwise."""
     import torch.distributed as dist
 
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
+    launch = read_launch()  # a library caller's launch mistakes get the command's messages too
+    if launch.world == 1:
         return DistInfo(device=device)
-    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    world, rank, local_rank = launch.world, launch.rank, launch.local_rank or 0
     if backend == "auto":
         backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
