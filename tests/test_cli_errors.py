@@ -386,3 +386,41 @@ def test_each_rank_of_a_gpu_launch_must_know_its_gpu(monkeypatch):
         check_launch(auto, Launch(world=16, rank=8, local_rank=8))
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     check_launch(auto, Launch(world=16, rank=9))  # one GPU a rank (CUDA_VISIBLE_DEVICES): GPU 0 is the rank's own
+
+
+def test_ranks_that_cannot_meet_are_one_line_after_dist_timeout_s(tmp_path, capsys, monkeypatch):
+    """A rendezvous port already taken on rank 0's host, or a rank whose peers never come (not started, a wrong
+    MASTER_ADDR): the launch, not a bug; and dist.timeout_s bounds the wait (the collective timeout of every group)."""
+    import socket
+
+    import longreel.trainer.policy as policy
+    from conftest import free_port
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"")
+
+    def no_load(*a, **k):
+        raise AssertionError("the policy was loaded")
+
+    monkeypatch.setattr(policy, "load_policy", no_load)
+    argv = ["train", "sft", "--set", f"model.path={model}", "--set", f"run.out_dir={tmp_path / 'run'}", "--set",
+            "data.source=synthetic", "--set", "data.batch_size=2", "--set", "dist.timeout_s=2"]
+    port = free_port()
+    for key, value in {"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(key, value)
+    rc, _, err = _run(capsys, argv)  # rank 1 alone: nobody listens at the port
+    last = err.strip().splitlines()[-1]
+    assert rc == 2 and last.startswith(f"longreel train sft: rank 1: the 2 ranks could not meet at "
+                                       f"MASTER_ADDR:MASTER_PORT (127.0.0.1:{port}): "), err
+    assert "timed out after 2000ms" in last and last.endswith("were all 2 ranks started?")
+    assert "Traceback" not in err
+
+    monkeypatch.setenv("RANK", "0")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        rc, _, err = _run(capsys, argv)
+    assert rc == 2 and "longreel train sft: rank 0: the 2 ranks could not meet" in err and "EADDRINUSE" in err, err
+    assert "Traceback" not in err and not (tmp_path / "run").exists()

@@ -99,7 +99,7 @@ LATER_DEFAULTS = {("output", "parquet_shards"): 1, ("caption", "parquet_shards")
                   ("filter", "parquet_shards"): 1}
 #: TrainConfig keys added after the hash below was pinned
 TRAIN_LATER_KEYS = (("dist", "fsdp_param_dtype"), ("dist", "fsdp_reduce_dtype"),
-                    ("dist", "fsdp_reshard_after_forward"), ("mrsp", "frozen_cache_mb"),
+                    ("dist", "fsdp_reshard_after_forward"), ("dist", "timeout_s"), ("mrsp", "frozen_cache_mb"),
                     ("mrsp", "frozen_cache_offload"), ("mrsp", "ref_prefix_cache_mb"), ("model", "vision_attention"),
                     ("mrsp", "frozen_feature_dir"), ("rollout", "prompts_per_decode"),
                     ("rollout", "vllm_prefix_caching"), ("rollout", "vllm_sleep_level"), ("eval", "batch_size"),

@@ -171,6 +171,10 @@ class DistConfig(ConfigModel):
     fsdp_reduce_dtype: str = cfg("auto", "fsdp: dtype gradients are reduce-scattered in (MixedPrecisionPolicy "
                                          "reduce_dtype). auto: float32 on CUDA, off (the compute dtype) on CPU.",
                                  choices=("auto", "off", "float32", "bfloat16"))
+    timeout_s: float = cfg(3600.0, "How long a rank waits at a collective (and the ranks at the rendezvous) before "
+                                   "the run fails. Rank 0 alone evaluates (eval.every under ddp) and writes "
+                                   "final/ while the others wait for it, which for a 7B model can outlast torch's "
+                                   "default under nccl (10 minutes; its watchdog then stops the run).")
     fsdp_reshard_after_forward: bool = cfg(True, "fsdp: free each decoder layer's gathered weights after its forward "
                                                  "in the update and gather them again for the backward (ZeRO-3); "
                                                  "false keeps them until the optimizer step (ZeRO-2: more memory, "
@@ -259,6 +263,7 @@ class TrainConfig(ConfigModel):
                 raise ConfigError(msg)
 
         need(self.data.batch_size >= 1, "data.batch_size must be >= 1")
+        need(self.dist.timeout_s > 0, "dist.timeout_s must be > 0")
         need(self.data.shuffle_buffer >= 1, "data.shuffle_buffer must be >= 1")
         need(self.data.fetch_retries >= 0, "data.fetch_retries must be >= 0")
         need(not self.data.stream or self.data.source == "shards", "data.stream needs data.source=shards")

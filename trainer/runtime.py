@@ -36,6 +36,7 @@ unit (``longreel.trainer.mrsp.fsdp_calls``) so that every rank gathers, and redu
 from __future__ import annotations
 
 import atexit
+import datetime
 import logging
 import math
 import os
@@ -71,6 +72,7 @@ class DistInfo:
     sp_size: int = 1
     sp_group: Any = None  # this rank's sequence-parallel process group (None: no SP)
     owns_group: bool = False  # init_distributed created the process group (and the session destroys it)
+    timeout: datetime.timedelta | None = None  # of every group the trainer creates (None: torch's default)
 
     @property
     def is_main(self) -> bool:
@@ -99,8 +101,9 @@ class DistInfo:
         return self.world > 1
 
 
-def init_distributed(device: torch.device, backend: str = "auto") -> DistInfo:
-    """Join the process group when launched by torchrun; a single process otherwise."""
+def init_distributed(device: torch.device, backend: str = "auto", timeout_s: float | None = None) -> DistInfo:
+    """Join the process group when launched by torchrun; a single process otherwise. ``timeout_s``: the group's
+    collective (and rendezvous) timeout; None keeps torch's default."""
     import torch.distributed as dist
 
     launch = read_launch()  # a library caller's launch mistakes get the command's messages too
@@ -113,13 +116,22 @@ def init_distributed(device: torch.device, backend: str = "auto") -> DistInfo:
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
     owns = not dist.is_initialized()
+    timeout = None if timeout_s is None else datetime.timedelta(seconds=timeout_s)
     if owns:
-        dist.init_process_group(backend=backend)
+        try:
+            dist.init_process_group(backend=backend, timeout=timeout)
+        except dist.DistError as e:  # the store could not be set up or reached: the launch, not the code
+            where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+            said = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__).rstrip(". ")
+            raise InputCheckError(f"rank {rank}: the {world} ranks could not meet at MASTER_ADDR:MASTER_PORT "
+                                  f"({where}): {said}. Is the port free on rank 0's host and reachable from the "
+                                  f"others, and were all {world} ranks started?") from e
         # a gloo group still alive at interpreter exit (an exception that skipped close()) can abort the process
         # with "terminate called without an active exception", hiding the real error: destroy it while Python is
         # still whole
         atexit.register(_destroy_at_exit)
-    return DistInfo(rank=rank, world=world, local_rank=local_rank, device=device, backend=backend, owns_group=owns)
+    return DistInfo(rank=rank, world=world, local_rank=local_rank, device=device, backend=backend, owns_group=owns,
+                    timeout=timeout)
 
 
 def _destroy_at_exit() -> None:
@@ -144,7 +156,8 @@ def init_sp_groups(info: DistInfo, sp_size: int) -> DistInfo:
 
     mine = None
     for start in range(0, info.world, sp_size):
-        g = dist.new_group(list(range(start, start + sp_size)))
+        # torch gives a new group its backend's default timeout (nccl: 10 minutes), not the world's
+        g = dist.new_group(list(range(start, start + sp_size)), timeout=info.timeout)
         if start <= info.rank < start + sp_size:
             mine = g
     info.sp_size, info.sp_group = sp_size, mine
@@ -445,7 +458,7 @@ class TrainSession:
         self.cfg = cfg
         self.stage = stage
         device = resolve_device(cfg.run.device)
-        self.info = init_distributed(device, cfg.dist.backend)
+        self.info = init_distributed(device, cfg.dist.backend, cfg.dist.timeout_s)
         if sp_size is not None:  # MR-SP: sequence-parallel groups (of 1 rank each when sp_size is 1)
             init_sp_groups(self.info, sp_size)
         self.device = self.info.device
