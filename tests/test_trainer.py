@@ -163,6 +163,23 @@ def test_evaluate_answers_each_item_alike_in_any_batch(policy):
     assert all(r["n"] == 6 and r["skipped"] == 1 and r["skipped_items"][0]["key"] == "broken" for r in runs)
 
 
+def test_an_evaluation_in_shares_is_the_whole_evaluation(policy):
+    """Each rank of a run scores every world-th held-out item; the records put together, in any order, give what
+    one process gives for all the items: the same outputs in the same order, counts, skips and means."""
+    from longreel.trainer.eval import evaluate, score_items, summarize
+
+    model, processor = policy
+    items = make_items(7, seed=5, kinds=("colour", "count"))
+    items.insert(4, dict(make_item(9), key="broken", question="Look <|video_pad|>"))
+    whole = evaluate(model, processor, items, max_new_tokens=8, keep_outputs=True, batch_size=2)
+    shares = [score_items(model, processor, items[r::3], indices=list(range(r, len(items), 3)), max_new_tokens=8,
+                          keep_outputs=True, batch_size=2) for r in range(3)]
+    assert [len(s) for s in shares] == [3, 3, 2]
+    assert summarize([r for s in reversed(shares) for r in s], keep_outputs=True) == whole
+    assert whole["n"] == 7 and whole["skipped_items"][0]["key"] == "broken"
+    assert len({o["output"] for o in whole["outputs"]}) > 1  # the items' answers differ, so their order is checked
+
+
 def test_config_help_validation_and_overrides(tmp_path):
     keys = describe(TrainConfig)
     assert all(h.strip() for _, _, h in keys), [k for k, _, h in keys if not h.strip()]

@@ -172,9 +172,9 @@ class DistConfig(ConfigModel):
                                          "reduce_dtype). auto: float32 on CUDA, off (the compute dtype) on CPU.",
                                  choices=("auto", "off", "float32", "bfloat16"))
     timeout_s: float = cfg(3600.0, "How long a rank waits at a collective (and the ranks at the rendezvous) before "
-                                   "the run fails. Rank 0 alone evaluates (eval.every under ddp) and writes "
-                                   "final/ while the others wait for it, which for a 7B model can outlast torch's "
-                                   "default under nccl (10 minutes; its watchdog then stops the run).")
+                                   "the run fails. Under ddp rank 0 alone writes checkpoints and final/ while the "
+                                   "others wait for it, which for a 7B model can outlast torch's default under nccl "
+                                   "(10 minutes; its watchdog then stops the run).")
     fsdp_reshard_after_forward: bool = cfg(True, "fsdp: free each decoder layer's gathered weights after its forward "
                                                  "in the update and gather them again for the backward (ZeRO-3); "
                                                  "false keeps them until the optimizer step (ZeRO-2: more memory, "
@@ -239,7 +239,9 @@ class MRSPConfig(ConfigModel):
 class EvalConfig(ConfigModel):
     max_new_tokens: int = cfg(256, "Longest greedy answer when evaluating.")
     max_items: int = cfg(0, "Evaluate only the first N held-out items (0: all).")
-    every: int = cfg(0, "During training, evaluate on data.eval_urls every N steps (0: never).")
+    every: int = cfg(0, "During training, evaluate on data.eval_urls every N steps (0: never): each rank decodes "
+                        "every world-th item and rank 0 logs eval_accuracy (overall and per category), "
+                        "eval_format_rate, eval_n and eval_skipped, as one process evaluating all the items would.")
     batch_size: int = cfg(8, "Held-out items decoded together (each answer is the item's own greedy answer); "
                              "lower it when that many prompts' K/V do not fit in memory.")
 

@@ -15,26 +15,38 @@ from longreel.trainer.policy import VideoTokenMismatch, encode_prompt, video_tok
 from longreel.task.rewards import score
 from longreel.trainer.rollout import SamplingConfig, TransformersEngine
 
-__all__ = ["evaluate"]
+__all__ = ["evaluate", "score_items", "summarize"]
 
 log = logging.getLogger("longreel.trainer")
 
 
-@torch.no_grad()
 def evaluate(model, processor, items: Iterable[dict], *, max_new_tokens: int = 256, max_items: int = 0,
              progress: bool = False, keep_outputs: bool = False, batch_size: int = 8) -> dict[str, Any]:
     """Greedy-decode every item and score it; return ``{"accuracy", "format_rate", "n", "per_category",
     "per_problem_type", "skipped", ...}``. ``batch_size`` items are decoded together (each prompt's K/V kept
     once; the answers are each item's own greedy answer, whatever it is batched with)."""
+    items = list(items)
+    if max_items:
+        items = items[:max_items]
+    records = score_items(model, processor, items, max_new_tokens=max_new_tokens, progress=progress,
+                          keep_outputs=keep_outputs, batch_size=batch_size)
+    return summarize(records, keep_outputs=keep_outputs)
+
+
+@torch.no_grad()
+def score_items(model, processor, items: list[dict], *, indices: list[int] | None = None, max_new_tokens: int = 256,
+                progress: bool = False, keep_outputs: bool = False, batch_size: int = 8) -> list[dict]:
+    """One record per item: its place (``indices``, default 0..n-1: where the item stands in the whole evaluation
+    when ``items`` is one rank's share of it), and its accuracy, format, category and problem type, or why it was
+    skipped. Records of several shares put together give :func:`summarize` what one process's would."""
     engine = TransformersEngine(model, processor)
     sampling = SamplingConfig(n=1, max_new_tokens=max_new_tokens, greedy=True)
     device = next(model.parameters()).device
     vt = video_token_id(model)
-    acc_by: dict[str, dict[str, list[float]]] = {"category": defaultdict(list), "problem_type": defaultdict(list)}
-    accs, fmts, outputs, skipped = [], [], [], []
-    items = list(items)
-    if max_items:
-        items = items[:max_items]
+    indices = list(range(len(items))) if indices is None else list(indices)
+    if len(indices) != len(items):
+        raise ValueError(f"{len(indices)} indices for {len(items)} items")
+    records = []
     bar = None
     if progress:
         from tqdm import tqdm
@@ -43,41 +55,57 @@ def evaluate(model, processor, items: Iterable[dict], *, max_new_tokens: int = 2
     step = max(1, batch_size)
     for lo in range(0, len(items), step):
         batch, prompts = [], []
-        for item in items[lo:lo + step]:
+        for index, item in zip(indices[lo:lo + step], items[lo:lo + step]):
             try:
                 prompts.append(encode_prompt(processor, item, video_token_id=vt).to(device))
-                batch.append(item)
+                batch.append((index, item))
             except (VideoTokenMismatch, ValueError, KeyError) as e:
-                skipped.append({"key": item.get("key"), "reason": type(e).__name__, "message": str(e)})
+                records.append(_skipped(index, item, e))
         groups = engine.generate(prompts, sampling, [0] * len(prompts)) if prompts else []
-        for item, group in zip(batch, groups):
+        for (index, item), group in zip(batch, groups):
             text = group.texts[0]
             try:
                 r = score(text, item["problem_type"], item["answer"], item.get("options"))
             except (ValueError, KeyError) as e:
-                skipped.append({"key": item.get("key"), "reason": type(e).__name__, "message": str(e)})
+                records.append(_skipped(index, item, e))
                 continue
-            accs.append(r.accuracy)
-            fmts.append(r.format)
-            acc_by["category"][str(item.get("category") or "none")].append(r.accuracy)
-            acc_by["problem_type"][str(item["problem_type"])].append(r.accuracy)
+            record = {"index": index, "key": item.get("key"), "accuracy": r.accuracy, "format": r.format,
+                      "category": str(item.get("category") or "none"), "problem_type": str(item["problem_type"])}
             if keep_outputs:
-                outputs.append({"key": item.get("key"), "output": text, "answer": item["answer"],
-                                "accuracy": r.accuracy, "reason": r.reason})
+                record.update(output=text, answer=item["answer"], reason=r.reason)
+            records.append(record)
         if bar is not None:
             bar.update(len(items[lo:lo + step]))
     if bar is not None:
         bar.close()
+    return records
+
+
+def _skipped(index: int, item: dict, e: Exception) -> dict:
+    return {"index": index, "key": item.get("key"), "skipped": {"reason": type(e).__name__, "message": str(e)}}
+
+
+def summarize(records: Iterable[dict], *, keep_outputs: bool = False) -> dict[str, Any]:
+    """:func:`evaluate`'s result from :func:`score_items`' records, taken in item order (so the means add up in the
+    same order as in one process, whichever ranks scored which items)."""
+    records = sorted(records, key=lambda r: r["index"])
+    scored = [r for r in records if "skipped" not in r]
     mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
+    by: dict[str, dict[str, list[float]]] = {"category": defaultdict(list), "problem_type": defaultdict(list)}
+    for r in scored:
+        by["category"][r["category"]].append(r["accuracy"])
+        by["problem_type"][r["problem_type"]].append(r["accuracy"])
+    skipped = [{"key": r["key"], **r["skipped"]} for r in records if "skipped" in r]
     result = {
-        "n": len(accs),
-        "accuracy": mean(accs),
-        "format_rate": mean(fmts),
-        "per_category": {k: {"n": len(v), "accuracy": mean(v)} for k, v in sorted(acc_by["category"].items())},
-        "per_problem_type": {k: {"n": len(v), "accuracy": mean(v)} for k, v in sorted(acc_by["problem_type"].items())},
+        "n": len(scored),
+        "accuracy": mean([r["accuracy"] for r in scored]),
+        "format_rate": mean([r["format"] for r in scored]),
+        "per_category": {k: {"n": len(v), "accuracy": mean(v)} for k, v in sorted(by["category"].items())},
+        "per_problem_type": {k: {"n": len(v), "accuracy": mean(v)} for k, v in sorted(by["problem_type"].items())},
         "skipped": len(skipped),
         "skipped_items": skipped,
     }
     if keep_outputs:
-        result["outputs"] = outputs
+        result["outputs"] = [{"key": r["key"], "output": r["output"], "answer": r["answer"],
+                              "accuracy": r["accuracy"], "reason": r["reason"]} for r in scored]
     return result
