@@ -135,12 +135,20 @@ def test_unreadable_held_out_shards_stop_every_rank_with_one_line(tmp_path):
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["eval_n"] == 5 and r["eval_skipped"] == 0 for r in rows)  # both ranks' shares (3 and 2 items)
     # the last evaluation is what one process makes of the saved model: `longreel eval` on final/
-    proc = subprocess.run([sys.executable, "-m", "longreel", "eval", "--model", str(tmp_path / "run2" / "final"),
-                           "--set", f"data.eval_urls=[{held_out}]", "--set", "eval.max_new_tokens=8"],
-                          cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+    evaluate = ["-m", "longreel", "eval", "--model", str(tmp_path / "run2" / "final"), "--outputs",
+                "--set", f"data.eval_urls=[{held_out}]", "--set", "eval.max_new_tokens=8", "--set", "run.progress=false"]
+    proc = subprocess.run([sys.executable, *evaluate], cwd=REPO, env=_env(), capture_output=True, text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     alone = json.loads(proc.stdout)
-    assert alone["n"] == 5
+    assert alone["n"] == 5 and len(alone["outputs"]) == 5
     assert (rows[-1]["eval_accuracy"], rows[-1]["eval_format_rate"]) == (alone["accuracy"], alone["format_rate"])
     assert {k: rows[-1][f"eval_accuracy/{k}"] for k in ("colour", "count")} == \
         {k: v["accuracy"] for k, v in alone["per_category"].items()}
+    # `longreel eval` under torchrun: each rank a share, rank 0 alone prints the one-process result
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
+                           "127.0.0.1", "--master_port", str(free_port()), *evaluate[1:]], cwd=REPO, env=_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    shared = json.loads(proc.stdout)  # one JSON document: rank 1 prints nothing
+    assert shared.pop("ranks") == 2 and shared == alone

@@ -15,6 +15,8 @@ accuracy overall, per category and per problem_type; items that cannot be evalua
   longreel eval --model RUN/final --set 'data.eval_urls=["shards/ds-test-{000000..000003}.tar"]'
   longreel eval --model RUN/final --set data.source=synthetic          # the procedural task's held-out items
   longreel eval --model RUN/checkpoints/step-000300 --set data.source=synthetic   # a step checkpoint
+  torchrun --nproc_per_node 8 -m longreel eval --model RUN/final --set 'data.eval_urls=["shards/ds-test-{000000..000003}.tar"]'
+      # each of the 8 ranks decodes every 8th item; rank 0 prints the result, the numbers one process gives
 """
 
 
@@ -42,33 +44,37 @@ def main(args, extra: list[str]) -> int:
     if not path:
         print("longreel eval: give --model or model.path", file=sys.stderr)
         return 2
-    from longreel.trainer.preflight import InputCheckError, check_environment, check_model_dir
+    from longreel.trainer.preflight import (InputCheckError, check_environment, check_launch, check_model_dir,
+                                            read_launch)
 
     try:
         check_model_dir(path, "--model" if args.model else "model.path")
         check_environment(cfg, "eval")
+        check_launch(cfg, read_launch())
     except InputCheckError as e:
         print(f"longreel eval: {e}", file=sys.stderr)
         return 2
-    from longreel.trainer.eval import evaluate
-    from longreel.trainer.policy import load_policy, resolve_device, resolve_dtype
-    from longreel.trainer.runtime import load_items
+    from longreel.trainer.policy import resolve_device
+    from longreel.trainer.runtime import init_distributed
 
     try:
-        items = load_items(cfg.data, "eval")
-    except (ValueError, RuntimeError, OSError) as e:
+        # under torchrun each rank decodes every WORLD_SIZE-th item; one process otherwise
+        info = init_distributed(resolve_device(cfg.run.device), cfg.dist.backend, cfg.dist.timeout_s)
+    except InputCheckError as e:
         print(f"longreel eval: {e}", file=sys.stderr)
         return 2
-    device = resolve_device(cfg.run.device)
-    model, processor = load_policy(path, dtype=resolve_dtype(cfg.model.dtype, device), device=device,
-                                   attn_implementation=cfg.model.attn_implementation,
-                                   vision_attention=cfg.model.vision_attention,
-                                   packed_row_attention=cfg.model.packed_row_attention,
-                                   trust_remote_code=cfg.model.trust_remote_code)
-    model.eval()
-    result = evaluate(model, processor, items, max_new_tokens=cfg.eval.max_new_tokens, max_items=cfg.eval.max_items,
-                      progress=cfg.run.progress, keep_outputs=args.outputs, batch_size=cfg.eval.batch_size)
-    result["model"] = path
+    try:
+        result = evaluate_share(cfg, path, info, keep_outputs=args.outputs)
+    except InputCheckError as e:
+        print(f"longreel eval: {e}", file=sys.stderr)
+        return 2
+    finally:
+        if info.enabled and info.owns_group:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+    if result is None:  # not rank 0
+        return 0
     text = json.dumps(result, indent=1, sort_keys=True)
     if args.out:
         from longreel.schemas.atomic import write_atomic
@@ -79,3 +85,41 @@ def main(args, extra: list[str]) -> int:
     else:
         print(text)
     return 0
+
+
+def evaluate_share(cfg, path: str, info, *, keep_outputs: bool) -> dict | None:
+    """This rank's share of the evaluation, put together on rank 0 (which returns the result; the others None).
+    Held-out shards that one rank cannot read stop every rank with the lowest rank's message."""
+    from longreel.trainer.eval import score_items, summarize
+    from longreel.trainer.policy import load_policy, resolve_dtype
+    from longreel.trainer.preflight import InputCheckError
+    from longreel.trainer.runtime import all_gather_objects, first_problem, load_items
+
+    items, problem = [], None
+    try:
+        items = load_items(cfg.data, "eval")
+    except (ValueError, RuntimeError, OSError) as e:
+        problem = str(e)
+    problem = first_problem(problem, info)
+    if problem is not None:
+        raise InputCheckError(problem)
+    if cfg.eval.max_items:
+        items = items[:cfg.eval.max_items]
+    model, processor = load_policy(path, dtype=resolve_dtype(cfg.model.dtype, info.device), device=info.device,
+                                   attn_implementation=cfg.model.attn_implementation,
+                                   vision_attention=cfg.model.vision_attention,
+                                   packed_row_attention=cfg.model.packed_row_attention,
+                                   trust_remote_code=cfg.model.trust_remote_code)
+    model.eval()
+    mine = list(range(info.rank, len(items), info.world))
+    records = score_items(model, processor, [items[i] for i in mine], indices=mine,
+                          max_new_tokens=cfg.eval.max_new_tokens, keep_outputs=keep_outputs,
+                          progress=cfg.run.progress and info.is_main, batch_size=cfg.eval.batch_size)
+    everyone = all_gather_objects(records, info)
+    if not info.is_main:
+        return None
+    result = summarize((r for share in everyone for r in share), keep_outputs=keep_outputs)
+    result["model"] = path
+    if info.enabled:
+        result["ranks"] = info.world
+    return result
