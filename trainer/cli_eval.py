@@ -95,6 +95,10 @@ def evaluate_share(cfg, path: str, info, *, keep_outputs: bool) -> dict | None:
     from longreel.trainer.preflight import InputCheckError
     from longreel.trainer.runtime import all_gather_objects, first_problem, load_items
 
+    if cfg.run.threads:
+        import torch
+
+        torch.set_num_threads(cfg.run.threads)
     items, problem = [], None
     try:
         items = load_items(cfg.data, "eval")
