@@ -386,6 +386,15 @@ def test_each_rank_of_a_gpu_launch_must_know_its_gpu(monkeypatch):
         check_launch(auto, Launch(world=16, rank=8, local_rank=8))
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     check_launch(auto, Launch(world=16, rank=9))  # one GPU a rank (CUDA_VISIBLE_DEVICES): GPU 0 is the rank's own
+    nccl = load_yaml(TrainConfig, None, ["dist.backend=nccl"])
+    check_launch(nccl, Launch(world=16, rank=9))
+    for where in (["run.device=cpu"], None):  # NCCL on CPUs: a traceback at init_process_group before
+        if where is None:
+            monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+            where = []
+        with pytest.raises(InputCheckError, match="dist.backend=nccl needs the ranks on GPUs"):
+            check_launch(load_yaml(TrainConfig, None, ["dist.backend=nccl", *where]), Launch(world=2, rank=1))
+        check_launch(load_yaml(TrainConfig, None, ["dist.backend=nccl", *where]), Launch())  # one process: no group
 
 
 def test_ranks_that_cannot_meet_are_one_line_after_dist_timeout_s(tmp_path, capsys, monkeypatch):

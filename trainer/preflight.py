@@ -237,11 +237,14 @@ def _env_int(env, key: str, default: int | None) -> int | None:
 def check_launch(cfg, launch: Launch) -> None:
     """Each rank of a GPU launch must know its own GPU. Without ``LOCAL_RANK`` every rank of a node takes GPU 0,
     which NCCL reports only at its first collective (or every rank runs out of memory on one device)."""
-    if launch.world == 1 or cfg.run.device == "cpu":
+    if launch.world == 1:
         return
     import torch
 
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() and cfg.run.device != "cpu" else 0
+    if cfg.dist.backend == "nccl" and gpus == 0:
+        raise InputCheckError("dist.backend=nccl needs the ranks on GPUs (run.device=cuda or auto, with a GPU); on "
+                              "CPUs give dist.backend=gloo (auto picks it)")
     if gpus == 0:
         return  # run.device=cuda without a GPU is check_environment's; auto runs on the CPU
     if launch.local_rank is None and gpus > 1:
