@@ -68,14 +68,14 @@ def test_torchrun_two_ranks_match_one_process(tmp_path):
 
 
 
-def _launch_like_srun(sets: list[str], timeout: int = 300) -> list[tuple[int, str]]:
+def _launch_like_srun(sets: list[str], timeout: int = 300, cwds=(REPO, REPO)) -> list[tuple[int, str]]:
     """``longreel train sft`` on 2 ranks started the way ``srun`` starts them, each on its own with RANK and
     WORLD_SIZE set, so that no launcher stops the others when one exits; (exit code, stderr) of each."""
     env = _env(WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     argv = [sys.executable, "-m", "longreel", "train", "sft"]
     for s in ("run.progress=false", "run.threads=1", "run.tensorboard=false", *sets):
         argv += ["--set", s]
-    ranks = [subprocess.Popen(argv, cwd=REPO, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), text=True,
+    ranks = [subprocess.Popen(argv, cwd=cwds[r], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in (0, 1)]
     results = []
     try:
@@ -109,6 +109,25 @@ def test_a_held_run_dir_stops_every_rank_with_one_line(tmp_path):
     for rc, err in results:
         assert rc == 2 and "is in use by another longreel train run" in err and "Traceback" not in err, err[-3000:]
     assert not (out / "checkpoints").exists() and not (out / "metrics.jsonl").exists()
+
+
+def test_a_run_dir_the_ranks_do_not_share_stops_every_rank(tmp_path):
+    """``run.out_dir`` on each node's own disk (here: a relative path, each rank started in its own directory):
+    every rank writes checkpoints there and reads them to resume, so the run would split its checkpoints and could
+    resume its ranks from different steps. Every rank stops with one line before the first step, and rank 0's lock
+    is released."""
+    from longreel.trainer.run_lock import LOCK_NAME
+
+    model = build_tiny_qwen2vl(tmp_path / "m", seed=0)
+    nodes = [tmp_path / "node0", tmp_path / "node1"]
+    for n in nodes:
+        n.mkdir()
+    results = _launch_like_srun([f"model.path={model}", "run.out_dir=run", "run.steps=1", "data.source=synthetic",
+                                 "data.synthetic_train=4", "data.batch_size=2"], cwds=nodes)
+    for rc, err in results:
+        assert rc == 2 and "run.out_dir 'run' is not the same directory for every rank: rank 1 on" in err, err[-3000:]
+        assert "finds no run lock there, not rank 0's (pid" in err and "Traceback" not in err, err[-3000:]
+    assert not (nodes[0] / "run" / LOCK_NAME).exists() and not (nodes[0] / "run" / "metrics.jsonl").exists()
 
 
 def test_unreadable_held_out_shards_stop_every_rank_with_one_line(tmp_path):

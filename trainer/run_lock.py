@@ -24,7 +24,7 @@ from pathlib import Path
 
 from longreel.trainer.preflight import InputCheckError
 
-__all__ = ["RunLock", "LOCK_NAME", "check_free"]
+__all__ = ["RunLock", "LOCK_NAME", "check_free", "seen_as_rank_0_sees"]
 
 LOCK_NAME = ".longreel-train.lock"
 
@@ -34,6 +34,7 @@ class RunLock:
         self.out_dir = Path(out_dir)
         self.path = self.out_dir / LOCK_NAME
         self._fd: int | None = None
+        self.record = ""  # what the holder wrote into the file
 
     def acquire(self) -> "RunLock":
         """Take the lock or raise :class:`InputCheckError` naming the run that holds it."""
@@ -54,9 +55,10 @@ class RunLock:
                 break
             os.close(fd)  # locked a file its holder removed on release: try the current one
         os.ftruncate(fd, 0)
-        os.write(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
-                                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                                 "command": " ".join(sys.argv)}).encode())
+        self.record = json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                                  "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": " ".join(sys.argv)})
+        os.write(fd, self.record.encode())
+        os.fsync(fd)  # the other ranks read it (seen_as_rank_0_sees), on other hosts too (NFS flushes on fsync)
         self._fd = fd
         return self
 
@@ -69,6 +71,23 @@ class RunLock:
             pass
         os.close(self._fd)  # closing drops the flock
         self._fd = None
+
+
+def seen_as_rank_0_sees(out_dir: str | os.PathLike, record: str, rank: int) -> str | None:
+    """None when this rank reads rank 0's lock ``record`` in ``out_dir``, else the problem. Every rank writes there
+    (checkpoint shards, its RNG state) and reads it back to resume: a directory on each node's own disk would split
+    a checkpoint over the nodes and let the ranks resume from different steps."""
+    try:
+        seen = (Path(out_dir) / LOCK_NAME).read_text(encoding="utf-8")
+    except OSError:
+        seen = None
+    if seen == record:
+        return None
+    what = "no run lock" if seen is None else "another run's lock"
+    return (f"run.out_dir {str(out_dir)!r} is not the same directory for every rank: rank {rank} on "
+            f"{socket.gethostname()} finds {what} there, not rank 0's (pid {json.loads(record)['pid']} on "
+            f"{json.loads(record)['host']}). Every rank writes checkpoints there and reads them to resume: give a "
+            "directory every node mounts (an absolute path on a shared filesystem)")
 
 
 def check_free(out_dir: str | os.PathLike) -> None:

@@ -52,7 +52,7 @@ import torch
 from longreel.trainer.activation_checkpointing import enable_checkpointing
 from longreel.trainer.config import DataConfig, OptimConfig
 from longreel.trainer.preflight import InputCheckError, read_launch
-from longreel.trainer.run_lock import RunLock
+from longreel.trainer.run_lock import RunLock, seen_as_rank_0_sees
 
 __all__ = ["DistInfo", "init_distributed", "init_sp_groups", "sum_gradients", "all_gather_objects", "first_problem",
            "all_reduce_sum", "all_reduce_max", "fsdp_mixed_precision", "shard_fsdp",
@@ -493,6 +493,13 @@ class TrainSession:
         taken = first_problem(taken, self.info)
         if taken is not None:  # on every rank, so that none is left waiting for rank 0
             raise InputCheckError(taken)
+        if self.info.enabled:
+            record = all_gather_objects(self.lock.record if self.lock else None, self.info)[0]
+            unshared = None if self.info.is_main else seen_as_rank_0_sees(self.out_dir, record, self.info.rank)
+            unshared = first_problem(unshared, self.info)
+            if unshared is not None:
+                self.release_lock()
+                raise InputCheckError(unshared)
         try:
             self._start(cfg, stage, items, total_steps)
         except BaseException:
