@@ -8,9 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-import torch
+import torch  # noqa: F401
 import torchvision  # noqa: F401
 import transformers  # noqa: F401
 

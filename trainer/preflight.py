@@ -20,8 +20,9 @@ from longreel.task.shard_reader import local_path, resolve_shards
 log = logging.getLogger("longreel")
 
 __all__ = ["InputCheckError", "check_model_dir", "check_shards", "check_cache_space", "check_out_dir", "check_topology",
-           "check_environment", "check_launch", "check_resume", "check_run_inputs", "Launch", "read_launch", "config_record", "keys_the_engine_ignores",
-           "model_fingerprint", "warn_ignored_keys", "ENGINE_KEYS", "RESUMABLE", "RESUMABLE_WITHIN_ROUNDING"]
+           "check_environment", "check_launch", "check_resume", "check_run_inputs", "Launch", "read_launch",
+           "config_record", "keys_the_engine_ignores", "model_fingerprint", "warn_ignored_keys", "ENGINE_KEYS",
+           "RESUMABLE", "RESUMABLE_WITHIN_ROUNDING"]
 
 #: keys a resumed run may change: where and how long it runs, what it logs and saves, how it is launched, and its
 #: evaluation; none of them changes a training step's arithmetic (a different world size is warned about)
@@ -235,8 +236,9 @@ def _env_int(env, key: str, default: int | None) -> int | None:
 
 
 def check_launch(cfg, launch: Launch) -> None:
-    """Each rank of a GPU launch must know its own GPU. Without ``LOCAL_RANK`` every rank of a node takes GPU 0,
-    which NCCL reports only at its first collective (or every rank runs out of memory on one device)."""
+    """A launch of several ranks must fit the machine: NCCL needs the ranks on GPUs, and each rank of a GPU launch
+    must know its own GPU. Without ``LOCAL_RANK`` every rank of a node takes GPU 0, which NCCL reports only at its
+    first collective (or every rank runs out of memory on one device)."""
     if launch.world == 1:
         return
     import torch

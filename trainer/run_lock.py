@@ -84,10 +84,11 @@ def seen_as_rank_0_sees(out_dir: str | os.PathLike, record: str, rank: int) -> s
     if seen == record:
         return None
     what = "no run lock" if seen is None else "another run's lock"
+    holder = json.loads(record)
     return (f"run.out_dir {str(out_dir)!r} is not the same directory for every rank: rank {rank} on "
-            f"{socket.gethostname()} finds {what} there, not rank 0's (pid {json.loads(record)['pid']} on "
-            f"{json.loads(record)['host']}). Every rank writes checkpoints there and reads them to resume: give a "
-            "directory every node mounts (an absolute path on a shared filesystem)")
+            f"{socket.gethostname()} finds {what} there, not rank 0's (pid {holder['pid']} on {holder['host']}). "
+            "Every rank writes checkpoints there and reads them to resume: give a directory every node mounts (an "
+            "absolute path on a shared filesystem)")
 
 
 def check_free(out_dir: str | os.PathLike) -> None:
