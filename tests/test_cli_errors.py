@@ -322,6 +322,23 @@ def test_a_held_run_dir_is_refused_before_the_model_loads(tmp_path, capsys, monk
     assert rc == 1 and "the policy was loaded" in err  # past the checks (the CLI reports the stand-in as a bug)
 
 
+def _model_never_loaded(tmp_path, monkeypatch):
+    """A model directory that passes the start's checks, and a load_policy that fails the test if reached: the run
+    must stop before it."""
+    import longreel.trainer.policy as policy
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"")
+
+    def no_load(*a, **k):
+        raise AssertionError("the policy was loaded")
+
+    monkeypatch.setattr(policy, "load_policy", no_load)
+    return model
+
+
 @pytest.mark.parametrize("env, says", [
     ({"WORLD_SIZE": "two"}, "WORLD_SIZE='two' is not an integer"),
     ({"WORLD_SIZE": "0"}, "WORLD_SIZE=0: the number of ranks must be at least 1"),
@@ -339,21 +356,11 @@ def test_a_malformed_launch_is_named_before_the_process_group(tmp_path, capsys, 
     """Launch variables set by hand (a launcher such as srun) or missing: one line, exit 2, before the rendezvous.
     Before, a missing RANK or MASTER_ADDR and a WORLD_SIZE that is not a number were tracebacks reported as bugs,
     and a RANK outside the world waited at the rendezvous for good."""
-    import longreel.trainer.policy as policy
-
     for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
-    (model / "model.safetensors").write_bytes(b"")
-
-    def no_load(*a, **k):
-        raise AssertionError("the policy was loaded")
-
-    monkeypatch.setattr(policy, "load_policy", no_load)
+    model = _model_never_loaded(tmp_path, monkeypatch)
     rc, _, err = _run(capsys, ["train", "grpo", "--set", f"model.path={model}", "--set",
                                f"run.out_dir={tmp_path / 'run'}", "--set", "data.source=synthetic"])
     assert rc == 2 and err.startswith(f"longreel train grpo: {says}"), err
@@ -402,18 +409,9 @@ def test_ranks_that_cannot_meet_are_one_line_after_dist_timeout_s(tmp_path, caps
     MASTER_ADDR): the launch, not a bug; and dist.timeout_s bounds the wait (the collective timeout of every group)."""
     import socket
 
-    import longreel.trainer.policy as policy
     from conftest import free_port
 
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
-    (model / "model.safetensors").write_bytes(b"")
-
-    def no_load(*a, **k):
-        raise AssertionError("the policy was loaded")
-
-    monkeypatch.setattr(policy, "load_policy", no_load)
+    model = _model_never_loaded(tmp_path, monkeypatch)
     argv = ["train", "sft", "--set", f"model.path={model}", "--set", f"run.out_dir={tmp_path / 'run'}", "--set",
             "data.source=synthetic", "--set", "data.batch_size=2", "--set", "dist.timeout_s=2"]
     port = free_port()
