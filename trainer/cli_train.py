@@ -25,7 +25,9 @@ over). One run at a time per run.out_dir (RUN/.longreel-train.lock); RUN/config.
 model.path, the shards (and their room in the cache), the launch and the machine are checked before the model loads
 (exit 2). Multi-process data parallel:
   torchrun --nproc_per_node 2 -m longreel train grpo --config train.yaml
-(gloo on CPU, NCCL on GPU; dist.strategy=fsdp shards the model on GPU).
+(gloo on CPU, NCCL on GPU; dist.strategy=fsdp shards the model on GPU). Several nodes: torchrun on each with one
+--rdzv_endpoint, or one process per GPU (srun) with RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set
+(docs/TRAINER.md); run.out_dir must be one directory every node mounts (checked before step 1).
 Shards are loaded before step 1 (remote ones through a disk cache); --set data.stream=true reads them as a stream
 instead (shard order permuted per epoch, remote shards cached as they are reached), for data too large to fetch first.
 Outputs in run.out_dir: metrics.jsonl, tensorboard/, checkpoints/step-N/, final/ (save_pretrained). A step
