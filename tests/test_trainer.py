@@ -205,6 +205,10 @@ def test_plot_draws_png(tmp_path):
     drawn = plot_metrics([run], out)
     assert drawn == ["reward_mean", "loss"]
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # held-out accuracy, logged at the eval.every steps only, is drawn by default when the run evaluated
+    rows[1]["eval_accuracy"], rows[3]["eval_accuracy"] = 0.25, 0.5
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert plot_metrics([run], out) == ["reward_mean", "eval_accuracy", "loss"]
     with pytest.raises(ValueError):
         plot_metrics([run], out, keys=["nope"])
 

@@ -10,10 +10,11 @@ from longreel.trainer.logging_utils import read_metrics
 
 __all__ = ["plot_metrics", "DEFAULT_KEYS"]
 
+# eval_accuracy: held-out accuracy, logged every eval.every steps (drawn when the run evaluated)
 DEFAULT_KEYS = {
-    "grpo": ("reward_mean", "accuracy", "format_rate", "groups_with_signal", "response_len_mean", "loss", "clip_frac",
-             "kl", "grad_norm", "tokens_per_s", "time_step"),
-    "sft": ("loss", "grad_norm", "lr", "tokens_per_s"),
+    "grpo": ("reward_mean", "accuracy", "eval_accuracy", "format_rate", "groups_with_signal", "response_len_mean",
+             "loss", "clip_frac", "kl", "grad_norm", "tokens_per_s", "time_step"),
+    "sft": ("loss", "eval_accuracy", "grad_norm", "lr", "tokens_per_s"),
 }
 
 
