@@ -105,7 +105,7 @@ TRAIN_LATER_KEYS = (("dist", "fsdp_param_dtype"), ("dist", "fsdp_reduce_dtype"),
                     ("rollout", "vllm_prefix_caching"), ("rollout", "vllm_sleep_level"), ("eval", "batch_size"),
                     ("model", "packed_row_attention"), ("grpo", "dynamic_sampling"), ("grpo", "max_draws"),
                     ("data", "cache_remote"), ("data", "cache_dir"), ("data", "stream"), ("data", "shuffle_buffer"),
-                    ("data", "fetch_retries"))
+                    ("data", "fetch_retries"), ("run", "stop_signals"))
 
 
 def _hash_of_dataclass_era_keys(cfg, later_keys=LATER_KEYS, later_defaults=None) -> str:

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch  # noqa: F401
@@ -66,9 +67,11 @@ def test_torchrun_two_ranks_match_one_process(tmp_path):
 
 
 
-def _launch_like_srun(sets: list[str], timeout: int = 300, cwds=(REPO, REPO)) -> list[tuple[int, str]]:
+def _launch_like_srun(sets: list[str], timeout: int = 300, cwds=(REPO, REPO),
+                      meanwhile=None) -> list[tuple[int, str]]:
     """``longreel train sft`` on 2 ranks started the way ``srun`` starts them, each on its own with RANK and
-    WORLD_SIZE set, so that no launcher stops the others when one exits; (exit code, stderr) of each."""
+    WORLD_SIZE set, so that no launcher stops the others when one exits; (exit code, stderr) of each.
+    ``meanwhile(ranks)`` is called with the 2 processes once they are started."""
     env = _env(WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     argv = [sys.executable, "-m", "longreel", "train", "sft"]
     for s in ("run.progress=false", "run.threads=1", "run.tensorboard=false", *sets):
@@ -76,6 +79,13 @@ def _launch_like_srun(sets: list[str], timeout: int = 300, cwds=(REPO, REPO)) ->
     ranks = [subprocess.Popen(argv, cwd=cwds[r], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in (0, 1)]
     results = []
+    if meanwhile is not None:
+        try:
+            meanwhile(ranks)
+        except BaseException:
+            for p in ranks:
+                p.kill()
+            raise
     try:
         for p in ranks:
             try:
@@ -126,6 +136,37 @@ def test_a_run_dir_the_ranks_do_not_share_stops_every_rank(tmp_path):
         assert rc == 2 and "run.out_dir 'run' is not the same directory for every rank: rank 1 on" in err, err[-3000:]
         assert "finds no run lock there, not rank 0's (pid" in err and "Traceback" not in err, err[-3000:]
     assert not (nodes[0] / "run" / LOCK_NAME).exists() and not (nodes[0] / "run" / "metrics.jsonl").exists()
+
+
+def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step(tmp_path):
+    """Slurm signals every task, but not at the same instant, and a rank may miss it (a node's own preemption):
+    SIGUSR1 to rank 1 alone stops both ranks after the same step, with one checkpoint holding both ranks' states,
+    and both exit 138. Before, rank 1 died in its step and rank 0 failed (or waited) at its next collective."""
+    import signal
+
+    from longreel.trainer.checkpoint import latest_checkpoint
+
+    model = build_tiny_qwen2vl(tmp_path / "m", seed=0)
+    out = tmp_path / "run"
+
+    def signal_rank_1(ranks):
+        deadline = time.monotonic() + 300
+        while not (out / "metrics.jsonl").exists() or len(read_metrics(out / "metrics.jsonl")) < 2:
+            assert all(p.poll() is None for p in ranks) and time.monotonic() < deadline, "no two steps"
+            time.sleep(0.05)
+        os.kill(ranks[1].pid, signal.SIGUSR1)
+
+    results = _launch_like_srun([f"model.path={model}", f"run.out_dir={out}", "run.steps=100000", "run.save_every=0",
+                                 "data.source=synthetic", "data.synthetic_train=8", "data.batch_size=2"],
+                                meanwhile=signal_rank_1)
+    n = read_metrics(out / "metrics.jsonl")[-1]["step"]
+    for rank, (rc, err) in enumerate(results):
+        assert rc == 128 + signal.SIGUSR1 and "Traceback" not in err, (rank, err[-3000:])
+    assert f"stopped after step {n} on SIGUSR1" in results[0][1]
+    ckpt = latest_checkpoint(out / "checkpoints")
+    assert ckpt.name == f"step-{n:06d}" and 2 <= n < 100000
+    assert {p.name.split(".")[0] for p in ckpt.glob("rng-rank*")} == {"rng-rank0", "rng-rank1"}
+    assert not (out / "final").exists()
 
 
 def test_unreadable_held_out_shards_stop_every_rank_with_one_line(tmp_path):

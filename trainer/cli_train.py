@@ -28,6 +28,10 @@ model.path, the shards (and their room in the cache), the launch and the machine
 (gloo on CPU, NCCL on GPU; dist.strategy=fsdp shards the model on GPU). Several nodes: torchrun on each with one
 --rdzv_endpoint, or one process per GPU (srun) with RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set
 (docs/TRAINER.md); run.out_dir must be one directory every node mounts (checked before step 1).
+SIGTERM or SIGUSR1 (run.stop_signals; Slurm preemption, scancel, sbatch --signal=USR1@300, Kubernetes, torchrun's
+shutdown) stops the run after the step in flight with a checkpoint, exit 128 + the signal's number; a second
+signal stops it at once. torchrun forwards SIGTERM to the ranks and kills them --shutdown_timeout seconds later
+(default 30: give the save time); it forwards SIGUSR1 with --signals_to_handle SIGTERM,SIGINT,SIGUSR1.
 Shards are loaded before step 1 (remote ones through a disk cache); --set data.stream=true reads them as a stream
 instead (shard order permuted per epoch, remote shards cached as they are reached), for data too large to fetch first.
 Outputs in run.out_dir: metrics.jsonl, tensorboard/, checkpoints/step-N/, final/ (save_pretrained). A step
@@ -102,9 +106,18 @@ def main(args, extra: list[str]) -> int:
         return 2
     import os
 
-    if int(os.environ.get("RANK", "0")) == 0:
+    main_rank = int(os.environ.get("RANK", "0")) == 0
+    if main_rank:
         print(json.dumps({k: v for k, v in result.items() if isinstance(v, (int, float, str, bool))}, sort_keys=True))
-    return 0
+    if "signal" not in result:
+        return 0
+    # a run cut short by the scheduler is not a finished one: a job chain must not go on to use final/
+    import signal
+
+    if main_rank:
+        print(f"longreel train {args.stage}: stopped after step {result['step']} on {result['signal']}, with a "
+              f"checkpoint in {cfg.run.out_dir}/checkpoints; the same command resumes the run", file=sys.stderr)
+    return 128 + int(signal.Signals[result["signal"]])
 
 
 def plot(args) -> int:

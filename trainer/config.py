@@ -7,6 +7,7 @@ sections it needs. Load with ``longreel.schemas.config.load_yaml(TrainConfig, pa
 from __future__ import annotations
 
 from longreel.schemas.config import ConfigError, ConfigModel, cfg
+from longreel.trainer.stop_signals import parse_signal
 
 __all__ = [
     "ModelConfig", "DataConfig", "OptimConfig", "RolloutConfig", "GRPOConfig", "SFTConfig", "RunConfig",
@@ -157,6 +158,12 @@ class RunConfig(ConfigModel):
     stop_after: int = cfg(0, "Stop once this step is done (after saving a checkpoint), as if interrupted; 0: run "
                              "to run.steps. The schedule still follows run.steps, so a resumed run continues it.")
     dump_grads: str = cfg("", "Debug: write the step-1 (post all-reduce) gradients to this safetensors file.")
+    stop_signals: list[str] = cfg(default_factory=lambda: ["SIGTERM", "SIGUSR1"],
+                                  help="Signals that stop the run cleanly: the step in flight ends, a checkpoint is "
+                                       "saved, and the command exits with 128 + the signal's number; the same "
+                                       "command resumes. A second signal acts at once. SIGTERM: Slurm preemption "
+                                       "or scancel, Kubernetes, torchrun's shutdown; SIGUSR1: sbatch --signal=USR1@"
+                                       "300. []: none.")
 
 
 class DistConfig(ConfigModel):
@@ -295,6 +302,11 @@ class TrainConfig(ConfigModel):
         need(self.run.keep_checkpoints >= 1, "run.keep_checkpoints must be >= 1")
         need(self.run.threads >= 0, "run.threads must be >= 0")
         need(self.run.log_every >= 1, "run.log_every must be >= 1")
+        for name in self.run.stop_signals:
+            try:
+                parse_signal(name)
+            except ValueError as e:
+                raise ConfigError(f"run.stop_signals: {e}") from None
         need(self.run.device in ("auto", "cpu", "cuda"), "run.device must be auto, cpu or cuda")
         need(self.sft.max_items >= 0 and self.sft.epochs >= 1, "sft.max_items >= 0 and sft.epochs >= 1")
         need(self.mrsp.sp_size >= 1, "mrsp.sp_size must be >= 1")

@@ -41,6 +41,7 @@ import logging
 import math
 import os
 import random
+import signal
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -53,6 +54,7 @@ from longreel.trainer.activation_checkpointing import enable_checkpointing
 from longreel.trainer.config import DataConfig, OptimConfig
 from longreel.trainer.preflight import InputCheckError, read_launch
 from longreel.trainer.run_lock import RunLock, seen_as_rank_0_sees
+from longreel.trainer.stop_signals import StopSignals
 
 __all__ = ["DistInfo", "init_distributed", "init_sp_groups", "sum_gradients", "all_gather_objects", "first_problem",
            "all_reduce_sum", "all_reduce_max", "fsdp_mixed_precision", "shard_fsdp",
@@ -484,27 +486,31 @@ class TrainSession:
         self.model.train()
         self.out_dir = Path(cfg.run.out_dir)
         self.ckpt_root = self.out_dir / "checkpoints"
+        self.take_run_lock()
+        try:
+            self._start(cfg, stage, items, total_steps)
+        except BaseException:
+            self.release_lock()
+            raise
+
+    def take_run_lock(self) -> None:
+        """Rank 0 takes ``run.out_dir``'s lock; every other rank then looks for rank 0's lock record in its own
+        ``run.out_dir``, to find a directory that is not one for every rank. Either problem stops every rank, so that
+        none is left waiting for rank 0."""
         self.lock, taken = None, None
         if self.info.is_main:
             try:
                 self.lock = RunLock(self.out_dir).acquire()
             except InputCheckError as e:
                 taken = str(e)
-        taken = first_problem(taken, self.info)
-        if taken is not None:  # on every rank, so that none is left waiting for rank 0
+        taken, record = all_gather_objects((taken, self.lock.record if self.lock else None), self.info)[0]
+        if taken is not None:
             raise InputCheckError(taken)
-        if self.info.enabled:
-            record = all_gather_objects(self.lock.record if self.lock else None, self.info)[0]
-            unshared = None if self.info.is_main else seen_as_rank_0_sees(self.out_dir, record, self.info.rank)
-            unshared = first_problem(unshared, self.info)
-            if unshared is not None:
-                self.release_lock()
-                raise InputCheckError(unshared)
-        try:
-            self._start(cfg, stage, items, total_steps)
-        except BaseException:
+        unshared = None if self.info.is_main else seen_as_rank_0_sees(self.out_dir, record, self.info.rank)
+        unshared = first_problem(unshared, self.info)
+        if unshared is not None:
             self.release_lock()
-            raise
+            raise InputCheckError(unshared)
 
     def _start(self, cfg, stage: str, items, total_steps) -> None:
         """Items, data order, optimizer, schedule, the checkpoint to resume and the logs (under the run's lock)."""
@@ -781,10 +787,11 @@ class TrainSession:
             raise InputCheckError(problem)
         return items
 
-    def maybe_save(self) -> bool:
-        """Save on the schedule; return True when the run should stop now (run.stop_after)."""
+    def maybe_save(self, signalled: bool = False) -> bool:
+        """Save on the schedule; return True when the run should stop now (run.stop_after, or ``signalled``: a
+        signal of run.stop_signals reached a rank)."""
         every = self.cfg.run.save_every
-        stop = bool(self.cfg.run.stop_after) and self.step >= self.cfg.run.stop_after
+        stop = signalled or (bool(self.cfg.run.stop_after) and self.step >= self.cfg.run.stop_after)
         if (every and self.step % every == 0) or stop:
             self.save()
         return stop
@@ -828,17 +835,26 @@ class TrainSession:
     def run_steps(self, step: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         """Call ``step()`` until ``total_steps`` (evaluating, logging and checkpointing as configured); return the
         last step's metrics with ``step`` and ``final`` (the save_pretrained dir), or ``stopped`` when
-        ``run.stop_after`` ended the run early. The caller closes the session."""
+        ``run.stop_after`` or a signal of ``run.stop_signals`` (then also ``signal``, its name) ended the run early.
+        The caller closes the session."""
         last: dict[str, Any] = {}
-        while self.step < self.total_steps:
-            last = step()
-            last.update(self.maybe_eval())
-            if self.step % self.cfg.run.log_every == 0 or self.step == self.total_steps:
-                self.logger.log(self.step, last)
-            self.logger.advance()
-            if self.maybe_save():
-                return {"step": self.step, "stopped": True, **last}
-        final = self.finish() if self.cfg.run.save_final else None
+        with StopSignals(self.cfg.run.stop_signals) as signals:
+            while self.step < self.total_steps:
+                last = step()
+                last.update(self.maybe_eval())
+                if self.step % self.cfg.run.log_every == 0 or self.step == self.total_steps:
+                    self.logger.log(self.step, last)
+                self.logger.advance()
+                # every rank asks after every step, so that all stop after the same one whichever got the signal
+                number = all_reduce_max(int(signals.received or 0), self.info)
+                received = signal.Signals(number).name if number else None
+                if received is not None and self.info.is_main:
+                    log.warning("%s received: saving a checkpoint after step %d, then stopping (run the same "
+                                "command to resume)", received, self.step)
+                if self.maybe_save(signalled=received is not None):
+                    return {"step": self.step, "stopped": True, **last,
+                            **({"signal": received} if received is not None else {})}
+            final = self.finish() if self.cfg.run.save_final else None
         return {"step": self.step, "final": final, **last}
 
     def release_lock(self) -> None:
