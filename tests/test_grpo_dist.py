@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -142,31 +143,59 @@ def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step(tmp_path):
     """Slurm signals every task, but not at the same instant, and a rank may miss it (a node's own preemption):
     SIGUSR1 to rank 1 alone stops both ranks after the same step, with one checkpoint holding both ranks' states,
     and both exit 138. Before, rank 1 died in its step and rank 0 failed (or waited) at its next collective."""
-    import signal
-
-    from longreel.trainer.checkpoint import latest_checkpoint
-
     model = build_tiny_qwen2vl(tmp_path / "m", seed=0)
     out = tmp_path / "run"
-
-    def signal_rank_1(ranks):
-        deadline = time.monotonic() + 300
-        while not (out / "metrics.jsonl").exists() or len(read_metrics(out / "metrics.jsonl")) < 2:
-            assert all(p.poll() is None for p in ranks) and time.monotonic() < deadline, "no two steps"
-            time.sleep(0.05)
-        os.kill(ranks[1].pid, signal.SIGUSR1)
-
     results = _launch_like_srun([f"model.path={model}", f"run.out_dir={out}", "run.steps=100000", "run.save_every=0",
                                  "data.source=synthetic", "data.synthetic_train=8", "data.batch_size=2"],
-                                meanwhile=signal_rank_1)
-    n = read_metrics(out / "metrics.jsonl")[-1]["step"]
+                                meanwhile=lambda ranks: _after_two_steps(out, ranks, ranks[1], signal.SIGUSR1))
     for rank, (rc, err) in enumerate(results):
         assert rc == 128 + signal.SIGUSR1 and "Traceback" not in err, (rank, err[-3000:])
+    n = _stopped_with_both_ranks_saved(out)
     assert f"stopped after step {n} on SIGUSR1" in results[0][1]
+
+
+def test_torchrun_forwards_sigterm_and_every_rank_saves(tmp_path):
+    """SIGTERM to torchrun (what Kubernetes or Slurm send the job's launcher): torchrun sends it on to the ranks
+    and waits --shutdown_timeout seconds; the ranks end their step and save. torchrun itself then exits 1 with its
+    own traceback (torch's behaviour, not longreel's)."""
+    model = build_tiny_qwen2vl(tmp_path / "m", seed=0)
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+            "--master_port", str(free_port()), "-m", "longreel", "train", "sft"]
+    for s in (f"model.path={model}", f"run.out_dir={out}", "run.steps=100000", "run.save_every=0",
+              "run.progress=false", "run.threads=1", "run.tensorboard=false", "data.source=synthetic",
+              "data.synthetic_train=8", "data.batch_size=2"):
+        argv += ["--set", s]
+    proc = subprocess.Popen(argv, cwd=REPO, env=_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        _after_two_steps(out, [proc], proc, signal.SIGTERM)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+        proc.wait()
+    n = _stopped_with_both_ranks_saved(out)
+    assert f"stopped after step {n} on SIGTERM" in err, err[-3000:]
+
+
+def _after_two_steps(out: Path, procs, target, sig) -> None:
+    """Send ``sig`` to ``target`` once the run in ``out`` has logged two steps, so that it lands in a step."""
+    deadline = time.monotonic() + 300
+    while not (out / "metrics.jsonl").exists() or len(read_metrics(out / "metrics.jsonl")) < 2:
+        assert all(p.poll() is None for p in procs) and time.monotonic() < deadline, "no two steps"
+        time.sleep(0.05)
+    os.kill(target.pid, sig)
+
+
+def _stopped_with_both_ranks_saved(out: Path) -> int:
+    """The step the run in ``out`` stopped after, checking that its checkpoint holds both ranks' states."""
+    from longreel.trainer.checkpoint import latest_checkpoint
+
+    n = read_metrics(out / "metrics.jsonl")[-1]["step"]
     ckpt = latest_checkpoint(out / "checkpoints")
     assert ckpt.name == f"step-{n:06d}" and 2 <= n < 100000
     assert {p.name.split(".")[0] for p in ckpt.glob("rng-rank*")} == {"rng-rank0", "rng-rank1"}
     assert not (out / "final").exists()
+    return n
 
 
 def test_unreadable_held_out_shards_stop_every_rank_with_one_line(tmp_path):

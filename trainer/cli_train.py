@@ -31,7 +31,7 @@ model.path, the shards (and their room in the cache), the launch and the machine
 SIGTERM or SIGUSR1 (run.stop_signals; Slurm preemption, scancel, sbatch --signal=USR1@300, Kubernetes, torchrun's
 shutdown) stops the run after the step in flight with a checkpoint, exit 128 + the signal's number; a second
 signal stops it at once. torchrun forwards SIGTERM to the ranks and kills them --shutdown_timeout seconds later
-(default 30: give the save time); it forwards SIGUSR1 with --signals_to_handle SIGTERM,SIGINT,SIGUSR1.
+(default 30: give the save time); it forwards SIGUSR1 only with --signals_to_handle SIGTERM,SIGINT,SIGUSR1.
 Shards are loaded before step 1 (remote ones through a disk cache); --set data.stream=true reads them as a stream
 instead (shard order permuted per epoch, remote shards cached as they are reached), for data too large to fetch first.
 Outputs in run.out_dir: metrics.jsonl, tensorboard/, checkpoints/step-N/, final/ (save_pretrained). A step
