@@ -69,7 +69,9 @@ class StopSignals:
 
     def _restore(self) -> None:
         for sig, previous in self._previous.items():
-            signal.signal(sig, previous)
+            # None: a handler set outside Python (a C library), which Python cannot set again; the default is the
+            # nearest it can give back
+            signal.signal(sig, signal.SIG_DFL if previous is None else previous)
         self._previous.clear()
 
     def __exit__(self, *exc) -> None:
