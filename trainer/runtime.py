@@ -749,8 +749,9 @@ class TrainSession:
     def maybe_eval(self) -> dict[str, float]:
         """Held-out greedy accuracy every ``eval.every`` steps. Every rank decodes its share of the items (every
         ``world``-th one, on gathered weights under FSDP) and rank 0 puts the records together in item order: the
-        result of one process evaluating them all, in 1/world of its time. Before, rank 0 evaluated alone while the
-        others waited at their next collective."""
+        result of one process evaluating them all, each rank decoding 1/world of the items (``longreel eval``, which
+        shares them the same way, measured in ``benchmarks/eval_shares.py``). Before, rank 0 evaluated alone while
+        the others waited at their next collective."""
         every = self.cfg.eval.every
         if not every or self.step % every:
             return {}
