@@ -36,6 +36,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def signal_after_two_steps(run_dir: Path, procs, target, sig: int) -> None:
+    """Send ``sig`` to ``target`` once the training run in ``run_dir`` has logged two steps, so that it lands in a
+    step; fail when one of ``procs`` (the run's processes) ends first."""
+    import time
+
+    deadline = time.monotonic() + 300
+    while True:
+        try:
+            with open(Path(run_dir) / "metrics.jsonl", encoding="utf-8") as fh:
+                if sum(line.endswith("\n") for line in fh) >= 2:  # whole lines only: one may be half written
+                    break
+        except FileNotFoundError:
+            pass
+        assert all(p.poll() is None for p in procs), "the run ended before its second step"
+        assert time.monotonic() < deadline, "no two steps in 300 s"
+        time.sleep(0.05)
+    os.kill(target.pid, sig)
+
+
 def load_benchmark(name: str):
     """``benchmarks/<name>.py`` as a module (the benchmarks are scripts, not a package)."""
     import importlib.util

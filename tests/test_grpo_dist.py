@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch  # noqa: F401
@@ -18,7 +17,7 @@ from safetensors.torch import load_file  # noqa: E402
 
 from longreel.trainer.logging_utils import read_metrics  # noqa: E402
 from longreel.testing.tiny_model import build_tiny_qwen2vl  # noqa: E402
-from conftest import free_port  # noqa: E402
+from conftest import free_port, signal_after_two_steps  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -147,7 +146,7 @@ def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step(tmp_path):
     out = tmp_path / "run"
     results = _launch_like_srun([f"model.path={model}", f"run.out_dir={out}", "run.steps=100000", "run.save_every=0",
                                  "data.source=synthetic", "data.synthetic_train=8", "data.batch_size=2"],
-                                meanwhile=lambda ranks: _after_two_steps(out, ranks, ranks[1], signal.SIGUSR1))
+                                meanwhile=lambda ranks: signal_after_two_steps(out, ranks, ranks[1], signal.SIGUSR1))
     for rank, (rc, err) in enumerate(results):
         assert rc == 128 + signal.SIGUSR1 and "Traceback" not in err, (rank, err[-3000:])
     n = _stopped_with_both_ranks_saved(out)
@@ -168,22 +167,13 @@ def test_torchrun_forwards_sigterm_and_every_rank_saves(tmp_path):
         argv += ["--set", s]
     proc = subprocess.Popen(argv, cwd=REPO, env=_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        _after_two_steps(out, [proc], proc, signal.SIGTERM)
+        signal_after_two_steps(out, [proc], proc, signal.SIGTERM)
         _, err = proc.communicate(timeout=300)
     finally:
         proc.kill()
         proc.wait()
     n = _stopped_with_both_ranks_saved(out)
     assert f"stopped after step {n} on SIGTERM" in err, err[-3000:]
-
-
-def _after_two_steps(out: Path, procs, target, sig) -> None:
-    """Send ``sig`` to ``target`` once the run in ``out`` has logged two steps, so that it lands in a step."""
-    deadline = time.monotonic() + 300
-    while not (out / "metrics.jsonl").exists() or len(read_metrics(out / "metrics.jsonl")) < 2:
-        assert all(p.poll() is None for p in procs) and time.monotonic() < deadline, "no two steps"
-        time.sleep(0.05)
-    os.kill(target.pid, sig)
 
 
 def _stopped_with_both_ranks_saved(out: Path) -> int:

@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ from longreel.trainer.config import TrainConfig  # noqa: E402
 from longreel.trainer.logging_utils import read_metrics  # noqa: E402
 from longreel.trainer.stop_signals import StopSignals, parse_signal  # noqa: E402
 from longreel.testing.tiny_model import build_tiny_qwen2vl  # noqa: E402
+from conftest import signal_after_two_steps  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -40,7 +40,11 @@ def test_signal_names_are_checked_in_the_config():
 
 def test_the_first_signal_is_noted_and_the_second_acts_as_before():
     seen: list[int] = []
-    before = signal.signal(signal.SIGUSR1, lambda signum, frame: seen.append(signum))
+
+    def prior(signum, frame):
+        seen.append(signum)
+
+    before = signal.signal(signal.SIGUSR1, prior)
     try:
         with StopSignals(["SIGUSR1", "SIGUSR2"]) as stops:
             assert stops.received is None
@@ -48,9 +52,9 @@ def test_the_first_signal_is_noted_and_the_second_acts_as_before():
             assert stops.received is signal.SIGUSR1 and seen == []
             os.kill(os.getpid(), signal.SIGUSR1)  # the handler that was there before gets it
             assert seen == [signal.SIGUSR1] and stops.received is signal.SIGUSR1
-        with StopSignals(["SIGUSR1"]) as stops:
+        with StopSignals(["SIGUSR1", "usr1"]) as stops:  # named twice: still the handler before is put back
             pass
-        assert signal.getsignal(signal.SIGUSR1) is not stops._note  # put back on the way out too
+        assert signal.getsignal(signal.SIGUSR1) is prior  # put back on the way out too
         os.kill(os.getpid(), signal.SIGUSR1)
         assert seen == [signal.SIGUSR1] * 2
     finally:
@@ -64,20 +68,7 @@ def _sets(model: str, out: Path, steps: int) -> list[str]:
 
 
 def _steps_logged(run: Path) -> list[int]:
-    try:
-        return [r["step"] for r in read_metrics(run / "metrics.jsonl")]
-    except (FileNotFoundError, ValueError):  # not written yet, or a line being written
-        return []
-
-
-def _signal_after_two_steps(proc: subprocess.Popen, run: Path, sig: int, target: int | None = None) -> None:
-    """Send ``sig`` to ``target`` (default: ``proc``) once ``run`` has logged two steps, so that it lands in a step."""
-    deadline = time.monotonic() + 300
-    while len(_steps_logged(run)) < 2:
-        assert proc.poll() is None, f"the run ended before its second step:\n{proc.communicate()[1][-3000:]}"
-        assert time.monotonic() < deadline, "no two steps in 300 s"
-        time.sleep(0.05)
-    os.kill(target or proc.pid, sig)
+    return [r["step"] for r in read_metrics(run / "metrics.jsonl")]
 
 
 def test_a_run_stopped_by_sigterm_resumes_as_if_it_had_not_stopped(tmp_path):
@@ -95,7 +86,7 @@ def test_a_run_stopped_by_sigterm_resumes_as_if_it_had_not_stopped(tmp_path):
                OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     proc = subprocess.Popen(argv, cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        _signal_after_two_steps(proc, stopped, signal.SIGTERM)
+        signal_after_two_steps(stopped, [proc], proc, signal.SIGTERM)
         out, err = proc.communicate(timeout=300)
     finally:
         proc.kill()

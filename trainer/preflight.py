@@ -28,8 +28,9 @@ __all__ = ["InputCheckError", "check_model_dir", "check_shards", "check_cache_sp
 #: evaluation; none of them changes a training step's arithmetic (a different world size is warned about)
 RESUMABLE = ("run.out_dir", "run.steps", "run.stop_after", "run.save_every", "run.keep_checkpoints", "run.resume",
              "run.save_final", "run.log_every", "run.tensorboard", "run.progress", "run.threads", "run.device",
-             "run.dump_grads", "run.stop_signals", "data.eval_urls", "data.cache_remote", "data.cache_dir", "eval.", "dist.",
-             "data.fetch_retries", "mrsp.frozen_cache_mb", "mrsp.frozen_cache_offload", "mrsp.frozen_feature_dir")
+             "run.dump_grads", "run.stop_signals", "data.eval_urls", "data.cache_remote", "data.cache_dir", "eval.",
+             "dist.", "data.fetch_retries", "mrsp.frozen_cache_mb", "mrsp.frozen_cache_offload",
+             "mrsp.frozen_feature_dir")
 
 #: memory settings a resumed run may change too, to fit where the first run ran out of memory: each computes the same
 #: step, but to within floating-point rounding rather than bitwise (another decode batch, K/V from a store, activations

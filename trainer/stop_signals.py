@@ -28,7 +28,8 @@ UNCATCHABLE = ("SIGKILL", "SIGSTOP")
 
 
 def parse_signal(name: str) -> signal.Signals:
-    """``"SIGTERM"``, ``"TERM"`` or ``"15"`` -> ``signal.SIGTERM``; ValueError naming the choices otherwise."""
+    """``"SIGTERM"``, ``"TERM"`` or ``"15"`` -> ``signal.SIGTERM``; ValueError for a name this system does not have
+    and for a signal no process can handle."""
     text = name.strip().upper()
     try:
         sig = signal.Signals(int(text)) if text.isdigit() else signal.Signals[text if text.startswith("SIG")
@@ -47,7 +48,7 @@ class StopSignals:
     nothing, says so once, and the signals keep their previous behaviour."""
 
     def __init__(self, names: Sequence[str]):
-        self.signals = [parse_signal(n) for n in names]
+        self.signals = list(dict.fromkeys(parse_signal(n) for n in names))  # twice would save our own as previous
         self.received: signal.Signals | None = None
         self._previous: dict[signal.Signals, object] = {}
 
