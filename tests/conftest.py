@@ -55,6 +55,19 @@ def signal_after_two_steps(run_dir: Path, procs, target, sig: int) -> None:
     os.kill(target.pid, sig)
 
 
+def run_until_signalled(argv: list[str], run_dir: Path, sig: int, **popen) -> tuple[int, str, str]:
+    """Start the training command ``argv``, send it ``sig`` after its second step and wait for it: (exit code,
+    stdout, stderr)."""
+    proc = subprocess.Popen(argv, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)
+    try:
+        signal_after_two_steps(run_dir, [proc], proc, sig)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+        proc.wait()
+    return proc.returncode, out, err
+
+
 def load_benchmark(name: str):
     """``benchmarks/<name>.py`` as a module (the benchmarks are scripts, not a package)."""
     import importlib.util

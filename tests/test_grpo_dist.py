@@ -17,7 +17,7 @@ from safetensors.torch import load_file  # noqa: E402
 
 from longreel.trainer.logging_utils import read_metrics  # noqa: E402
 from longreel.testing.tiny_model import build_tiny_qwen2vl  # noqa: E402
-from conftest import free_port, signal_after_two_steps  # noqa: E402
+from conftest import free_port, run_until_signalled, signal_after_two_steps  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -165,13 +165,7 @@ def test_torchrun_forwards_sigterm_and_every_rank_saves(tmp_path):
               "run.progress=false", "run.threads=1", "run.tensorboard=false", "data.source=synthetic",
               "data.synthetic_train=8", "data.batch_size=2"):
         argv += ["--set", s]
-    proc = subprocess.Popen(argv, cwd=REPO, env=_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        signal_after_two_steps(out, [proc], proc, signal.SIGTERM)
-        _, err = proc.communicate(timeout=300)
-    finally:
-        proc.kill()
-        proc.wait()
+    _, _, err = run_until_signalled(argv, out, signal.SIGTERM, cwd=REPO, env=_env())
     n = _stopped_with_both_ranks_saved(out)
     assert f"stopped after step {n} on SIGTERM" in err, err[-3000:]
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from longreel.trainer.config import TrainConfig  # noqa: E402
 from longreel.trainer.logging_utils import read_metrics  # noqa: E402
 from longreel.trainer.stop_signals import StopSignals, parse_signal  # noqa: E402
 from longreel.testing.tiny_model import build_tiny_qwen2vl  # noqa: E402
-from conftest import signal_after_two_steps  # noqa: E402
+from conftest import run_until_signalled  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -84,16 +83,10 @@ def test_a_run_stopped_by_sigterm_resumes_as_if_it_had_not_stopped(tmp_path):
         argv += ["--set", s]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
                OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    proc = subprocess.Popen(argv, cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        signal_after_two_steps(stopped, [proc], proc, signal.SIGTERM)
-        out, err = proc.communicate(timeout=300)
-    finally:
-        proc.kill()
-        proc.wait()
+    rc, out, err = run_until_signalled(argv, stopped, signal.SIGTERM, cwd=REPO, env=env)
     steps = _steps_logged(stopped)
     n = steps[-1]
-    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert rc == 128 + signal.SIGTERM, err[-3000:]
     assert f"stopped after step {n} on SIGTERM, with a checkpoint in {stopped}/checkpoints; the same command " \
            "resumes the run" in err and "Traceback" not in err, err[-3000:]
     assert '"signal": "SIGTERM"' in out and '"stopped": true' in out
