@@ -29,6 +29,7 @@ from torch import Tensor
 
 from longreel.engines.kv_cache import cache_kwargs, output_cache
 from longreel.task.prompting import messages_for_qra
+from longreel.trainer.chunked_logprobs import chunked_token_logprobs
 from longreel.trainer.packed_responses import can_pack_responses, packed_response_logits, packed_row_logits
 from longreel.trainer.packed_row_attention import PACKED_ROW_MODES, use_packed_row_attention
 from longreel.trainer.vision_attention import VISION_ATTENTION, use_batched_vision_attention
@@ -36,7 +37,7 @@ from longreel.trainer.vision_attention import VISION_ATTENTION, use_batched_visi
 __all__ = [
     "VideoTokenMismatch", "PromptInputs", "VideoEmbeds", "load_policy", "resolve_dtype", "resolve_device",
     "prompt_messages", "encode_prompt", "encode_video", "sequence_logprobs", "sft_inputs", "video_token_id",
-    "shared_prefix_logprobs", "can_share_prompt", "token_logprobs", "check_video_features",
+    "shared_prefix_logprobs", "can_share_prompt", "token_logprobs", "first_and_rest_logprobs", "check_video_features",
 ]
 
 log = logging.getLogger("longreel.trainer")
@@ -316,11 +317,19 @@ def _repeat_extra(extra: Mapping[str, Tensor], n: int) -> dict[str, Tensor]:
 
 
 def token_logprobs(logits: Tensor, labels: Tensor, temperature: float = 1.0) -> Tensor:
-    """``log softmax(logits / temperature)`` ``[N, T, V]`` gathered at ``labels`` ``[N, T]``; fp32."""
-    logits = logits.float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    return torch.log_softmax(logits, dim=-1).gather(-1, labels.to(logits.device).unsqueeze(-1)).squeeze(-1)
+    """``log softmax(logits / temperature)`` ``[N, T, V]`` gathered at ``labels`` ``[N, T]``; fp32. A block of
+    positions at a time, keeping the logits as they came for the backward and no float32 copy of them
+    (``trainer.chunked_logprobs``)."""
+    return chunked_token_logprobs(logits, labels, temperature)
+
+
+def first_and_rest_logprobs(first: Tensor, rest: Tensor, labels: Tensor, temperature: float = 1.0) -> Tensor:
+    """``token_logprobs(torch.cat([first, rest], dim=1), labels)`` without concatenating the logits: ``first``
+    ``[N, 1, V]`` (the last prompt position's logits, often one row expanded), ``rest`` ``[N, T-1, V]``, ``labels``
+    ``[N, T]``. The same numbers, since each position's log-prob depends on its own logits only, and no copy of
+    ``[N, T, V]`` logits."""
+    return torch.cat([token_logprobs(first, labels[:, :1], temperature),
+                      token_logprobs(rest, labels[:, 1:], temperature)], dim=1)
 
 
 def can_share_prompt(model) -> bool:
@@ -363,13 +372,13 @@ def shared_prefix_logprobs(model, prefix_inputs: Mapping[str, Any], response_ids
     if pack_responses and can_pack_responses(model):
         rest = packed_response_logits(model, cache, response_ids[:, :-1], response_mask[:, :-1],
                                       response_position_ids[..., :-1])
-        return token_logprobs(torch.cat([first, rest], dim=1), response_ids, temperature)
+        return first_and_rest_logprobs(first, rest, response_ids, temperature)
     prefix_len = cache.get_seq_length()
     cache.batch_repeat_interleave(n)
     attn = torch.cat([response_mask.new_ones(n, prefix_len), response_mask[:, :-1]], dim=1)
     rest = model(input_ids=response_ids[:, :-1], attention_mask=attn, position_ids=response_position_ids[..., :-1],
                  use_cache=True, **cache_kwargs(cache)).logits
-    return token_logprobs(torch.cat([first, rest], dim=1), response_ids, temperature)
+    return first_and_rest_logprobs(first, rest, response_ids, temperature)
 
 
 def _packed_row_logprobs(model, prompt: PromptInputs, video_embeds: VideoEmbeds, prompt_positions: Tensor,

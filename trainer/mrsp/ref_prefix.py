@@ -67,7 +67,7 @@ class PrefixKVStore:
         for this model. No grad (the reference)."""
         from transformers import DynamicCache
 
-        from longreel.trainer.mrsp.reuse import build_inputs_embeds, token_logprobs
+        from longreel.trainer.mrsp.reuse import build_inputs_embeds, first_and_rest_logprobs, token_logprobs
 
         model = self.model
         split = video_prefix_length(model, prompt_ids)
@@ -108,7 +108,7 @@ class PrefixKVStore:
                 attn = torch.cat([response_mask.new_ones(n, length), response_mask[:, :-1]], dim=1)
                 logits = model(input_ids=response_ids[:, :-1], attention_mask=attn, position_ids=pos,
                                use_cache=True, **cache_kwargs(cache)).logits
-            return token_logprobs(torch.cat([first, logits], dim=1), response_ids, temperature)
+            return first_and_rest_logprobs(first, logits, response_ids, temperature)
 
     def _put(self, key: str, layers: list[tuple[Tensor, Tensor]]) -> None:
         size = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layers)

@@ -22,9 +22,11 @@ from torch import Tensor
 from longreel.engines.kv_cache import cache_kwargs, output_cache
 from longreel.trainer.packed_responses import can_pack_responses, packed_response_logits, packed_row_logits
 from longreel.trainer.positions import PromptPositions
-from longreel.trainer.policy import token_logprobs  # noqa: F401  (re-exported: one definition for every log-prob pass)
+# re-exported: one definition for every log-prob pass
+from longreel.trainer.policy import first_and_rest_logprobs, token_logprobs  # noqa: F401
 
-__all__ = ["build_inputs_embeds", "response_logprobs", "generate_with_features", "token_logprobs", "PromptGraph",
+__all__ = ["build_inputs_embeds", "response_logprobs", "generate_with_features", "token_logprobs",
+           "first_and_rest_logprobs", "PromptGraph",
            "mm_encoder_outputs", "policy_video_embeds"]
 
 
@@ -175,7 +177,7 @@ class PromptGraph:
             attn = torch.cat([response_mask.new_ones(n, self.length), response_mask[:, :-1]], dim=1)
             rest = model(input_ids=response_ids[:, :-1], attention_mask=attn, position_ids=pos,
                          use_cache=True, **cache_kwargs(cache)).logits
-        return token_logprobs(torch.cat([first, rest], dim=1), response_ids, temperature)
+        return first_and_rest_logprobs(first, rest, response_ids, temperature)
 
     def backward(self) -> None:
         """The micro-batches' accumulated gradient through the prompt's forward, once."""
