@@ -166,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
     for r in results:
         print(f"{r['case']}: peak extra {r['textbook']['peak_extra_bytes'] / 2**30:.2f} GiB (textbook) vs "
-              f"{r['chunked']['peak_extra_bytes'] / 2**30:.2f} GiB (chunked), x{r['peak_extra_ratio_textbook_over_chunked']};"
+              f"{r['chunked']['peak_extra_bytes'] / 2**30:.2f} GiB (chunked), "
+              f"x{r['peak_extra_ratio_textbook_over_chunked']};"
               f" time x{r['time_ratio_chunked_over_textbook']}; max |dlogp| {r['max_abs_diff_logprobs']:.2e}, "
               f"max |dgrad| {r['max_abs_diff_grad']:.2e}")
     return 0

@@ -54,7 +54,11 @@ def test_views_with_any_strides_are_read_in_place():
     # the first response token's logits expanded over N rows (stride 0), and logits sliced off a longer output
     first = torch.randn(1, 1, 40, requires_grad=True)
     labels = torch.randint(0, 40, (5, 1))
-    chunked_token_logprobs(first.expand(5, -1, -1), labels, block_elements=40).sum().backward()
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda x: saved.append(x) or x, lambda x: x):
+        lp = chunked_token_logprobs(first.expand(5, -1, -1), labels, block_elements=40)
+    assert [x.untyped_storage().data_ptr() for x in saved if x.dim() == 3] == [first.untyped_storage().data_ptr()]
+    lp.sum().backward()
     got = first.grad.clone()
     first.grad = None
     textbook(first.expand(5, -1, -1), labels, 1.0).sum().backward()

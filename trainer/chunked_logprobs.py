@@ -7,14 +7,14 @@ temperature and for the log-softmax; autograd keeps the log-softmax until the ba
 size. Measured at that vocabulary, its forward and backward raised the peak memory by 6.0 times the bf16 logits'
 bytes, and this module's by 1.6 times (most of it the logits' gradient).
 
-:func:`chunked_token_logprobs` gives the same numbers (to float32 rounding) with one block of positions in float32 at a time
-(``block_elements``, 64 Mi floats by default: 256 MB). For the backward it keeps the logits as they came, in the
-model's dtype, and the log-sum-exp of each position. The backward recomputes each block's softmax from them, writing
-the gradient into one tensor in the logits' dtype. The work is one more pass over the logits in the backward.
-Fused linear-cross-entropy kernels (Liger's, for example) go further and never make the logits, but they take the
-hidden states and the LM head instead of logits and need Triton on a GPU. The trainer gets its logits from the model in several
-ways (a shared prompt cache, packed rows, sequence-parallel prefill), so this works on the logits themselves, in
-plain torch, on any device.
+:func:`chunked_token_logprobs` gives the same numbers (to float32 rounding) with one block of positions in float32
+at a time (``block_elements``, 64 Mi floats by default: 256 MB). For the backward it keeps the logits as they came,
+in the model's dtype, and the log-sum-exp of each position. The backward recomputes each block's softmax from them,
+writing the gradient into one tensor in the logits' dtype. The work is one more pass over the logits in the
+backward. Fused linear-cross-entropy kernels (Liger's, for example) go further and never make the logits, but they
+take the hidden states and the LM head instead of logits and need Triton on a GPU. The trainer gets its logits from
+the model in several ways (a shared prompt cache, packed rows, sequence-parallel prefill), so this works on the
+logits themselves, in plain torch, on any device.
 
 Measured by ``benchmarks/logprob_memory.py`` (``benchmarks/results/logprob_memory.json``).
 """
