@@ -63,7 +63,7 @@ from longreel.task.rewards import score
 from longreel.trainer.rollout import RolloutGroup, SamplingConfig, make_engine, pad_responses
 from longreel.trainer.runtime import DistInfo, TrainSession, all_gather_objects, all_reduce_sum, rollout_seed
 
-__all__ = ["run_grpo", "GroupBatch", "grpo_group_loss"]
+__all__ = ["run_grpo", "GroupBatch", "grpo_group_loss", "sampled_nll_sums"]
 
 log = logging.getLogger("longreel.trainer")
 
@@ -88,6 +88,29 @@ class GroupBatch:
     old_from_rollout: bool = False  # MR-SP: old_logp are the rollout decode's own log-probs (no old pass)
     position: int = -1  # the prompt's position among the step's draws (what dynamic sampling keeps by)
     pad: bool = False  # FSDP lockstep only: its passes run at weight 0 and its tokens are not counted
+
+
+def sampled_nll_sums(batches: list[GroupBatch]) -> list[float]:
+    """[sum of -old_logp, token count] over the sampled response tokens of ``batches`` (``old_logp`` and
+    ``response_mask`` ``[G, T]``).
+
+    The mean, ``-E[log p(x)]`` over tokens ``x`` the policy sampled, is a Monte Carlo estimate of the policy's
+    per-token entropy at the sampling temperature: cheap (the old log-probs exist already, for every engine) where
+    the exact entropy would need each pass's full ``[N, T, V]`` softmax. A falling entropy is how a GRPO run's
+    collapse onto a few answers shows first. With ``rollout.top_p`` < 1 the samples come from the truncated
+    distribution, and the mean is its cross-entropy against the policy (at least the truncated entropy). Offline
+    rows (mix-policy targets: not sampled) and FSDP lockstep pads are left out; under dynamic sampling the batches
+    are the groups the update kept."""
+    total, tokens = 0.0, 0.0
+    for b in batches:
+        if b.pad or b.old_logp is None:
+            continue
+        on = b.response_mask.clone()
+        if b.offline:
+            on[-1] = 0
+        total += float(-(b.old_logp * on).sum())
+        tokens += float(on.sum())
+    return [total, tokens]
 
 
 def _replica_sum(value: float, info: DistInfo) -> float:
@@ -325,14 +348,14 @@ class GRPOTrainer:
                 batches = self._fill_with_signal(step, batches, stats, clock)
             t_reward = time.perf_counter()
             self.engine.release()  # its GPU memory to the passes below until the sync wakes it
-            sums_behav = self._old_and_ref_logprobs(batches)
+            sums_logp = self._old_and_ref_logprobs(batches)
             t_logprob = time.perf_counter()
         loss_total, sums, grad_norm, signal = self._update(step, batches)
         t_update = time.perf_counter()
         s.step = step
         times = {**clock, "time_logprob": t_logprob - t_reward, "time_update": t_update - t_logprob,
                  "time_step": t_update - t0}
-        return self._metrics(stats, sums, sums_behav, loss_total, grad_norm, signal, times)
+        return self._metrics(stats, sums, sums_logp, loss_total, grad_norm, signal, times)
 
     def _draw_and_score(self, step: int, draw: int, clock: dict, stats: dict | None = None):
         """The next batch of prompts from the loader, its rollouts and its scored groups. ``draw`` > 0 (dynamic
@@ -443,9 +466,10 @@ class GRPOTrainer:
                                       old_from_rollout=bool(g.behav_is_policy and behav is not None and not offline)))
         return batches, stats
 
-    def _old_and_ref_logprobs(self, batches: list[GroupBatch]) -> list[float]:
+    def _old_and_ref_logprobs(self, batches: list[GroupBatch]) -> dict[str, list[float]]:
         """The proximal (old) and reference log-probs of every response, without gradients, from the step's
-        video embeddings; returns [sum |old - engine|, tokens] over the engine-reported log-probs."""
+        video embeddings; returns ``behav``: [sum |old - engine|, tokens] over the engine-reported log-probs, and
+        ``nll``: [sum -old, tokens] over the sampled responses (``sampled_nll_sums``)."""
         cfg, model = self.cfg, self.sess.model
         sums_behav = [0.0, 0.0]
         with torch.no_grad():
@@ -477,7 +501,7 @@ class GRPOTrainer:
                     ref_emb = encode_video(self.ref, b.prompt)
                     b.ref_logp = sequence_logprobs(self.ref, b.prompt, b.response_ids, b.response_mask,
                                                    temperature=cfg.rollout.temperature, video_embeds=ref_emb)
-        return sums_behav
+        return {"behav": sums_behav, "nll": sampled_nll_sums(batches)}
 
     def _update(self, step: int, batches: list[GroupBatch]) -> tuple[float, dict, float, bool]:
         """``grpo.ppo_epochs`` passes of the clipped loss over the groups in ``optim.grad_accum`` chunks, one
@@ -551,12 +575,12 @@ class GRPOTrainer:
             self.engine.sync_weights(model, s.weights_for_engine())
         return loss_total, sums, grad_norm, signal
 
-    def _metrics(self, stats: dict, sums: dict, sums_behav: list[float], loss_total: float, grad_norm: float,
-                 signal: bool, times: dict) -> dict[str, Any]:
+    def _metrics(self, stats: dict, sums: dict, sums_logp: dict[str, list[float]], loss_total: float,
+                 grad_norm: float, signal: bool, times: dict) -> dict[str, Any]:
         """The step's metrics, global over ranks (an SP group's ranks saw the same prompts: counted once)."""
         s = self.sess
         gathered = all_gather_objects({"stats": stats, "sums": sums, "rejected": self.rejected,
-                                       "behav": sums_behav, "lead": s.info.sp_leader}, s.info)
+                                       **sums_logp, "lead": s.info.sp_leader}, s.info)
         gathered = [gth for gth in gathered if gth["lead"]]  # an SP group's ranks saw the same prompts: count once
         allv = lambda k: [v for gth in gathered for v in gth["stats"][k]]  # noqa: E731
         total = lambda k: sum(gth["sums"][k] for gth in gathered)  # noqa: E731
@@ -588,6 +612,9 @@ class GRPOTrainer:
             **self._dynamic_metrics(gathered),
             **group_metrics(merge_tallies(gth["stats"]["groups"] for gth in gathered)),
         }
+        nll_tokens = sum(gth["nll"][1] for gth in gathered)
+        if nll_tokens:
+            metrics["entropy_estimate"] = sum(gth["nll"][0] for gth in gathered) / nll_tokens
         behav_tokens = sum(gth["behav"][1] for gth in gathered)
         if behav_tokens:
             # mean |logp_trainer - logp_engine| on the sampled tokens: ~0 when the engine's weights are in sync

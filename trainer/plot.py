@@ -13,7 +13,7 @@ __all__ = ["plot_metrics", "DEFAULT_KEYS"]
 # eval_accuracy: held-out accuracy, logged every eval.every steps (drawn when the run evaluated)
 DEFAULT_KEYS = {
     "grpo": ("reward_mean", "accuracy", "eval_accuracy", "format_rate", "groups_with_signal", "response_len_mean",
-             "loss", "clip_frac", "kl", "grad_norm", "tokens_per_s", "time_step"),
+             "entropy_estimate", "loss", "clip_frac", "kl", "grad_norm", "tokens_per_s", "time_step"),
     "sft": ("loss", "eval_accuracy", "grad_norm", "lr", "tokens_per_s"),
 }
 
