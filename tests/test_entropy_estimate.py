@@ -71,7 +71,6 @@ def test_a_hotter_sampling_temperature_gives_a_higher_estimate(tiny, tmp_path, m
     assert min(h["entropy_estimate"] for h in hot) > max(c["entropy_estimate"] for c in cold)
 
 
-
 @pytest.mark.parametrize("mrsp", [False, True], ids=["plain", "mrsp"])
 def test_step_one_estimates_from_the_initial_policy_at_the_sampling_temperature(tiny, tmp_path, monkeypatch, mrsp):
     # whichever pass gave the old log-probs (the decode's own, or an old pass), they are the initial weights'
@@ -88,4 +87,5 @@ def test_step_one_estimates_from_the_initial_policy_at_the_sampling_temperature(
             total += float(-(logp * b.response_mask).sum())
             count += float(b.response_mask.sum())
     assert rows[0]["entropy_estimate"] == pytest.approx(total / count, rel=1e-5)
+    # and step 2 logs its own samples' estimate, not step 1's again
     assert rows[0]["entropy_estimate"] != pytest.approx(rows[1]["entropy_estimate"], rel=1e-5)
