@@ -105,6 +105,7 @@ def test_fsdp_two_ranks_match_one_process(tiny, tiny_tied, stream_index, tmp_pat
     if stage == "grpo":
         for k in ("reward_mean", "accuracy", "format_rate", "response_len_mean"):
             assert m1[0][k] == m2[0][k], k  # the same rollouts were sampled (on gathered weights) and scored
+        assert m2[0]["entropy_estimate"] == pytest.approx(m1[0]["entropy_estimate"], rel=1e-5)
 
 
 @pytest.mark.slow
@@ -135,6 +136,7 @@ def test_fsdp_with_sequence_parallel_matches_one_process(tiny, tmp_path, split):
               "groups_with_signal"):
         assert m1[0][k] == m2[0][k], k  # the same rollouts (each rank sampled its share), counted once
     assert abs(m1[0]["loss"] - m2[0]["loss"]) <= 1e-6
+    assert m2[0]["entropy_estimate"] == pytest.approx(m1[0]["entropy_estimate"], rel=1e-5)  # same samples
 
 
 @pytest.mark.slow

@@ -64,6 +64,8 @@ def test_torchrun_two_ranks_match_one_process(tmp_path):
               "reward_mean/colour", "reward_mean/count"):
         assert m1[0][k] == m2[0][k], k  # the same rollouts were sampled and scored (tallies summed over ranks)
     assert abs(m1[0]["loss"] - m2[0]["loss"]) <= 1e-6
+    e1, e2 = m1[0]["entropy_estimate"], m2[0]["entropy_estimate"]
+    assert abs(e1 - e2) <= 1e-5 * e1, (e1, e2)  # each rank's sums of its groups, added up
 
 
 
