@@ -39,6 +39,7 @@ video-language model on it (CoT-SFT, then GRPO).
 Run `longreel COMMAND --help` for a command's options. Pipeline commands accept standard
 Beam options after their own, e.g. `--runner DataflowRunner --project P --region R
 --temp_location gs://B/tmp --setup_file ./setup.py`; without --runner they run locally.
+An option that is neither the command's nor Beam's is an error (exit 2).
 """
 
 
@@ -78,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help_text, description=getattr(mod, "DESCRIPTION", help_text),
                             epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
         mod.add_arguments(sp)
-        sp.set_defaults(_module=mod)
+        # the command's own option strings: a misspelt one left over for Beam gets a suggestion from them
+        sp.set_defaults(_module=mod, _options=tuple(re.findall(r"--[\w-]+", sp.format_usage())))
     return parser
 
 

@@ -9,7 +9,7 @@ import time
 
 from longreel.pipelines.model_paths import check_model_paths, stage_models
 from longreel.pipelines.caption_config import BACKENDS, CaptionConfig
-from longreel.pipelines.cli_common import command_line, exit_code
+from longreel.pipelines.cli_common import command_line, exit_code, refuse_beam_args
 from longreel.schemas.config import ConfigError, config_hash, describe, dump_yaml, load_yaml
 
 log = logging.getLogger("longreel")
@@ -110,9 +110,7 @@ def main(args, beam_args: list[str]) -> int:
     if not args.clips_dir:
         print("longreel caption: --clips-dir is required", file=sys.stderr)
         return 2
-    unknown = [a for a in beam_args if not a.startswith("--")]
-    if unknown:
-        print(f"longreel caption: unexpected arguments {unknown}", file=sys.stderr)
+    if refuse_beam_args("caption", args, beam_args):
         return 2
     try:
         cfg = load_config(args)

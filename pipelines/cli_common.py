@@ -1,7 +1,10 @@
-"""What the pipeline subcommands share: a model stage's config from the command line, the command line they record
-and their exit code."""
+"""What the pipeline subcommands share: the check of the Beam options they pass on, a model stage's config from the
+command line, the command line they record and their exit code."""
 from __future__ import annotations
 
+import argparse
+import difflib
+import re
 import shlex
 import sys
 
@@ -26,6 +29,65 @@ def exit_code(name: str, doc: dict, products: list[str], out_dir: str) -> int:
     return EXIT_EMPTY
 
 
+def beam_args_error(beam_args: list[str], own_options=()) -> str | None:
+    """Why the arguments left over by a pipeline subcommand's own parser are not all Beam pipeline options, or None.
+
+    Beam drops an option it does not know with a warning ("Discarding unparseable args") and runs on, so a misspelt
+    option (``--workerz 2``, ``--run DataflowRunner``, ``--temp-location``) gave a run without it that exited 0: a
+    local run instead of a Dataflow job, the default instead of the value typed. The options known are those of
+    every Beam options class, the named runner's included; ``own_options`` (the subcommand's) serve suggestions."""
+    args = list(beam_args)
+    parser = _beam_parser()
+    try:
+        known, rest = parser.parse_known_args(args)
+    except argparse.ArgumentError as e:  # a Beam option with a bad value: one line, not Beam's whole usage
+        return f"bad Beam option: {e}"
+    if known.runner and _import_runner(known.runner):  # a runner module may add its own options class
+        known, rest = _beam_parser().parse_known_args(args)
+    options = [a for a in rest if a.startswith("-")]
+    if not options:
+        return f"unexpected arguments {rest}" if rest else None
+    candidates = sorted(set(own_options) | set(re.findall(r"--[\w-]+", parser.format_usage())))
+    named = []
+    for option in options:
+        flag = option.split("=", 1)[0]
+        near = difflib.get_close_matches(flag, candidates, n=1, cutoff=0.75)
+        named.append(flag + (f" (did you mean {near[0]}?)" if near else ""))
+    return (f"unknown option{'s' if len(named) > 1 else ''} {', '.join(named)}: neither an option of this command "
+            "nor a Beam pipeline option (Beam would drop it with a warning and run without it)")
+
+
+def _beam_parser() -> argparse.ArgumentParser:
+    """Beam's own parser of every pipeline options class imported so far (what ``PipelineOptions`` parses with),
+    raising ``ArgumentError`` on a bad value instead of exiting."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    parsers: list[argparse.ArgumentParser] = []
+    PipelineOptions([]).get_all_options(add_extra_args_fn=parsers.append)
+    parsers[0].exit_on_error = False
+    return parsers[0]
+
+
+def _import_runner(name: str) -> bool:
+    """Import the module of the runner ``name`` (what Beam does when the pipeline is made); False if it cannot be
+    made here, which the pipeline then reports."""
+    from apache_beam.runners.runner import create_runner
+
+    try:
+        create_runner(name)
+    except Exception:  # noqa: BLE001 - a missing extra or a bad name is the pipeline's to report, with its own words
+        return False
+    return True
+
+
+def refuse_beam_args(name: str, args, beam_args: list[str] | None) -> bool:
+    """Print why the leftover arguments of ``longreel NAME`` are refused, if they are; True then (exit 2)."""
+    error = beam_args_error(beam_args or [], getattr(args, "_options", ()))
+    if error is not None:
+        print(f"longreel {name}: {error}", file=sys.stderr)
+    return error is not None
+
+
 def model_stage_config(name: str, cls, args, section: str, beam_args: list[str] | None = None):
     """The config of a model stage run alone on an output directory (``longreel filter``, ``blind``, ``judge``):
     ``--show-config``, the required ``--out``, ``--model``/``--backend`` as overrides of the config file and
@@ -40,9 +102,7 @@ def model_stage_config(name: str, cls, args, section: str, beam_args: list[str] 
     if not args.out:
         print(f"longreel {name}: --out is required", file=sys.stderr)
         return None, 2
-    unknown = [a for a in beam_args or [] if not a.startswith("--")]
-    if unknown:
-        print(f"longreel {name}: unexpected arguments {unknown}", file=sys.stderr)
+    if beam_args is not None and refuse_beam_args(name, args, beam_args):
         return None, 2
     overrides = list(args.overrides) + ([f"model={args.model}"] if args.model else []) + \
         ([f"backend={args.backend}"] if args.backend else [])

@@ -11,6 +11,7 @@ import yaml
 
 from longreel.pipelines.config import CurateConfig
 from longreel.pipelines import heap, zygote
+from longreel.pipelines.cli_common import refuse_beam_args
 from longreel.pipelines.io.input_kinds import is_glob, is_remote, names_one_local_file
 from longreel.pipelines.zygote import default_workers
 from longreel.schemas.config import ConfigError, describe, load_yaml
@@ -96,10 +97,6 @@ def main(args, beam_args: list[str]) -> int:
     if not args.out:
         print("longreel curate: --out is required", file=sys.stderr)
         return 2
-    unknown = [a for a in beam_args if not a.startswith("--")]
-    if unknown:
-        print(f"longreel curate: unexpected arguments {unknown}", file=sys.stderr)
-        return 2
     try:
         overrides = list(args.overrides)
         if args.demo or not args.inputs:
@@ -117,6 +114,9 @@ def main(args, beam_args: list[str]) -> int:
         zygote.prestart()
     try:
         with heap.paused():  # start-up without collections; the run turns them back on (see _run_locked)
+            # after the zygote's start: the check imports Beam, which the zygote then imports beside it
+            if refuse_beam_args("curate", args, beam_args):
+                return 2
             return _run(args, beam_args, cfg, workers)
     finally:
         zygote.discard()  # unless the run adopted it

@@ -74,7 +74,7 @@ def run_judge(out_dir: str, cfg: JudgeConfig, beam_args: list[str] | None = None
 
 
 def main(args, beam_args: list[str]) -> int:
-    cfg, done = model_stage_config("judge", JudgeConfig, args, "judge", beam_args=None)
+    cfg, done = model_stage_config("judge", JudgeConfig, args, "judge", beam_args)
     if cfg is None:
         return done
     check_model_paths(stage_models("judge", cfg), beam_args or [])  # a missing path: exit 2, nothing written

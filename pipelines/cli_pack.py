@@ -6,7 +6,7 @@ import json
 import logging
 import sys
 
-from longreel.pipelines.cli_common import command_line, exit_code
+from longreel.pipelines.cli_common import command_line, exit_code, refuse_beam_args
 from longreel.pipelines.pack.config import PackConfig
 from longreel.schemas.config import ConfigError, describe, load_yaml
 
@@ -44,9 +44,7 @@ def main(args, beam_args: list[str]) -> int:
     if not args.out:
         print("longreel pack: OUT is required", file=sys.stderr)
         return 2
-    unknown = [a for a in beam_args if not a.startswith("--")]
-    if unknown:
-        print(f"longreel pack: unexpected arguments {unknown}", file=sys.stderr)
+    if refuse_beam_args("pack", args, beam_args):
         return 2
     try:
         cfg = load_yaml(PackConfig, args.config, args.overrides, section="pack")

@@ -8,7 +8,7 @@ import sys
 import time
 
 from longreel.pipelines.model_paths import check_model_paths, stage_models
-from longreel.pipelines.cli_common import command_line, exit_code
+from longreel.pipelines.cli_common import command_line, exit_code, refuse_beam_args
 from longreel.pipelines.qra_config import BACKENDS, QRAConfig
 from longreel.schemas.config import ConfigError, config_hash, describe, dump_yaml, load_yaml
 
@@ -114,9 +114,7 @@ def main(args, beam_args: list[str]) -> int:
     if not args.out:
         print("longreel qra: --out is required", file=sys.stderr)
         return 2
-    unknown = [a for a in beam_args if not a.startswith("--")]
-    if unknown:
-        print(f"longreel qra: unexpected arguments {unknown}", file=sys.stderr)
+    if refuse_beam_args("qra", args, beam_args):
         return 2
     try:
         cfg = load_config(args)

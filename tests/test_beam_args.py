@@ -1,0 +1,58 @@
+"""The pipeline commands refuse a leftover argument that is not a Beam pipeline option: Beam alone drops it with a
+warning and runs without it, so a misspelt option gave a run without it that exited 0."""
+import pytest
+
+from longreel.cli import main
+from longreel.pipelines.cli_common import beam_args_error
+
+DATAFLOW = ["--runner", "DataflowRunner", "--project", "P", "--region", "europe-west1",
+            "--temp_location", "gs://b/tmp", "--sdk_container_image", "r-docker.pkg.dev/P/longreel/worker:0.1.0",
+            "--experiments=use_runner_v2", "--experiments", "no_use_multiple_sdk_containers", "--num_workers=4",
+            "--max_num_workers", "8", "--machine_type", "n1-standard-8", "--setup_file", "./setup.py"]
+PORTABLE = ["--runner=PortableRunner", "--job_endpoint=embed", "--environment_type=EXTERNAL",
+            "--environment_config=localhost:50000", "--direct_num_workers", "2"]
+
+
+@pytest.mark.parametrize("argv", [[], DATAFLOW, PORTABLE, ["--runner", "FlinkRunner", "--flink_master", "host:8081",
+                                                          "--parallelism", "4"],
+                                  ["--direct_running_mode", "multi_processing", "--direct_num_workers=2"]])
+def test_beam_options_pass(argv):
+    assert beam_args_error(argv) is None
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--workerz", "2"], "unknown option --workerz (did you mean --workers?)"),
+    (["--run", "DataflowRunner"], "unknown option --run (did you mean --runner?)"),
+    (["--temp-location=gs://b/tmp"], "unknown option --temp-location (did you mean --temp_location?)"),
+    (DATAFLOW + ["--sett", "a=1", "--qra_table", "x"],
+     "unknown options --sett (did you mean --set?), --qra_table (did you mean --qra-table?)"),
+    (["--zzzz"], "unknown option --zzzz:"),
+    (["clips.mp4"], "unexpected arguments ['clips.mp4']"),
+    (["--num_workers", "four"], "bad Beam option: argument --num_workers: invalid int value: 'four'"),
+    (["--runner"], "bad Beam option: argument --runner: expected one argument"),
+])
+def test_what_beam_would_drop_is_named(argv, says):
+    error = beam_args_error(argv, ("--workers", "--set", "--qra-table", "--out"))
+    assert error is not None and says in error, error
+
+
+# each pipeline command that passes options on to Beam, with the option naming its output directory
+COMMANDS = [["curate", "--demo", "--out"], ["caption", "--clips-dir"], ["qra", "--out"], ["pack"],
+            ["blind", "--out"], ["judge", "--out"], ["filter", "--out"]]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c[0])
+def test_every_pipeline_command_refuses_a_misspelt_option_before_it_writes(command, tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = main([*command, str(out), "--runr", "DataflowRunner", "--project", "P"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert f"longreel {command[0]}: unknown option --runr (did you mean --runner?)" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert not out.exists()
+
+
+def test_a_command_suggests_its_own_option(tmp_path, capsys):
+    rc = main(["filter", "--out", str(tmp_path), "--shrads", "x.tar"])
+    assert rc == 2
+    assert "unknown option --shrads (did you mean --shards?)" in capsys.readouterr().err
