@@ -56,3 +56,22 @@ def test_a_command_suggests_its_own_option(tmp_path, capsys):
     rc = main(["filter", "--out", str(tmp_path), "--shrads", "x.tar"])
     assert rc == 2
     assert "unknown option --shrads (did you mean --shards?)" in capsys.readouterr().err
+
+
+def test_no_beam_option_is_an_abbreviation_of_a_command_option():
+    # argparse takes an unambiguous prefix of an option for the option: a Beam option that began one of a command's
+    # own (`--project` and a `--projection`, say) would be eaten by the command before Beam saw it
+    import argparse
+    import importlib
+    import re
+
+    from longreel.cli import COMMANDS
+    from longreel.pipelines.cli_common import _beam_parser
+
+    beam = set(re.findall(r"--[\w-]+", _beam_parser().format_usage()))
+    assert {"--runner", "--project", "--temp_location"} <= beam
+    for name, (module, _) in COMMANDS.items():
+        parser = argparse.ArgumentParser(prog=name)
+        importlib.import_module(module).add_arguments(parser)
+        own = set(re.findall(r"--[\w-]+", parser.format_usage()))
+        assert not [(b, o) for b in beam for o in own if o.startswith(b)], name
