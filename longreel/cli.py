@@ -58,6 +58,8 @@ exit codes:
   3  the run finished but nothing survived: 0 videos came through, or 0 items out of a stage
      that was asked for (captions, questions, kept or packed questions); its outputs, rejects
      and stats.json are written.
+  130 interrupted (Ctrl-C): one line; the worker processes end too, and an output directory
+     is left unfinished (--resume continues it).
 -v/--debug shows the traceback of any error.
 """
 
@@ -157,10 +159,29 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._module.main(args, extra) or 0)
     except KeyboardInterrupt:
-        print(f"longreel {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return _interrupted(args.command)
     except Exception as e:  # noqa: BLE001 - the one place every error of every subcommand is reported
+        if interrupt_inside(e):
+            return _interrupted(args.command)
         return report_error(args.command, e, args.verbose)
+
+
+def _interrupted(command: str) -> int:
+    print(f"longreel {command}: interrupted", file=sys.stderr)
+    return 130
+
+
+def interrupt_inside(exc: BaseException) -> bool:
+    """Whether ``exc`` is Ctrl-C wrapped by a runner: a pipeline run in this process (one worker) gets the
+    KeyboardInterrupt inside a step, and Beam raises it again as a RuntimeError naming the step."""
+    seen = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def console_main() -> None:

@@ -30,11 +30,11 @@ from __future__ import annotations
 import heapq
 import os
 import shutil
-import tempfile
 import weakref
 from typing import Any, Callable, Sequence
 
 import apache_beam as beam
+from longreel.pipelines.tmp_dirs import make_tmpdir
 
 
 def lpt_shares(costs: Sequence[float], shares: int) -> list[int]:
@@ -104,7 +104,7 @@ class SpreadByCost(beam.PTransform):
             return pcoll | "Reshuffle" >> beam.Reshuffle()
         # one directory per pipeline, made where the graph is built (the launcher) and removed when this process
         # exits or drops the transform
-        claim_dir = tempfile.mkdtemp(prefix="longreel-claims-")
+        claim_dir = make_tmpdir("claims")
         weakref.finalize(self, shutil.rmtree, claim_dir, True)
         return (pcoll
                 | "OneKey" >> beam.Map(lambda x: (None, x))

@@ -316,6 +316,9 @@ def _run_worker(req: dict) -> None:
         traceback.print_exc()
         code = 1
     finally:
+        from longreel.pipelines.tmp_dirs import remove_made_here
+
+        remove_made_here()  # what a stage's teardown did not get to (the runner gone first)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

@@ -18,6 +18,7 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, WorkerOptions
 
 from longreel.pipelines.portable import refuse_thread_workers
+from longreel.pipelines.tmp_dirs import sweep_stale
 from longreel.pipelines.zygote import default_workers  # noqa: F401 - where callers have found it
 
 log = logging.getLogger("longreel")
@@ -59,6 +60,7 @@ def make_pipeline(beam_args: list[str] | None = None, workers: int = 1, preload:
     the video processor: seconds) overlap the caller's graph build instead of following it."""
     if workers < 1:
         raise ValueError("workers must be >= 1")
+    sweep_stale()  # the scratch directories that runs which did not end normally left on this machine
     options = ViewCachingOptions(list(beam_args or []))
     refuse_thread_workers(options)
     if options.view_as(StandardOptions).runner is not None:

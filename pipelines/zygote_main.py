@@ -6,8 +6,25 @@ A module of its own so that the filter is set before anything imports Beam (the 
 top, so a filter set inside them would come too late), and so that :mod:`longreel.pipelines.zygote`, which the
 worker modules import, does not import them back."""
 import gc
+import os
+import signal
 
 from longreel.task.beam_quiet import quiet_beam_import
+
+
+
+def _end_on_ctrl_c(signum, frame) -> None:
+    """Ctrl-C in a terminal signals the whole process group: the launcher reports it in one line; the zygote and
+    its workers (which inherit this handler through fork) only end, without Python's KeyboardInterrupt traceback
+    from wherever they were (an import, a bundle), removing the scratch directories the process made, which its
+    stages' teardown would have."""
+    from longreel.pipelines.tmp_dirs import remove_made_here
+
+    remove_made_here()
+    os._exit(128 + signum)
+
+
+signal.signal(signal.SIGINT, _end_on_ctrl_c)
 
 # The zygote only imports, then forks: no collection in it can free anything worth the time (see _zygote)
 gc.disable()

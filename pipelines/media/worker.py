@@ -20,9 +20,10 @@ import os
 import select
 import subprocess
 import sys
-import tempfile
 import threading
 import time
+
+from longreel.pipelines.tmp_dirs import make_tmpdir
 
 
 class WorkerError(RuntimeError):
@@ -52,12 +53,13 @@ class IsolatedWorker:
         self._proc: subprocess.Popen | None = None
         self._lock = threading.Lock()
         self._buf = b""
-        self.tmpdir = tempfile.mkdtemp(prefix="longreel-worker-")
+        self.tmpdir = make_tmpdir("worker")
 
     def _start(self) -> subprocess.Popen:
         env = dict(os.environ)
         # One thread per worker: the pipeline already runs several workers side by side.
         env.setdefault("OMP_NUM_THREADS", "1")
+        env["LONGREEL_WORKER_PARENT"] = str(os.getpid())  # worker_main.PARENT_ENV: it ends when this process does
         self._buf = b""
         return subprocess.Popen(
             [sys.executable, "-m", "longreel.pipelines.media.worker_main"],

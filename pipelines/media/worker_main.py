@@ -6,8 +6,16 @@ An exception with a ``reason`` attribute becomes a clean error reply with that r
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import signal
 import sys
+import threading
+import time
 import traceback
+
+#: the pid of the process that started the worker (see _exit_with_parent)
+PARENT_ENV = "LONGREEL_WORKER_PARENT"
 
 
 def _probe(path: str) -> dict:
@@ -72,10 +80,36 @@ OPS = {"probe": _probe, "decode": _decode, "signature": _signature, "sleep": _sl
 NEEDS_TMPDIR = {"decode"}
 
 
+def _exit_with_parent(tmpdirs: set[str]) -> None:
+    """End this worker, and remove the scratch directories its replies went to, once the process that started it
+    is gone without closing it (Ctrl-C, a SIGKILL, the out-of-memory killer).
+
+    The worker runs in a session of its own (so that a timeout kills it alone), so the terminal's Ctrl-C does not
+    reach it, and it reads its next request only after the current one: without this it finished a decode no one
+    would read and left that decode's frames (up to ~100 MB) in the temporary directory."""
+    parent = int(os.environ.get(PARENT_ENV) or os.getppid())
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        for d in list(tmpdirs):
+            shutil.rmtree(d, ignore_errors=True)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def main() -> None:
+    # Ctrl-C signals the whole process group: the run that owns this worker reports it; the worker only ends, without
+    # a KeyboardInterrupt traceback from the middle of a decode
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    tmpdirs: set[str] = set()
+    _exit_with_parent(tmpdirs)
     out = sys.stdout.buffer
     for line in sys.stdin.buffer:
         req = json.loads(line)
+        if req.get("tmpdir"):
+            tmpdirs.add(req["tmpdir"])
         op = req.get("op")
         try:
             fn = OPS[op]
@@ -90,6 +124,9 @@ def main() -> None:
                      "message": str(e) or traceback.format_exc(limit=2)}
         out.write(json.dumps(reply).encode() + b"\n")
         out.flush()
+    # stdin closed: the owner closed this worker (and removes the directories too), or it is gone
+    for d in tmpdirs:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -52,6 +51,7 @@ from longreel.pipelines.media.decode import DECODE_VERSION, sample_timestamps, u
 from longreel.pipelines.prompts import load_template, render
 from longreel.pipelines.resources import on_model_step
 from longreel.pipelines.stages.base import MAIN, REJECTS, Progress, checked, rejected
+from longreel.pipelines.tmp_dirs import make_tmpdir
 
 STAGE_FACTS = "clip_facts"
 STAGE_FILTER = "clip_filter"
@@ -303,7 +303,7 @@ class DecodeClipFrames(beam.DoFn):
         if self.filter_frames:
             from longreel.pipelines.pack.frame_cache import DecodedFrameStore
             self.store = DecodedFrameStore(self.filter_frames[1])
-        self.tmpdir = tempfile.mkdtemp(prefix="longreel-caption-")
+        self.tmpdir = make_tmpdir("caption")
         self.verified: dict[tuple, str] = {}
         self.remote: tuple[str, str, str] | None = None  # (uri, sha256, local copy) of the last remote video
         self.progress = Progress(STAGE_FACTS, "clips decoded")

@@ -22,6 +22,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from longreel.pipelines.media.worker import IsolatedWorker, WorkerError
 from longreel.pipelines.stages.base import MAIN, REJECTS, Progress, checked, rejected
+from longreel.pipelines.tmp_dirs import make_tmpdir
 
 STAGE = "ingest"
 DEDUP_STAGE = "dedup"
@@ -69,7 +70,7 @@ class ProbeVideo(beam.DoFn):
 
     def setup(self):
         self.worker = IsolatedWorker(default_timeout=self.probe_timeout_s)
-        self.tmpdir = tempfile.mkdtemp(prefix="longreel-ingest-")
+        self.tmpdir = make_tmpdir("ingest")
         self.progress = Progress(STAGE, "videos probed")
 
     def teardown(self):

@@ -24,7 +24,6 @@ import hashlib
 import json
 import logging
 import shutil
-import tempfile
 import time
 
 import apache_beam as beam
@@ -38,6 +37,7 @@ from longreel.task.shard_format import SAMPLE_LAYOUT
 from longreel.pipelines.stages.base import Progress
 from longreel.pipelines.stats import run_count
 from longreel.schemas import reject
+from longreel.pipelines.tmp_dirs import make_tmpdir
 
 log = logging.getLogger("longreel")
 
@@ -130,7 +130,7 @@ class _CacheAndBuild(beam.DoFn):
         from longreel.pipelines.stages.ingest import hash_and_localize
 
         if self.tmpdir is None and "://" in video["uri"]:
-            self.tmpdir = tempfile.mkdtemp(prefix="longreel-pack-")
+            self.tmpdir = make_tmpdir("pack")
         try:
             local, sha, _size, is_temp = hash_and_localize(video["uri"], self.tmpdir)
         except OSError as e:

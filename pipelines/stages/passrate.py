@@ -48,7 +48,6 @@ import logging
 import os
 import shutil
 import statistics
-import tempfile
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -61,6 +60,7 @@ from longreel.pipelines.resources import on_model_step
 from longreel.pipelines.stages.base import MAIN, REJECTS, Progress, checked, rejected
 from longreel.task.prompting import messages_for_qra
 from longreel.task.rewards import score, validate_reference
+from longreel.pipelines.tmp_dirs import make_tmpdir
 
 log = logging.getLogger("longreel")
 
@@ -296,7 +296,7 @@ def _local_copy(uri: str):
     if "://" not in uri:
         yield uri
         return
-    tmp = tempfile.mkdtemp(prefix="longreel-passrate-")
+    tmp = make_tmpdir("passrate")
     try:
         path = os.path.join(tmp, "source" + os.path.splitext(uri)[1][:8])
         with FileSystems.open(uri, compression_type="uncompressed") as fi, open(path, "wb") as fo:

@@ -27,7 +27,6 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 from dataclasses import dataclass
 
 import apache_beam as beam
@@ -36,6 +35,7 @@ from apache_beam.io.filesystems import FileSystems
 from longreel.pipelines.config import SegmentConfig
 from longreel.pipelines.media.ffmpeg_bin import ffmpeg_exe
 from longreel.pipelines.stages.base import MAIN, REJECTS, Progress, checked, rejected
+from longreel.pipelines.tmp_dirs import make_tmpdir
 
 STAGE = "segment"
 EPS = 1e-6
@@ -223,7 +223,7 @@ class SegmentVideo(beam.DoFn):
 
     def _materialize(self, video: dict, planned: list[PlannedClip], fps: float):
         uri = video["uri"]
-        tmp = tempfile.mkdtemp(prefix="longreel-cut-")
+        tmp = make_tmpdir("cut")
         try:
             src = uri
             if "://" in uri:
