@@ -14,6 +14,7 @@ given to a new process since keeps its directory until that process ends too: th
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import re
@@ -41,6 +42,10 @@ def make_tmpdir(kind: str) -> str:
     if not re.fullmatch(r"[a-z]+", kind):
         raise ValueError(f"kind must be lower-case letters, not {kind!r}")
     path = tempfile.mkdtemp(prefix=f"longreel-{kind}-{_host()}-{os.getpid()}-")
+    if os.getpid() not in _made:
+        # a process that ends without its stages' teardown (a run failing or interrupted in the launcher, one
+        # worker) removes them on its way out; forked workers end with os._exit and do it themselves
+        atexit.register(remove_made_here)
     _made.setdefault(os.getpid(), []).append(path)
     return path
 

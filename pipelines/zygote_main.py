@@ -12,7 +12,6 @@ import signal
 from longreel.task.beam_quiet import quiet_beam_import
 
 
-
 def _end_on_ctrl_c(signum, frame) -> None:
     """Ctrl-C in a terminal signals the whole process group: the launcher reports it in one line; the zygote and
     its workers (which inherit this handler through fork) only end, without Python's KeyboardInterrupt traceback

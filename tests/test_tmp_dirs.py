@@ -45,6 +45,16 @@ def test_names_say_host_and_pid_and_only_own_directories_are_removed(tmp_path, m
         make_tmpdir("Worker-1")
 
 
+@pytest.mark.parametrize("end", ["raise RuntimeError('a failed run')", "raise SystemExit(2)"])
+def test_a_process_that_ends_without_teardown_removes_its_directories(tmp_path, end):
+    code = ("import pathlib\nfrom longreel.pipelines.tmp_dirs import make_tmpdir\n"
+            "pathlib.Path(make_tmpdir('ingest'), 'copy.mp4').write_bytes(b'x')\n" + end + "\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                          env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert proc.returncode != 0
+    assert _ours(tmp_path) == []
+
+
 def test_the_sweep_removes_what_dead_processes_of_this_host_left(tmp_path, caplog):
     host, dead = tmp_dirs._host(), _dead_pid()
     stale = tmp_path / f"longreel-worker-{host}-{dead}-abc12345"
