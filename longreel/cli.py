@@ -108,15 +108,21 @@ class _OneLineBeamErrors(logging.Filter):
         return True
 
 
-def environment_error(exc: BaseException) -> str | None:
-    """``strerror: filename`` when ``exc`` is (or wraps, as Beam's runners do) an OSError of the machine."""
+def _chain(exc: BaseException):
+    """``exc`` and the exceptions it was raised from or while handling, once each (runners wrap what a step raised)."""
     seen = set()
     e: BaseException | None = exc
     while e is not None and id(e) not in seen:
         seen.add(id(e))
+        yield e
+        e = e.__cause__ or e.__context__
+
+
+def environment_error(exc: BaseException) -> str | None:
+    """``strerror: filename`` when ``exc`` is (or wraps, as Beam's runners do) an OSError of the machine."""
+    for e in _chain(exc):
         if isinstance(e, OSError) and e.errno in _ENVIRONMENT_ERRNOS:
             return f"{e.strerror}: {e.filename}" if e.filename else str(e.strerror)
-        e = e.__cause__ or e.__context__
     # A runner that moves the failure between processes keeps only its text.
     m = re.search(r"\[Errno (\d+)\] ([^\n]*?)(?: \[while running|\n|$)", str(exc))
     if m and int(m.group(1)) in _ENVIRONMENT_ERRNOS:
@@ -174,14 +180,7 @@ def _interrupted(command: str) -> int:
 def interrupt_inside(exc: BaseException) -> bool:
     """Whether ``exc`` is Ctrl-C wrapped by a runner: a pipeline run in this process (one worker) gets the
     KeyboardInterrupt inside a step, and Beam raises it again as a RuntimeError naming the step."""
-    seen = set()
-    e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, KeyboardInterrupt):
-            return True
-        e = e.__cause__ or e.__context__
-    return False
+    return any(isinstance(e, KeyboardInterrupt) for e in _chain(exc))
 
 
 def console_main() -> None:

@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import tempfile
 
 log = logging.getLogger("longreel")
@@ -57,16 +58,6 @@ def remove_made_here() -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
 def _size(path: str) -> int:
     total = 0
     for root, _, files in os.walk(path):
@@ -81,6 +72,8 @@ def _size(path: str) -> int:
 def sweep_stale(tmp: str | None = None) -> list[str]:
     """Remove the scratch directories in ``tmp`` (default: the system's) that this host's dead processes left; return
     their paths. Logs one line when there were any."""
+    from longreel.pipelines.io.run_dir import pid_alive  # the launcher's: Beam is loaded there already
+
     tmp = tmp or tempfile.gettempdir()
     host, uid = _host(), os.getuid()
     try:
@@ -90,14 +83,14 @@ def sweep_stale(tmp: str | None = None) -> list[str]:
     removed, freed = [], 0
     for name in sorted(names):
         m = _NAME.match(name)
-        if m is None or m["host"] != host or _alive(int(m["pid"])):
+        if m is None or m["host"] != host or pid_alive(int(m["pid"])):
             continue
         path = os.path.join(tmp, name)
         try:
             st = os.lstat(path)
         except OSError:
             continue
-        if st.st_uid != uid or not os.path.isdir(path) or os.path.islink(path):
+        if st.st_uid != uid or not stat.S_ISDIR(st.st_mode):  # lstat: a link to a directory is not one
             continue
         freed += _size(path)
         shutil.rmtree(path, ignore_errors=True)

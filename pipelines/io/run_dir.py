@@ -118,7 +118,8 @@ def _now_iso() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (someone else's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -309,14 +310,14 @@ class RunLock:
     def _why_stale(self, old: dict) -> str:
         pid = old.get("pid")
         if old.get("host") == self.doc["host"] and isinstance(pid, int):
-            return (f"pid {pid} is no longer running" if not _pid_alive(pid) else
+            return (f"pid {pid} is no longer running" if not pid_alive(pid) else
                     f"pid {pid} runs but does not hold the lock (a reused pid)")
         return "its process no longer holds the lock (ended or killed)"
 
     def _stale_reason(self, old: dict) -> str | None:
         pid = old.get("pid")
         if old.get("host") == self.doc["host"] and isinstance(pid, int):
-            return None if _pid_alive(pid) else f"pid {pid} is no longer running on this host"
+            return None if pid_alive(pid) else f"pid {pid} is no longer running on this host"
         beat = old.get("heartbeat_epoch") or old.get("started_epoch") or 0
         age = time.time() - float(beat)
         if age > self.stale_after_s:
