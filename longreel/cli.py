@@ -8,6 +8,7 @@ import importlib
 import logging
 import os
 import re
+import signal
 import sys
 import threading
 import traceback
@@ -162,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     setup_logging(args.verbose, args.quiet)
     args._argv = list(sys.argv[1:] if argv is None else argv)
+    _quiet_threads_once_interrupted()
     try:
         return int(args._module.main(args, extra) or 0)
     except KeyboardInterrupt:
@@ -170,6 +172,30 @@ def main(argv: list[str] | None = None) -> int:
         if interrupt_inside(e):
             return _interrupted(args.command)
         return report_error(args.command, e, args.verbose)
+
+
+_INTERRUPTED = threading.Event()
+
+
+def _quiet_threads_once_interrupted() -> None:
+    """After Ctrl-C, a runner's threads whose worker processes ended with it (gRPC readers) fail on their way out;
+    their tracebacks would follow the one line that says the run was interrupted. Earlier failures still print.
+    Only in the main thread, where Python runs signal handlers, and only over Python's own SIGINT handler."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return  # not where Python runs signal handlers, someone else's handler, or installed already
+    previous_hook = threading.excepthook
+
+    def hook(exc_args) -> None:
+        if not _INTERRUPTED.is_set():
+            previous_hook(exc_args)
+
+    def on_sigint(signum, frame) -> None:
+        _INTERRUPTED.set()
+        raise KeyboardInterrupt
+
+    threading.excepthook = hook
+    signal.signal(signal.SIGINT, on_sigint)
 
 
 def _interrupted(command: str) -> int:

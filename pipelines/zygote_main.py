@@ -8,6 +8,7 @@ worker modules import, does not import them back."""
 import gc
 import os
 import signal
+import time
 
 from longreel.task.beam_quiet import quiet_beam_import
 
@@ -20,6 +21,9 @@ def _end_on_ctrl_c(signum, frame) -> None:
     from longreel.pipelines.tmp_dirs import remove_made_here
 
     remove_made_here()
+    # the launcher got the same signal: let it stop its runner first, so that the runner's threads do not fail on
+    # connections this process closed
+    time.sleep(0.5)
     os._exit(128 + signum)
 
 
