@@ -149,7 +149,7 @@ def test_a_training_runs_missing_model_or_shards_is_a_usage_error(tmp_path, caps
     model.mkdir()
     (tmp_path / "empty").mkdir()
     (model / "config.json").write_text("{}")
-    (model / "model.safetensors").write_bytes(b"")
+    _weights_file(model)
     no_weights, fsdp_step = tmp_path / "no-weights", tmp_path / "step-000006"
     for d in (no_weights, fsdp_step):
         d.mkdir()
@@ -300,7 +300,7 @@ def test_a_held_run_dir_is_refused_before_the_model_loads(tmp_path, capsys, monk
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
-    (model / "model.safetensors").write_bytes(b"")  # enough for the checks: the run must stop before reading it
+    _weights_file(model)  # enough for the checks: the run must stop before loading it
 
     def no_load(*a, **k):
         raise AssertionError("the policy was loaded")
@@ -322,6 +322,14 @@ def test_a_held_run_dir_is_refused_before_the_model_loads(tmp_path, capsys, monk
     assert rc == 1 and "the policy was loaded" in err  # past the checks (the CLI reports the stand-in as a bug)
 
 
+def _weights_file(model) -> None:
+    """A whole safetensors file (the start's checks read its header), with no weights of any model in it."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    save_file({"w": np.zeros(1, np.float32)}, str(model / "model.safetensors"))
+
+
 def _model_never_loaded(tmp_path, monkeypatch):
     """A model directory that passes the start's checks, and a load_policy that fails the test if reached: the run
     must stop before it."""
@@ -330,7 +338,7 @@ def _model_never_loaded(tmp_path, monkeypatch):
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
-    (model / "model.safetensors").write_bytes(b"")
+    _weights_file(model)
 
     def no_load(*a, **k):
         raise AssertionError("the policy was loaded")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -188,6 +189,20 @@ def test_two_rank_resume_is_exact(tiny, tiny_tied, stream_index, tmp_path, strat
         assert c.keys() == b.keys() and all(torch.equal(c[k], b[k]) for k in b)  # the run's final/, bitwise
         # the same files as final/ (config, generation config, processor and tokenizer files, weights)
         assert sorted(os.listdir(tmp_path / "step6")) == sorted(os.listdir(resumed / "final"))
+        # each rank lists the shard it wrote; one rank's shard cut short is named, and the export refuses it
+        from longreel.trainer.checkpoint import checkpoint_problem
+
+        assert checkpoint_problem(last) is None
+        listed = [json.loads((last / f"rng-rank{r}.json").read_text())["files"] for r in (0, 1)]
+        assert sorted(f for fs in listed for f in fs) == [f"sharded/{f}" for f in files]
+        assert all(fs == [f"sharded/shard-{r + 1:05d}-model-00001-of-00001.safetensors"] for r, fs in enumerate(listed))
+        broken = tmp_path / "broken-step6"
+        shutil.copytree(last, broken)
+        shard = broken / listed[1][0]
+        os.truncate(shard, shard.stat().st_size - 100)
+        assert f"shard-00002-model-00001-of-00001.safetensors ({shard.stat().st_size:,} bytes) cannot be read" in \
+            checkpoint_problem(broken)
+        assert main(["train", "export", str(broken), "--out", str(tmp_path / "broken-export")]) == 2
     rng = [json.loads((tmp_path / f"rng-rank{r}.json").read_text()) for r in (0, 1)]
     for r in rng:
         assert r["resumed"] == r["straight"]

@@ -21,9 +21,18 @@ index lives in each file's JSON header; no pickle), one ``shard-000RR-*.safetens
 It also holds the policy files, so that ``longreel train export`` (``trainer.export``) can gather it into a policy
 directory in one process.
 
-It is written to a temp directory beside it and renamed into place, then ``latest`` (a one-line text file) is
-replaced atomically; a crash mid-save leaves the previous checkpoint as the latest. Loading uses safetensors and
-JSON only (``torch.load`` is never needed; were it used, it would be with ``weights_only=True``).
+It is written to a temp directory beside it, every file flushed to the disk (``fsync``; torch.distributed.checkpoint
+does its own), and renamed into place, then ``latest`` (a one-line text file) is replaced atomically; a crash mid-save
+leaves the previous checkpoint as the latest, and a machine that loses power just after a save does not come back
+with a renamed directory of empty files. Loading uses safetensors and JSON only (``torch.load`` is never needed;
+were it used, it would be with ``weights_only=True``).
+
+Each checkpoint lists its files: ``trainer_state.json`` those rank 0 wrote (``files``), and each rank's
+``rng-rank<R>.json`` that rank's shards (``files``; each rank names only what it wrote itself, so no rank lists a
+shared directory another machine is still writing). :func:`checkpoint_problem` checks a checkpoint against them in
+milliseconds whatever its size, and :func:`resumable_checkpoint` resumes the newest one that passes: a checkpoint
+cut short by a copy that stopped, or one whose files were removed, is named and passed over instead of failing the
+run with a traceback, or when it is the only one, refused with the way out.
 """
 from __future__ import annotations
 
@@ -46,7 +55,7 @@ log = logging.getLogger("longreel")
 
 __all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "prune_checkpoints", "clear_checkpoints",
            "rng_state", "set_rng_state", "write_json_atomic", "tied_aliases", "is_sharded_checkpoint", "TRAINING_STATE",
-           "RNG_PREFIX"]
+           "RNG_PREFIX", "checkpoint_problem", "safetensors_problem", "resumable_checkpoint"]
 
 LATEST = "latest"
 
@@ -190,6 +199,121 @@ def load_sharded(path: str | os.PathLike, model: torch.nn.Module, optimizer: tor
                        optim_state_dict={"state": sd["optim"], "param_groups": param_groups})
 
 
+# --------------------------------------------------------------------------------------------------
+# what a resume can trust
+# --------------------------------------------------------------------------------------------------
+
+
+def _fsync(path: str | os.PathLike) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _files_under(root: Path, skip=lambda rel: False) -> list[str]:
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
+                  if p.is_file() and not skip(p.relative_to(root).as_posix()))
+
+
+def _written_by_others(rel: str) -> bool:
+    """The files of a checkpoint directory that some rank other than 0 may be writing while rank 0 lists its own."""
+    return rel.startswith(RNG_PREFIX) or rel.split("/", 1)[0] == SHARDED
+
+
+def safetensors_problem(path: str | os.PathLike) -> str | None:
+    """Why the safetensors file ``path`` cannot be read whole, or None. Opening one checks that its header parses and
+    that its tensors' byte ranges end exactly at the end of the file, so a file cut short (a copy that stopped, a
+    crash before the data reached the disk) or one with bytes added is found without reading the tensors."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt"):
+            pass
+    except (SafetensorError, OSError, ValueError) as err:
+        return f"{Path(path).name} ({os.path.getsize(path):,} bytes) cannot be read: {err}"
+    return None
+
+
+def _file_problem(root: Path, rel: str) -> str | None:
+    path = root / rel
+    if not path.is_file():
+        return f"{rel} is missing"
+    if rel.endswith(".safetensors"):
+        return safetensors_problem(path)
+    if rel.endswith(".json"):
+        try:
+            json.loads(path.read_bytes())
+        except (ValueError, UnicodeDecodeError) as err:
+            return f"{rel} ({path.stat().st_size:,} bytes) is not whole JSON: {err}"
+    return None
+
+
+def checkpoint_problem(path: str | os.PathLike) -> str | None:
+    """Why the step checkpoint ``path`` cannot be resumed, or None: a file it lists is missing, a JSON file does not
+    parse, or a safetensors file is not whole (:func:`safetensors_problem`). Reads the small JSON files and the
+    safetensors headers only. A checkpoint written before the lists existed is checked for its weights and the
+    files present. A bit flipped inside a tensor is not found: that needs a hash of every byte, minutes a save for a
+    7B model's weights and AdamW state."""
+    root = Path(path)
+    problem = _file_problem(root, "trainer_state.json")
+    if problem is not None:
+        return problem
+    state = json.loads((root / "trainer_state.json").read_bytes())
+    if not isinstance(state, dict) or not isinstance(state.get("world", 1), int):
+        return "trainer_state.json is not a checkpoint's state"
+    listed = state.get("files")
+    if listed is None:  # an older checkpoint: what it must hold, and whatever is there
+        weights = [] if is_sharded_checkpoint(root) else ["model.safetensors"]
+        listed = sorted({*weights, *_files_under(root, _written_by_others)} - {"trainer_state.json"})
+    for r in range(int(state.get("world", 1))):
+        meta = f"{RNG_PREFIX}{r}.json"
+        problem = _file_problem(root, meta)
+        if problem is not None:
+            return problem
+        listed = [*listed, f"{RNG_PREFIX}{r}.safetensors",
+                  *json.loads((root / meta).read_bytes()).get("files", [])]
+    if state.get("files") is None and is_sharded_checkpoint(root):
+        listed += [f"{SHARDED}/{n}" for n in _files_under(root / SHARDED)]
+    for rel in listed:
+        problem = _file_problem(root, rel)
+        if problem is not None:
+            return problem
+    return None
+
+
+def _step_of(path: Path) -> int:
+    try:
+        return int(path.name.split("-", 1)[1])
+    except (IndexError, ValueError):
+        return -1
+
+
+def resumable_checkpoint(ckpt_root: str | os.PathLike) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The checkpoint a run in ``ckpt_root`` resumes from: the newest that passes :func:`checkpoint_problem`, starting
+    at the one ``latest`` names (or at the newest step directory when ``latest`` is gone), and the newer ones passed
+    over with why. A step directory newer than ``latest`` is a save that did not finish and is not considered.
+    ``(None, [])``: nothing to resume."""
+    root = Path(ckpt_root)
+    if not root.is_dir():
+        return None, []
+    steps = sorted((p for p in root.glob("step-*") if p.is_dir() and _step_of(p) >= 0), key=_step_of, reverse=True)
+    marker = root / LATEST
+    if marker.is_file():
+        named = root / marker.read_text().strip()
+        steps = [p for p in steps if _step_of(p) <= _step_of(named)]
+        if not named.is_dir():
+            steps = [named, *steps]
+    passed_over = []
+    for path in steps:
+        problem = checkpoint_problem(path) if path.is_dir() else "the directory is missing"
+        if problem is None:
+            return path, passed_over
+        passed_over.append((path, problem))
+    return None, passed_over
+
+
 def save_checkpoint(ckpt_root: str | os.PathLike, step: int, *, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer | None, scheduler, trainer_state: dict, rank: int = 0,
                     world: int = 1, barrier=None, sharded: bool = False, policy_files=None) -> Path:
@@ -213,11 +337,14 @@ def save_checkpoint(ckpt_root: str | os.PathLike, step: int, *, model: torch.nn.
         barrier()
     t, meta = rng_state()
     save_file(t, str(tmp / f"{RNG_PREFIX}{rank}.safetensors"))
-    write_json_atomic(tmp / f"{RNG_PREFIX}{rank}.json", meta)
+    _fsync(tmp / f"{RNG_PREFIX}{rank}.safetensors")
+    mine = []
     if sharded:
-        groups = save_sharded(tmp / SHARDED, model, optimizer)
+        groups = save_sharded(tmp / SHARDED, model, optimizer)  # synced to the disk by torch.distributed.checkpoint
+        mine = [f"{SHARDED}/{n}" for n in _files_under(tmp / SHARDED) if n.startswith(f"shard-{rank + 1:05d}-")]
         if rank == 0 and optimizer is not None:
             write_json_atomic(tmp / "optimizer.json", {"param_groups": groups, "sharded": True})
+    write_json_atomic(tmp / f"{RNG_PREFIX}{rank}.json", {**meta, "files": mine})
     if rank == 0:
         if not sharded:
             save_model(model, str(tmp / "model.safetensors"))
@@ -230,19 +357,27 @@ def save_checkpoint(ckpt_root: str | os.PathLike, step: int, *, model: torch.nn.
         if scheduler is not None:
             sd = {k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"}
             write_json_atomic(tmp / "scheduler.json", sd)
-        write_json_atomic(tmp / "trainer_state.json", {**trainer_state, "step": step, "world": world})
+        files = _files_under(tmp, _written_by_others)
+        for rel in files:
+            _fsync(tmp / rel)
+        write_json_atomic(tmp / "trainer_state.json", {**trainer_state, "step": step, "world": world, "files": files})
     if barrier is not None and world > 1:
         barrier()
     if rank == 0:
+        for d in (tmp / SHARDED, tmp):
+            if d.is_dir():
+                _fsync(d)
         if final.exists():
             shutil.rmtree(final)
         os.rename(tmp, final)
+        _fsync(root)
         fd, tmp_latest = tempfile.mkstemp(prefix=".latest.", dir=root)
         with os.fdopen(fd, "w") as fh:
             fh.write(final.name + "\n")
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp_latest, root / LATEST)
+        _fsync(root)
     if barrier is not None and world > 1:
         barrier()
     return final

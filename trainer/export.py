@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from longreel.trainer.checkpoint import RNG_PREFIX, SHARDED, TRAINING_STATE, is_sharded_checkpoint, load_sharded
+from longreel.trainer.checkpoint import (RNG_PREFIX, SHARDED, TRAINING_STATE, checkpoint_problem, is_sharded_checkpoint,
+                                         load_sharded, safetensors_problem)
 
 __all__ = ["export_checkpoint"]
 
@@ -40,6 +41,11 @@ def export_checkpoint(step_dir: str | os.PathLike, out_dir: str | os.PathLike, *
         raise ValueError(f"{src} holds neither model.safetensors nor {SHARDED}/: not a step checkpoint")
     if out.exists():
         raise FileExistsError(f"{out} exists: give a new directory")
+    # the shards hold the optimizer's state beside the weights: the whole checkpoint must be readable to gather them
+    problem = (checkpoint_problem(src) if is_sharded_checkpoint(src)
+               else safetensors_problem(src / "model.safetensors"))
+    if problem is not None:
+        raise ValueError(f"{src} is damaged: {problem}")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:

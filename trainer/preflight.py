@@ -61,6 +61,12 @@ def check_model_dir(path: str, key: str = "model.path") -> None:
             raise InputCheckError(f"{key} {path!r} is a sharded (FSDP) step checkpoint: `longreel train export "
                                   f"{path} --out DIR` writes a model directory from it")
         raise InputCheckError(f"{key} {path!r} holds no weights ({', '.join(WEIGHT_FILES)}): not a model directory")
+    from longreel.trainer.checkpoint import safetensors_problem
+
+    for name in sorted(os.listdir(path)):  # headers only: milliseconds for a 7B model's files
+        problem = safetensors_problem(os.path.join(path, name)) if name.endswith(".safetensors") else None
+        if problem is not None:
+            raise InputCheckError(f"{key} {path!r}: {problem} (a copy that stopped early? copy it again)")
 
 
 def check_shards(urls: list[str], key: str) -> list:
@@ -331,12 +337,25 @@ def _model_path_kept(there, here, state: dict) -> bool:
     return False
 
 
+def resume_point(cfg, ckpt_root: Path) -> tuple[Path | None, list[str]]:
+    """The checkpoint the run resumes (``checkpoint.resumable_checkpoint``) and a line for each newer one it passes
+    over. A run whose every checkpoint is damaged is refused with the way out rather than started over, which would
+    drop its logged steps."""
+    from longreel.trainer.checkpoint import resumable_checkpoint
+
+    path, passed_over = resumable_checkpoint(ckpt_root)
+    lines = [f"{p.name}: {why}" for p, why in passed_over]
+    if path is None and passed_over:
+        raise InputCheckError(f"run.out_dir {cfg.run.out_dir}: no checkpoint there can be resumed ({'; '.join(lines)}"
+                              "): copy its files back, or start over there with --set run.resume=false (which removes "
+                              "the checkpoints)")
+    return path, lines
+
+
 def check_run_inputs(cfg, stage: str) -> None:
     """What ``longreel train <stage>`` reads before its first step: the policy directory, the output directory and
     the checkpoint it would resume, and, for shard data, the training shards (and the held-out ones when the run
     evaluates during training)."""
-    from longreel.trainer.checkpoint import latest_checkpoint
-
     check_model_dir(cfg.model.path)
     check_out_dir(cfg)
     launch = read_launch()
@@ -344,7 +363,7 @@ def check_run_inputs(cfg, stage: str) -> None:
     check_environment(cfg, stage)
     check_launch(cfg, launch)
     warn_ignored_keys(cfg, stage)
-    latest = latest_checkpoint(Path(cfg.run.out_dir) / "checkpoints") if cfg.run.resume else None
+    latest = resume_point(cfg, Path(cfg.run.out_dir) / "checkpoints")[0] if cfg.run.resume else None
     if latest is not None:
         check_resume(cfg, stage, latest)
     if cfg.data.source != "shards":

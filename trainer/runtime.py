@@ -516,15 +516,19 @@ class TrainSession:
         """Items, data order, optimizer, schedule, the checkpoint to resume and the logs (under the run's lock)."""
         from longreel.schemas.atomic import write_atomic
         from longreel.schemas.config import config_hash, dump_yaml
-        from longreel.trainer.checkpoint import clear_checkpoints, latest_checkpoint, load_checkpoint
+        from longreel.trainer.checkpoint import clear_checkpoints, load_checkpoint
         from longreel.trainer.logging_utils import MetricsLogger
-        from longreel.trainer.preflight import check_resume, check_topology
+        from longreel.trainer.preflight import check_resume, check_topology, resume_point
 
         check_topology(cfg, stage, self.info.world)  # the CLI checked WORLD_SIZE; a library caller gets it here
         self.stream = open_item_stream(cfg, items)
         self.total_steps = int(total_steps if total_steps is not None else cfg.run.steps)
         self.step = 0
-        resume_from = latest_checkpoint(self.ckpt_root) if cfg.run.resume else None
+        resume_from, passed_over = resume_point(cfg, self.ckpt_root) if cfg.run.resume else (None, [])
+        if resume_from is not None and passed_over and self.info.is_main:
+            # the steps after it run again, exactly as they ran (bitwise on CPU): lost time, not a different run
+            log.warning("resuming from %s, the newest whole checkpoint, passing over %s", resume_from.name,
+                        "; ".join(passed_over))
         if not cfg.run.resume and self.info.is_main:
             clear_checkpoints(self.ckpt_root)
         self.fsdp = cfg.dist.strategy == "fsdp" and self.info.enabled
