@@ -164,3 +164,41 @@ def test_a_checkpoint_from_before_the_lists_is_still_checked(runs, tmp_path):
     assert checkpoint_problem(ckpt) is None
     os.unlink(ckpt / "model.safetensors")
     assert checkpoint_problem(ckpt) == "model.safetensors is missing"
+
+
+def test_a_save_that_fails_removes_its_partial_files(tiny, tmp_path, monkeypatch, capsys):
+    import errno
+
+    import longreel.trainer.checkpoint as checkpoint
+
+    def disk_full(model, filename, *a, **k):
+        Path(filename).write_bytes(b"\0" * 4096)  # part of the weights had reached the disk
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "save_model", disk_full)
+    out = tmp_path / "run"
+    assert _train(tiny, out, 4) == 1
+    err = capsys.readouterr().err
+    assert "failed: No space left on device" in err and "Traceback" not in err, err
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == []  # no partial step directory kept
+
+
+def test_a_run_removes_what_unfinished_saves_left(tiny, runs, tmp_path, caplog):
+    out = _copy(runs, tmp_path)
+    ckpts = out / "checkpoints"
+    (ckpts / ".tmp-step-000006").mkdir()
+    (ckpts / ".tmp-step-000006" / "model.safetensors").write_bytes(b"\0" * 3000)  # a save killed part way
+    (ckpts / ".latest.k2j4_a9b").write_text("step-0000")
+    (out / ".final-x8a1q0zz").mkdir()
+    (out / ".final-x8a1q0zz" / "model.safetensors").write_bytes(b"\0" * 500)
+    keep = out / ".final-notes.txt.d"  # not a save's: a directory of the user's own named otherwise is kept
+    keep.mkdir()
+    (out / "notes.tmp-step").write_text("mine")
+    with caplog.at_level("WARNING", logger="longreel.trainer"):
+        assert _train(tiny, out, 6) == 0
+    warned = [r.getMessage() for r in caplog.records if "saves that did not finish" in r.getMessage()]
+    assert len(warned) == 1, warned
+    for name in (".tmp-step-000006 (3,000 bytes)", ".latest.k2j4_a9b (9 bytes)", ".final-x8a1q0zz (500 bytes)"):
+        assert name in warned[0]
+    assert not list(ckpts.glob(".tmp-*")) and not list(ckpts.glob(".latest.*"))
+    assert sorted(p.name for p in out.glob(".final-*")) == [keep.name] and (out / "notes.tmp-step").exists()

@@ -55,9 +55,12 @@ log = logging.getLogger("longreel")
 
 __all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "prune_checkpoints", "clear_checkpoints",
            "rng_state", "set_rng_state", "write_json_atomic", "tied_aliases", "is_sharded_checkpoint", "TRAINING_STATE",
-           "RNG_PREFIX", "checkpoint_problem", "safetensors_problem", "resumable_checkpoint"]
+           "RNG_PREFIX", "checkpoint_problem", "safetensors_problem", "resumable_checkpoint", "remove_unfinished_saves",
+           "FINAL_TMP"]
 
 LATEST = "latest"
+#: the names of a save in progress: a step's directory, ``latest``'s next text, ``final/`` (``remove_unfinished_saves``)
+TMP_PREFIX, LATEST_TMP, FINAL_TMP = ".tmp-", ".latest.", ".final-"
 
 
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
@@ -328,13 +331,44 @@ def save_checkpoint(ckpt_root: str | os.PathLike, step: int, *, model: torch.nn.
     root = Path(ckpt_root)
     root.mkdir(parents=True, exist_ok=True)
     final = root / _step_name(step)
-    tmp = root / f".tmp-{_step_name(step)}"
+    tmp = root / f"{TMP_PREFIX}{_step_name(step)}"
     if rank == 0:
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()
     if barrier is not None and world > 1:
         barrier()
+    try:
+        _write_checkpoint(tmp, rank, world, barrier, model, optimizer, scheduler, step, trainer_state, sharded,
+                          policy_files)
+    except BaseException:
+        if rank == 0:  # a disk that filled up mid-save: the partial files would only hold on to its space
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if rank == 0:
+        for d in (tmp / SHARDED, tmp):
+            if d.is_dir():
+                _fsync(d)
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        _fsync(root)
+        fd, tmp_latest = tempfile.mkstemp(prefix=LATEST_TMP, dir=root)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(final.name + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp_latest, root / LATEST)
+        _fsync(root)
+    if barrier is not None and world > 1:
+        barrier()
+    return final
+
+
+def _write_checkpoint(tmp: Path, rank: int, world: int, barrier, model, optimizer, scheduler, step: int,
+                      trainer_state: dict, sharded: bool, policy_files) -> None:
+    """Every file of a checkpoint into ``tmp``, each rank its own, synced to the disk; returns after the ranks'
+    barrier."""
     t, meta = rng_state()
     save_file(t, str(tmp / f"{RNG_PREFIX}{rank}.safetensors"))
     _fsync(tmp / f"{RNG_PREFIX}{rank}.safetensors")
@@ -363,24 +397,29 @@ def save_checkpoint(ckpt_root: str | os.PathLike, step: int, *, model: torch.nn.
         write_json_atomic(tmp / "trainer_state.json", {**trainer_state, "step": step, "world": world, "files": files})
     if barrier is not None and world > 1:
         barrier()
-    if rank == 0:
-        for d in (tmp / SHARDED, tmp):
-            if d.is_dir():
-                _fsync(d)
-        if final.exists():
-            shutil.rmtree(final)
-        os.rename(tmp, final)
-        _fsync(root)
-        fd, tmp_latest = tempfile.mkstemp(prefix=".latest.", dir=root)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(final.name + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp_latest, root / LATEST)
-        _fsync(root)
-    if barrier is not None and world > 1:
-        barrier()
-    return final
+
+
+def remove_unfinished_saves(ckpt_root: str | os.PathLike, out_dir: str | os.PathLike) -> list[str]:
+    """Remove what saves that never finished left (a step's temp directory, ``latest``'s temp file, a ``final/`` being
+    written): a run killed or out of disk mid-save. Only the one run holding the directory's lock may call this: another
+    run's save in progress would look the same. Returns what was removed, with sizes, for the log."""
+    import re
+
+    # the exact names save_checkpoint, tempfile.mkstemp and tempfile.mkdtemp give (8 characters of [a-z0-9_])
+    ours = {Path(ckpt_root): re.compile(rf"{re.escape(TMP_PREFIX)}step-\d{{6,}}|{re.escape(LATEST_TMP)}[a-z0-9_]{{8}}"),
+            Path(out_dir): re.compile(rf"{re.escape(FINAL_TMP)}[a-z0-9_]{{8}}")}
+    removed = []
+    candidates = [p for d, name in ours.items() if d.is_dir() for p in d.iterdir() if name.fullmatch(p.name)]
+    for p in sorted(candidates):
+        if p.is_symlink():
+            continue
+        size = sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.is_dir() else p.stat().st_size
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+        removed.append(f"{p.name} ({size:,} bytes)")
+    return removed
 
 
 def clear_checkpoints(ckpt_root: str | os.PathLike) -> int:

@@ -516,7 +516,7 @@ class TrainSession:
         """Items, data order, optimizer, schedule, the checkpoint to resume and the logs (under the run's lock)."""
         from longreel.schemas.atomic import write_atomic
         from longreel.schemas.config import config_hash, dump_yaml
-        from longreel.trainer.checkpoint import clear_checkpoints, load_checkpoint
+        from longreel.trainer.checkpoint import clear_checkpoints, load_checkpoint, remove_unfinished_saves
         from longreel.trainer.logging_utils import MetricsLogger
         from longreel.trainer.preflight import check_resume, check_topology, resume_point
 
@@ -524,6 +524,10 @@ class TrainSession:
         self.stream = open_item_stream(cfg, items)
         self.total_steps = int(total_steps if total_steps is not None else cfg.run.steps)
         self.step = 0
+        if self.info.is_main:
+            removed = remove_unfinished_saves(self.ckpt_root, self.out_dir)  # this run holds the directory's lock
+            if removed:
+                log.warning("removed what saves that did not finish left in %s: %s", self.out_dir, ", ".join(removed))
         resume_from, passed_over = resume_point(cfg, self.ckpt_root) if cfg.run.resume else (None, [])
         if resume_from is not None and passed_over and self.info.is_main:
             # the steps after it run again, exactly as they ran (bitwise on CPU): lost time, not a different run
@@ -812,7 +816,7 @@ class TrainSession:
 
     def finish(self) -> str | None:
         """Final checkpoint + ``save_pretrained`` of model and processor to ``out_dir/final``."""
-        from longreel.trainer.checkpoint import latest_checkpoint
+        from longreel.trainer.checkpoint import FINAL_TMP, latest_checkpoint
 
         latest = latest_checkpoint(self.ckpt_root)
         if latest is None or latest.name != f"step-{self.step:06d}":
@@ -823,7 +827,7 @@ class TrainSession:
             import shutil
             import tempfile
 
-            tmp = tempfile.mkdtemp(prefix=".final-", dir=self.out_dir)
+            tmp = tempfile.mkdtemp(prefix=FINAL_TMP, dir=self.out_dir)
             if state is not None:
                 self.model.save_pretrained(tmp, state_dict=state)
             else:
