@@ -28,7 +28,9 @@ COMMANDS = {
     "judge": ("longreel.pipelines.cli_judge", "Judge: an LLM checks each question against the captions it was written from."),
     "filter": ("longreel.pipelines.cli_filter", "Pass-rate filter: answer each question k times, keep the medium ones."),
     "cost": ("longreel.pipelines.cli_cost", "Project a curation run's GPU-hours stage by stage, and what each lever saves."),
-    "train": ("longreel.trainer.cli_train", "Train the policy: CoT-SFT (sft), GRPO (grpo), or plot a run's curves (plot)."),
+    "train": ("longreel.trainer.cli_train",
+              "Train the policy: CoT-SFT (sft), GRPO (grpo); plot a run's curves (plot); a step checkpoint as a model "
+              "directory (export)."),
     "eval": ("longreel.trainer.cli_eval", "Greedy accuracy of a model on held-out shards, per category and problem type."),
     "cache": ("longreel.trainer.cli_cache", "List or prune the trainer's disk cache of remote shards."),
 }

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
+
+from longreel.schemas.config import unexpected_arguments
 
 DESCRIPTION = """\
 Data cards.
@@ -53,11 +56,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     v.add_argument("--no-loader", action="store_true",
                    help="Skip the second read of every split through the trainer's shard loader.")
     v.add_argument("--failures-only", action="store_true", help="Print only the rows that do not match.")
+    for sp in (b, v):  # what a misspelt option of the subcommand is matched against
+        sp.set_defaults(_card_options=tuple(re.findall(r"--[\w-]+", sp.format_usage())))
 
 
 def main(args, extra: list[str]) -> int:
     if extra:
-        print(f"longreel card: unexpected arguments {extra}", file=sys.stderr)
+        options = getattr(args, "_card_options", ())  # the subcommand's (build's or verify's)
+        print(f"longreel card: {unexpected_arguments(extra, options)}", file=sys.stderr)
         return 2
     if args.card_command == "build":
         from longreel.pipelines.card.build import build_card

@@ -3,10 +3,11 @@ command line, the command line they record and their exit code."""
 from __future__ import annotations
 
 import argparse
-import difflib
 import re
 import shlex
 import sys
+
+from longreel.schemas.config import closest
 
 EXIT_EMPTY = 3  # the run finished but nothing survived (see longreel.cli.EXIT_CODES)
 
@@ -47,12 +48,12 @@ def beam_args_error(beam_args: list[str], own_options=()) -> str | None:
     options = [a for a in rest if a.startswith("-")]
     if not options:
         return f"unexpected arguments {rest}" if rest else None
-    candidates = sorted(set(own_options) | set(re.findall(r"--[\w-]+", parser.format_usage())))
+    candidates = set(own_options) | set(re.findall(r"--[\w-]+", parser.format_usage()))
     named = []
     for option in options:
         flag = option.split("=", 1)[0]
-        near = difflib.get_close_matches(flag, candidates, n=1, cutoff=0.75)
-        named.append(flag + (f" (did you mean {near[0]}?)" if near else ""))
+        near = closest(flag, candidates)
+        named.append(flag + (f" (did you mean {near}?)" if near else ""))
     return (f"unknown option{'s' if len(named) > 1 else ''} {', '.join(named)}: neither an option of this command "
             "nor a Beam pipeline option (Beam would drop it with a warning and run without it)")
 

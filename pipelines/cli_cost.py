@@ -6,6 +6,8 @@ import json
 import os
 import sys
 
+from longreel.schemas.config import unexpected_arguments
+
 DESCRIPTION = """\
 Project the GPU-hours of a curation run, stage by stage (captioning, QRA generation and refinement, the blind
 text-only filter, the pass-rate filter), from a cost config: model throughput per replica, tokens per model call
@@ -50,7 +52,7 @@ def main(args, extra: list[str]) -> int:
     from longreel.pipelines import cost
 
     if extra:
-        print(f"longreel cost: unexpected arguments {extra}", file=sys.stderr)
+        print(f"longreel cost: {unexpected_arguments(extra, getattr(args, '_options', ()))}", file=sys.stderr)
         return 2
     overrides = list(args.overrides)
     for flag, key in (("videos", "scale.videos"), ("mean_duration_s", "scale.mean_duration_s"),

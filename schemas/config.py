@@ -11,6 +11,7 @@ bools (``true`` is not 1), an int field refuses floats, a str field takes number
 """
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import types
@@ -21,6 +22,23 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError, PydanticUndefined
 
+
+
+def closest(name: str, candidates, cutoff: float = 0.75) -> str | None:
+    """The candidate nearest to a misspelt ``name`` (difflib's ratio of at least ``cutoff``), or None."""
+    near = difflib.get_close_matches(name, sorted(candidates), n=1, cutoff=cutoff)
+    return near[0] if near else None
+
+
+def unexpected_arguments(extra: list[str], options=()) -> str:
+    """One line on the arguments a command was given and does not take: each unknown option with the nearest of the
+    command's ``options`` (``--sett`` -> ``--set``); the values after an unknown option are not named, since which
+    ones belong to it cannot be told."""
+    flags = [a.split("=", 1)[0] for a in extra if a.startswith("-") and a != "-"]
+    if not flags:
+        return f"unexpected arguments {extra}"
+    named = [f + (f" (did you mean {closest(f, options)}?)" if closest(f, options) else "") for f in flags]
+    return f"unknown option{'s' if len(named) > 1 else ''} {', '.join(named)}"
 
 class ConfigError(ValueError):
     pass
@@ -62,8 +80,14 @@ class ConfigModel(BaseModel):
         if isinstance(data, dict):
             unknown = set(data) - set(cls.model_fields)
             if unknown:
-                raise PydanticCustomError("unknown_keys", "unknown key(s) {unknown}; known: {known}",
-                                          {"unknown": sorted(unknown, key=str), "known": sorted(cls.model_fields)})
+                # field names are short: a looser match than for options ('clip_len' is 0.71 of 'clip_s')
+                near = {k: closest(str(k), cls.model_fields, cutoff=0.6) for k in sorted(unknown, key=str)}
+                near = {k: v for k, v in near.items() if v}
+                hint = ("" if not near else f" (did you mean {next(iter(near.values()))!r}?)" if len(unknown) == 1
+                        else f" (did you mean {', '.join(f'{v!r} for {k!r}' for k, v in near.items())}?)")
+                raise PydanticCustomError("unknown_keys", "unknown key(s) {unknown}{hint}; known: {known}",
+                                          {"unknown": sorted(unknown, key=str), "known": sorted(cls.model_fields),
+                                           "hint": hint})
         return data
 
     @field_validator("*", mode="before")

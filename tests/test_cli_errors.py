@@ -439,3 +439,20 @@ def test_ranks_that_cannot_meet_are_one_line_after_dist_timeout_s(tmp_path, caps
         rc, _, err = _run(capsys, argv)
     assert rc == 2 and "longreel train sft: rank 0: the 2 ranks could not meet" in err and "EADDRINUSE" in err, err
     assert "Traceback" not in err and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "sft", "--sett", "run.steps=3"], "longreel train: unknown option --sett (did you mean --set?)"),
+    (["eval", "--modle", "m"], "longreel eval: unknown option --modle (did you mean --model?)"),
+    (["cache", "list", "--jsn"], "longreel cache: unknown option --jsn (did you mean --json?)"),
+    (["card", "verify", "c", "s", "--failres-only"], "longreel card: unknown option --failres-only (did you mean "
+                                                      "--failures-only?)"),
+    (["cost", "--zzzz"], "longreel cost: unknown option --zzzz"),
+    (["train", "sft", "--sett", "a=1", "--optt", "b"], "longreel train: unknown options --sett (did you mean --set?), "
+                                                       "--optt"),
+])
+def test_a_misspelt_option_of_a_command_names_the_nearest_one(argv, message, capsys):
+    """``train``, ``eval``, ``cache``, ``card`` and ``cost`` said "unexpected arguments [...]": now the option, and
+    the command's nearest one (the pipeline commands do the same with Beam's options: tests/test_beam_args.py)."""
+    rc, _, err = _run(capsys, argv)
+    assert rc == 2 and err.strip() == message, err

@@ -157,3 +157,12 @@ def test_pickle_copy_and_equality():
     assert pickler.loads(pickler.dumps(cfg)) == cfg  # what a Beam DoFn holding the config goes through
     changed = cfg.model_copy(update={"stages": []})
     assert changed != cfg and cfg.stages == ["caption"] and changed.segment == cfg.segment
+
+
+def test_an_unknown_key_names_the_nearest_known_one():
+    with pytest.raises(ConfigError) as e:
+        load_yaml(TrainConfig, None, ["runn.steps=3"])
+    assert "unknown key(s) ['runn'] (did you mean 'run'?); known: [" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        load_yaml(TrainConfig, None, ["run.step=3", "run.xyzzy=1"])
+    assert "unknown key(s) ['step', 'xyzzy'] (did you mean 'steps' for 'step'?); known:" in str(e.value)

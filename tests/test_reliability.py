@@ -345,8 +345,9 @@ CASES = [
     # config
     Case("yaml_syntax_error", "--config with a YAML syntax error", _yaml_syntax, 2, message="not valid YAML"),
     Case("unknown_config_key", "--config with an unknown key", _unknown_config_key, 2,
-         message="unknown key(s) ['segmnet']"),
-    Case("unknown_set_key", "--set of an unknown key", _unknown_set_key, 2, message="unknown key(s) ['clip_len']"),
+         message="unknown key(s) ['segmnet'] (did you mean 'segment'?)"),
+    Case("unknown_set_key", "--set of an unknown key", _unknown_set_key, 2,
+         message="unknown key(s) ['clip_len'] (did you mean 'clip_s'?)"),
     Case("invalid_set_value", "--set with a value of the wrong type", _invalid_set_value, 2,
          message="segment.clip_s: expected a number, got 'abc'"),
     Case("unknown_stage", "--set stages=[...] naming no stage", _unknown_stage, 2, message="stages: unknown"),

@@ -6,6 +6,8 @@ import datetime as dt
 import json
 import sys
 
+from longreel.schemas.config import unexpected_arguments
+
 DESCRIPTION = """\
 The trainer downloads remote shards (http(s)://, gs://, s3://) once into a disk cache
 (data.cache_dir; default $LONGREEL_CACHE/shards or ~/.cache/longreel/shards) and never deletes
@@ -36,7 +38,7 @@ def main(args, extra: list[str]) -> int:
     from longreel.trainer.shard_cache import choose_evictions, default_cache_dir, prune, scan
 
     if extra:
-        print(f"longreel cache: unexpected arguments {extra}", file=sys.stderr)
+        print(f"longreel cache: {unexpected_arguments(extra, getattr(args, '_options', ()))}", file=sys.stderr)
         return 2
     criteria = [args.max_gb is not None, args.older_than_days is not None, args.all]
     if args.action == "list" and (any(criteria) or args.dry_run):

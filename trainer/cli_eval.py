@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from longreel.schemas.config import ConfigError, load_yaml
+from longreel.schemas.config import ConfigError, load_yaml, unexpected_arguments
 
 DESCRIPTION = """\
 Evaluate a policy on held-out shards: greedy decoding, scored with the trainer's reward code (trainer.rewards),
@@ -31,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args, extra: list[str]) -> int:
     if extra:
-        print(f"longreel eval: unexpected arguments {extra}", file=sys.stderr)
+        print(f"longreel eval: {unexpected_arguments(extra, getattr(args, '_options', ()))}", file=sys.stderr)
         return 2
     from longreel.trainer.config import TrainConfig
 

@@ -6,7 +6,7 @@ import json
 import logging
 import sys
 
-from longreel.schemas.config import ConfigError, describe, dump_yaml, load_yaml
+from longreel.schemas.config import ConfigError, describe, dump_yaml, load_yaml, unexpected_arguments
 
 log = logging.getLogger("longreel")
 
@@ -60,7 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args, extra: list[str]) -> int:
     if extra:
-        print(f"longreel train: unexpected arguments {extra}", file=sys.stderr)
+        print(f"longreel train: {unexpected_arguments(extra, getattr(args, '_options', ()))}", file=sys.stderr)
         return 2
     from longreel.trainer.config import TrainConfig
 
