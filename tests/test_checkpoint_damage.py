@@ -202,3 +202,19 @@ def test_a_run_removes_what_unfinished_saves_left(tiny, runs, tmp_path, caplog):
         assert name in warned[0]
     assert not list(ckpts.glob(".tmp-*")) and not list(ckpts.glob(".latest.*"))
     assert sorted(p.name for p in out.glob(".final-*")) == [keep.name] and (out / "notes.tmp-step").exists()
+
+
+@pytest.mark.parametrize("torn", ['{"step": 5, "stage": "grpo", "loss": 0.1', "\0" * 64 + "\n"],
+                         ids=["half-a-line", "nul-bytes"])
+def test_a_metrics_line_cut_short_by_a_kill_does_not_stop_the_resume(tiny, runs, tmp_path, caplog, torn):
+    """A run killed (or a machine gone down) while it wrote a line of metrics.jsonl: the resume read the file with
+    json.loads and failed with a JSONDecodeError reported as an internal error."""
+    out = _copy(runs, tmp_path)
+    with open(out / "metrics.jsonl", "a") as fh:
+        fh.write(torn)
+    with caplog.at_level("WARNING", logger="longreel.trainer"):
+        assert _train(tiny, out, 6) == 0
+    if torn.startswith("{"):
+        assert any("left out 1 line(s) that are not whole JSON (line 5)" in r.getMessage() for r in caplog.records)
+    rows = [[(r["step"], r.get("loss")) for r in read_metrics(d / "metrics.jsonl")] for d in (runs / "straight", out)]
+    assert rows[0] == rows[1]

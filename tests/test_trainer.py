@@ -209,8 +209,21 @@ def test_plot_draws_png(tmp_path):
     rows[1]["eval_accuracy"], rows[3]["eval_accuracy"] = 0.25, 0.5
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert plot_metrics([run], out) == ["reward_mean", "eval_accuracy", "loss"]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"--keys: nope not in the runs' metrics; they hold eval_accuracy, loss, "
+                                         r"reward_mean"):
         plot_metrics([run], out, keys=["nope"])
+    with pytest.raises(ValueError, match=r"--keys: los \(did you mean loss\?\) not in"):
+        plot_metrics([run], out, keys=["loss", "los"])  # every key asked for by name is drawn, or none
+    with pytest.raises(ValueError, match="holds no metrics.jsonl: not a training run's directory"):
+        plot_metrics([tmp_path], out)
+    # a last line cut short (a run killed while writing it) is left out; a bad line in the middle is named
+    with open(run / "metrics.jsonl", "a") as fh:
+        fh.write('{"step": 6, "stage": "grpo", "rew')
+    assert plot_metrics([run], out, keys=["loss"]) == ["loss"]
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text("\n".join([lines[0], "garbage", *lines[1:5]]) + "\n")
+    with pytest.raises(ValueError, match=r"metrics.jsonl:2: not a JSON line"):
+        plot_metrics([run], out)
 
 
 def test_synthetic_task_through_the_shard_writer_and_loader(policy, tmp_path):

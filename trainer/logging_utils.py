@@ -2,7 +2,8 @@
 
 Only rank 0 writes. ``metrics.jsonl`` has one JSON object per logged step (``{"step": N, "stage": ..., name:
 value, ...}``); when a run resumes from step ``S`` the lines after ``S`` (written after the checkpoint by a run that
-then died) are dropped first, so the file always describes one continuous run.
+then died) are dropped first, so the file always describes one continuous run, and so are lines that are not whole
+JSON (a run killed while it wrote one), with a warning.
 """
 from __future__ import annotations
 
@@ -29,13 +30,38 @@ def _clean(value: Any) -> Any:
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict]:
-    rows = []
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            line = line.strip()
-            if line:
-                rows.append(json.loads(line))
+    """The rows of a ``metrics.jsonl``. A last line cut short (a run killed, or a machine that went down, while it
+    wrote the line: part of it, or NUL bytes) is left out with a warning; a line in the middle that is not JSON is an
+    error (``ValueError``) naming it."""
+    rows, bad = _parse_lines(path)
+    if bad and bad[-1][0] < _line_count(path):
+        raise ValueError(f"{path}:{bad[0][0]}: not a JSON line ({bad[0][1]})")
+    if bad:
+        log.warning("%s: its last line (line %d) is cut short, as a run killed while writing it leaves it: left out",
+                    path, bad[0][0])
     return rows
+
+
+def _line_count(path) -> int:
+    with open(path, "rb") as fh:
+        return sum(1 for line in fh if line.strip(b" \t\r\n\0"))
+
+
+def _parse_lines(path) -> tuple[list[dict], list[tuple[int, str]]]:
+    """Rows, and ``(line number, error)`` of the non-blank lines that are not a JSON object."""
+    rows, bad = [], []
+    with open(path, "rb") as fh:
+        for number, raw in enumerate((r for r in fh if r.strip(b" \t\r\n\0")), start=1):
+            try:
+                row = json.loads(raw.decode("utf-8"))
+            except (ValueError, UnicodeDecodeError) as err:
+                bad.append((number, str(err)))
+                continue
+            if isinstance(row, dict):
+                rows.append(row)
+            else:
+                bad.append((number, "not a JSON object"))
+    return rows, bad
 
 
 class MetricsLogger:
@@ -50,7 +76,11 @@ class MetricsLogger:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path.exists():
-            kept = [r for r in read_metrics(self.path) if int(r.get("step", 0)) <= start_step]
+            rows, bad = _parse_lines(self.path)
+            if bad:  # a run killed mid-line (or a disk that filled up): the record goes on without the torn line
+                log.warning("%s: left out %d line(s) that are not whole JSON (line %s), as a run killed while writing "
+                            "leaves them", self.path, len(bad), ", ".join(str(n) for n, _ in bad))
+            kept = [r for r in rows if int(r.get("step", 0)) <= start_step]
             write_atomic(self.path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
         self._fh = open(self.path, "a", encoding="utf-8")
         if tensorboard:

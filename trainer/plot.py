@@ -34,13 +34,26 @@ def plot_metrics(runs: Sequence[str | os.PathLike], out_png: str | os.PathLike, 
         path = Path(run)
         if path.is_dir():
             path = path / "metrics.jsonl"
+            if not path.is_file():
+                raise ValueError(f"{run} holds no metrics.jsonl: not a training run's directory (run.out_dir)")
+        elif not path.is_file():
+            raise ValueError(f"{run}: no such run directory or metrics.jsonl")
         rows = read_metrics(path)
         if not rows:
             raise ValueError(f"{path} has no metrics")
         series.append((str(run), rows))
     stage = series[0][1][0].get("stage", "grpo")
     wanted = list(keys) if keys else list(DEFAULT_KEYS.get(stage, DEFAULT_KEYS["grpo"]))
-    present = [k for k in wanted if any(isinstance(r.get(k), (int, float)) for _, rows in series for r in rows)]
+    logged = {k for _, rows in series for r in rows for k, v in r.items()
+              if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
+    missing = [k for k in wanted if k not in logged]
+    if keys and missing:  # asked for by name: a misspelt key would otherwise just not be drawn
+        from longreel.schemas.config import closest
+
+        named = [k + (f" (did you mean {closest(k, logged, cutoff=0.6)}?)" if closest(k, logged, cutoff=0.6) else "")
+                 for k in missing]
+        raise ValueError(f"--keys: {', '.join(named)} not in the runs' metrics; they hold {', '.join(sorted(logged))}")
+    present = [k for k in wanted if k in logged]
     if not present:
         raise ValueError(f"none of {wanted} are in the metrics")
     cols = min(3, len(present))
