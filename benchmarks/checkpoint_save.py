@@ -56,7 +56,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--layers", type=int, default=30)
     ap.add_argument("--hidden", type=int, default=576)
-    ap.add_argument("--dir", default=None, help="Where to write the checkpoints (default: a temp dir on $TMPDIR's disk).")
+    ap.add_argument("--dir", default=None,
+                    help="Where to write the checkpoints (default: a temp dir on $TMPDIR's disk).")
     ap.add_argument("--out", default="benchmarks/results/checkpoint_save.json")
     args = ap.parse_args()
     model, opt = build(args.layers, args.hidden)
