@@ -216,6 +216,7 @@ def test_unreadable_held_out_shards_stop_every_rank_with_one_line(tmp_path):
     alone = json.loads(proc.stdout)
     assert alone["n"] == 5 and len(alone["outputs"]) == 5
     assert (rows[-1]["eval_accuracy"], rows[-1]["eval_format_rate"]) == (alone["accuracy"], alone["format_rate"])
+    assert [rows[-1]["eval_accuracy_ci95_low"], rows[-1]["eval_accuracy_ci95_high"]] == alone["accuracy_ci95"]
     assert {k: rows[-1][f"eval_accuracy/{k}"] for k in ("colour", "count")} == \
         {k: v["accuracy"] for k, v in alone["per_category"].items()}
     # `longreel eval` under torchrun: each rank a share, rank 0 alone prints the one-process result

@@ -147,6 +147,25 @@ def test_evaluate_reports_per_category_and_skips_bad_items(policy):
     again = [score(o["output"], "multiple_choice", o["answer"], it["options"]).accuracy
              for o, it in zip(res["outputs"], items)]
     assert res["accuracy"] == pytest.approx(sum(again) / 4)
+    from longreel.trainer.eval import ci95
+
+    assert res["accuracy_ci95"] == ci95(again)
+    for k, v in res["per_category"].items():
+        assert v["accuracy_ci95"] == ci95([a for a, it in zip(again, items) if it["category"] == k])
+
+
+def test_ci95_is_wilson_for_right_or_wrong_and_the_mean_interval_for_partial_scores():
+    from longreel.trainer.eval import ci95
+
+    # the Wilson score interval's published values (e.g. 5 of 10: 0.2366-0.7634)
+    assert ci95([1] * 5 + [0] * 5) == [0.236593, 0.763407]
+    assert ci95([0] * 9) == [0.0, 0.299145]  # 0 right of 9: not [0, 0], as the normal interval would say
+    assert ci95([1] * 10) == [0.722467, 1.0]
+    assert ci95([1] * 100 + [0] * 100) == [0.431361, 0.568639]
+    assert ci95([0.5, 0.7, 0.2]) == [0.181891, 0.751443]  # 0.4667 +- 1.96 * 0.2517 / sqrt(3)
+    assert ci95([0.3]) == [0.0, 1.0] and ci95([]) is None
+    low, high = ci95([1] * 30 + [0] * 70)
+    assert low < 0.3 < high and high - low > ci95([1] * 300 + [0] * 700)[1] - ci95([1] * 300 + [0] * 700)[0]
 
 
 def test_evaluate_answers_each_item_alike_in_any_batch(policy):
@@ -209,8 +228,13 @@ def test_plot_draws_png(tmp_path):
     rows[1]["eval_accuracy"], rows[3]["eval_accuracy"] = 0.25, 0.5
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert plot_metrics([run], out) == ["reward_mean", "eval_accuracy", "loss"]
-    with pytest.raises(ValueError, match=r"--keys: nope not in the runs' metrics; they hold eval_accuracy, loss, "
-                                         r"reward_mean"):
+    # with its 95% interval, shaded around the curve rather than drawn as panels of their own
+    rows[1].update(eval_accuracy_ci95_low=0.1, eval_accuracy_ci95_high=0.45)
+    rows[3].update(eval_accuracy_ci95_low=0.3, eval_accuracy_ci95_high=0.7)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert plot_metrics([run], out) == ["reward_mean", "eval_accuracy", "loss"]
+    with pytest.raises(ValueError, match=r"--keys: nope not in the runs' metrics; they hold eval_accuracy, "
+                                         r"eval_accuracy_ci95_high, eval_accuracy_ci95_low, loss, reward_mean"):
         plot_metrics([run], out, keys=["nope"])
     with pytest.raises(ValueError, match=r"--keys: los \(did you mean loss\?\) not in"):
         plot_metrics([run], out, keys=["loss", "los"])  # every key asked for by name is drawn, or none

@@ -71,6 +71,11 @@ def plot_metrics(runs: Sequence[str | os.PathLike], out_png: str | os.PathLike, 
                 ax.plot(xs, avg, label=label, color=raw.get_color())
             else:
                 ax.plot(xs, ys, label=label)
+            band = [(r["step"], r[f"{key}_ci95_low"], r[f"{key}_ci95_high"]) for r in rows
+                    if isinstance(r.get(key), (int, float)) and isinstance(r.get(f"{key}_ci95_low"), (int, float))]
+            if band:  # the held-out accuracy's 95% interval: how much of a step-to-step change is the sample
+                ax.fill_between([b[0] for b in band], [b[1] for b in band], [b[2] for b in band], alpha=0.15,
+                                color=ax.get_lines()[-1].get_color(), linewidth=0)
         ax.set_title(key)
         ax.set_xlabel("step")
     for ax in list(axes.flat)[len(present):]:

@@ -780,6 +780,8 @@ class TrainSession:
         res = summarize(r for share in everyone for r in share)
         out = {"eval_accuracy": res["accuracy"], "eval_format_rate": res["format_rate"], "eval_n": res["n"],
                "eval_skipped": res["skipped"]}
+        if res["accuracy_ci95"] is not None:  # `train plot` shades it around the eval_accuracy curve
+            out["eval_accuracy_ci95_low"], out["eval_accuracy_ci95_high"] = res["accuracy_ci95"]
         out.update({f"eval_accuracy/{k}": v["accuracy"] for k, v in res["per_category"].items()})
         return out
 
