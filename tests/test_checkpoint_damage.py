@@ -70,7 +70,7 @@ def test_a_whole_checkpoint_lists_its_files_and_passes(runs):
     assert resumable_checkpoint(runs / "nothing-here") == (None, [])
 
 
-@pytest.mark.parametrize("damage", ["cut", "empty", "missing", "json", "rng"])
+@pytest.mark.parametrize("damage", ["cut", "empty", "missing", "json", "rng", "state", "outside"])
 def test_checkpoint_problem_names_what_is_wrong(runs, tmp_path, damage):
     ckpt = _copy(runs, tmp_path) / "checkpoints" / "step-000004"
     if damage == "cut":  # a copy that stopped part way: the header says more bytes than there are
@@ -85,9 +85,16 @@ def test_checkpoint_problem_names_what_is_wrong(runs, tmp_path, damage):
     elif damage == "json":
         _cut(ckpt / "optimizer.json", 10)
         want = "optimizer.json (10 bytes) is not whole JSON"
-    else:
+    elif damage == "rng":
         (ckpt / "rng-rank0.safetensors").unlink()
         want = "rng-rank0.safetensors is missing"
+    elif damage == "state":  # whole JSON, but not a checkpoint's
+        (ckpt / "trainer_state.json").write_text('{"world": "two"}')
+        want = "its state files do not describe a checkpoint (ValueError"
+    else:
+        state = json.loads((ckpt / "trainer_state.json").read_text())
+        (ckpt / "trainer_state.json").write_text(json.dumps({**state, "files": ["../../../etc/hostname"]}))
+        want = "it lists '../../../etc/hostname', not a file inside it"
     problem = checkpoint_problem(ckpt)
     assert problem is not None and want in problem, problem
     path, passed_over = resumable_checkpoint(ckpt.parent)

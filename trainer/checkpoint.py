@@ -240,6 +240,8 @@ def safetensors_problem(path: str | os.PathLike) -> str | None:
 
 
 def _file_problem(root: Path, rel: str) -> str | None:
+    if Path(rel).is_absolute() or ".." in Path(rel).parts:  # the lists only ever name files inside the checkpoint
+        return f"it lists {rel!r}, not a file inside it"
     path = root / rel
     if not path.is_file():
         return f"{rel} is missing"
@@ -263,9 +265,13 @@ def checkpoint_problem(path: str | os.PathLike) -> str | None:
     problem = _file_problem(root, "trainer_state.json")
     if problem is not None:
         return problem
-    state = json.loads((root / "trainer_state.json").read_bytes())
-    if not isinstance(state, dict) or not isinstance(state.get("world", 1), int):
-        return "trainer_state.json is not a checkpoint's state"
+    try:
+        return _listed_files_problem(root, json.loads((root / "trainer_state.json").read_bytes()))
+    except (AttributeError, TypeError, ValueError) as err:  # whole JSON, but not what a checkpoint writes
+        return f"its state files do not describe a checkpoint ({type(err).__name__}: {err})"
+
+
+def _listed_files_problem(root: Path, state: dict) -> str | None:
     listed = state.get("files")
     if listed is None:  # an older checkpoint: what it must hold, and whatever is there
         weights = [] if is_sharded_checkpoint(root) else ["model.safetensors"]
