@@ -23,7 +23,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from pydantic_core import PydanticCustomError, PydanticUndefined
 
 
-
 def closest(name: str, candidates, cutoff: float = 0.75) -> str | None:
     """The candidate nearest to a misspelt ``name`` (difflib's ratio of at least ``cutoff``), or None."""
     near = difflib.get_close_matches(name, sorted(candidates), n=1, cutoff=cutoff)
@@ -39,6 +38,7 @@ def unexpected_arguments(extra: list[str], options=()) -> str:
         return f"unexpected arguments {extra}"
     named = [f + (f" (did you mean {closest(f, options)}?)" if closest(f, options) else "") for f in flags]
     return f"unknown option{'s' if len(named) > 1 else ''} {', '.join(named)}"
+
 
 class ConfigError(ValueError):
     pass

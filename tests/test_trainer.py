@@ -248,6 +248,10 @@ def test_plot_draws_png(tmp_path):
     (run / "metrics.jsonl").write_text("\n".join([lines[0], "garbage", *lines[1:5]]) + "\n")
     with pytest.raises(ValueError, match=r"metrics.jsonl:2: not a JSON line"):
         plot_metrics([run], out)
+    with open(run / "metrics.jsonl", "a") as fh:  # and a torn last line besides: the one in the middle is named
+        fh.write('{"step": 6, "rew')
+    with pytest.raises(ValueError, match=r"metrics.jsonl:2: not a JSON line"):
+        plot_metrics([run], out)
 
 
 def test_synthetic_task_through_the_shard_writer_and_loader(policy, tmp_path):

@@ -34,11 +34,13 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
     wrote the line: part of it, or NUL bytes) is left out with a warning; a line in the middle that is not JSON is an
     error (``ValueError``) naming it."""
     rows, bad = _parse_lines(path)
-    if bad and bad[-1][0] < _line_count(path):
-        raise ValueError(f"{path}:{bad[0][0]}: not a JSON line ({bad[0][1]})")
+    last = _line_count(path)
+    inside = [(n, err) for n, err in bad if n != last]
+    if inside:
+        raise ValueError(f"{path}:{inside[0][0]}: not a JSON line ({inside[0][1]})")
     if bad:
         log.warning("%s: its last line (line %d) is cut short, as a run killed while writing it leaves it: left out",
-                    path, bad[0][0])
+                    path, last)
     return rows
 
 
