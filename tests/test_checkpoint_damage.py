@@ -70,6 +70,26 @@ def test_a_whole_checkpoint_lists_its_files_and_passes(runs):
     assert resumable_checkpoint(runs / "nothing-here") == (None, [])
 
 
+def test_rank_0_does_not_list_another_ranks_file_on_its_way_to_its_name(tmp_path):
+    """Rank 0 lists its own files while the other ranks may still be writing theirs: rank 1's RNG JSON under its
+    temporary name (``.tmp-<hex>-rng-rank1.json``, renamed a moment later) was once listed, and the checkpoint then
+    failed its own check (caught by the 2-rank FSDP test in a newcomer run of the whole suite)."""
+    from longreel.trainer.checkpoint import save_checkpoint
+
+    model = torch.nn.Linear(2, 2)
+    temp = ".tmp-0123456789abcdef0123456789abcdef-rng-rank1.json"
+
+    def policy_files(d):  # rank 0's own files are written while another rank's temp file sits beside them
+        (d / "config.json").write_text("{}")
+        (d / temp).write_text("{")
+
+    path = save_checkpoint(tmp_path, 1, model=model, optimizer=None, scheduler=None, trainer_state={"loader": {}},
+                           policy_files=policy_files)
+    assert json.loads((path / "trainer_state.json").read_text())["files"] == ["config.json", "model.safetensors"]
+    (path / temp).unlink()  # the other rank renamed it
+    assert checkpoint_problem(path) is None
+
+
 @pytest.mark.parametrize("damage", ["cut", "empty", "missing", "json", "rng", "state", "outside"])
 def test_checkpoint_problem_names_what_is_wrong(runs, tmp_path, damage):
     ckpt = _copy(runs, tmp_path) / "checkpoints" / "step-000004"

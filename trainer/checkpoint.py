@@ -221,8 +221,12 @@ def _files_under(root: Path, skip=lambda rel: False) -> list[str]:
 
 
 def _written_by_others(rel: str) -> bool:
-    """The files of a checkpoint directory that some rank other than 0 may be writing while rank 0 lists its own."""
-    return rel.startswith(RNG_PREFIX) or rel.split("/", 1)[0] == SHARDED
+    """The files of a checkpoint directory that some rank other than 0 may be writing while rank 0 lists its own, and
+    temporary files: another rank's JSON on its way to its name (``.tmp-*-rng-rank1.json``, renamed a moment later;
+    a 2-rank test on a busy machine caught rank 0 listing one). No file of a checkpoint has a name starting with a
+    dot."""
+    parts = rel.split("/")
+    return parts[0].startswith(RNG_PREFIX) or parts[0] == SHARDED or any(p.startswith(".") for p in parts)
 
 
 def safetensors_problem(path: str | os.PathLike) -> str | None:
