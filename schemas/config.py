@@ -36,7 +36,7 @@ def unexpected_arguments(extra: list[str], options=()) -> str:
     flags = [a.split("=", 1)[0] for a in extra if a.startswith("-") and a != "-"]
     if not flags:
         return f"unexpected arguments {extra}"
-    named = [f + (f" (did you mean {closest(f, options)}?)" if closest(f, options) else "") for f in flags]
+    named = [f + (f" (did you mean {near}?)" if (near := closest(f, options)) else "") for f in flags]
     return f"unknown option{'s' if len(named) > 1 else ''} {', '.join(named)}"
 
 

@@ -49,7 +49,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
-from longreel.schemas.atomic import write_atomic
+from longreel.schemas.atomic import temp_target, write_atomic
 
 log = logging.getLogger("longreel")
 
@@ -222,11 +222,10 @@ def _files_under(root: Path, skip=lambda rel: False) -> list[str]:
 
 def _written_by_others(rel: str) -> bool:
     """The files of a checkpoint directory that some rank other than 0 may be writing while rank 0 lists its own, and
-    temporary files: another rank's JSON on its way to its name (``.tmp-*-rng-rank1.json``, renamed a moment later;
-    a 2-rank test on a busy machine caught rank 0 listing one). No file of a checkpoint has a name starting with a
-    dot."""
+    ``write_atomic``'s temporary names: another rank's JSON on its way to its name (``.tmp-<hex>-rng-rank1.json``,
+    renamed a moment later; a 2-rank test on a busy machine caught rank 0 listing one)."""
     parts = rel.split("/")
-    return parts[0].startswith(RNG_PREFIX) or parts[0] == SHARDED or any(p.startswith(".") for p in parts)
+    return parts[0].startswith(RNG_PREFIX) or parts[0] == SHARDED or any(temp_target(p) for p in parts)
 
 
 def safetensors_problem(path: str | os.PathLike) -> str | None:

@@ -33,8 +33,7 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
     """The rows of a ``metrics.jsonl``. A last line cut short (a run killed, or a machine that went down, while it
     wrote the line: part of it, or NUL bytes) is left out with a warning; a line in the middle that is not JSON is an
     error (``ValueError``) naming it."""
-    rows, bad = _parse_lines(path)
-    last = _line_count(path)
+    rows, bad, last = _parse_lines(path)
     inside = [(n, err) for n, err in bad if n != last]
     if inside:
         raise ValueError(f"{path}:{inside[0][0]}: not a JSON line ({inside[0][1]})")
@@ -44,14 +43,10 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
     return rows
 
 
-def _line_count(path) -> int:
-    with open(path, "rb") as fh:
-        return sum(1 for line in fh if line.strip(b" \t\r\n\0"))
-
-
-def _parse_lines(path) -> tuple[list[dict], list[tuple[int, str]]]:
-    """Rows, and ``(line number, error)`` of the non-blank lines that are not a JSON object."""
-    rows, bad = [], []
+def _parse_lines(path) -> tuple[list[dict], list[tuple[int, str]], int]:
+    """Rows, ``(line number, error)`` of the non-blank lines that are not a JSON object, and the number of non-blank
+    lines."""
+    rows, bad, number = [], [], 0
     with open(path, "rb") as fh:
         for number, raw in enumerate((r for r in fh if r.strip(b" \t\r\n\0")), start=1):
             try:
@@ -63,7 +58,7 @@ def _parse_lines(path) -> tuple[list[dict], list[tuple[int, str]]]:
                 rows.append(row)
             else:
                 bad.append((number, "not a JSON object"))
-    return rows, bad
+    return rows, bad, number
 
 
 class MetricsLogger:
@@ -78,7 +73,7 @@ class MetricsLogger:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path.exists():
-            rows, bad = _parse_lines(self.path)
+            rows, bad, _ = _parse_lines(self.path)
             if bad:  # a run killed mid-line (or a disk that filled up): the record goes on without the torn line
                 log.warning("%s: left out %d line(s) that are not whole JSON (line %s), as a run killed while writing "
                             "leaves them", self.path, len(bad), ", ".join(str(n) for n, _ in bad))

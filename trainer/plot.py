@@ -50,8 +50,7 @@ def plot_metrics(runs: Sequence[str | os.PathLike], out_png: str | os.PathLike, 
     if keys and missing:  # asked for by name: a misspelt key would otherwise just not be drawn
         from longreel.schemas.config import closest
 
-        named = [k + (f" (did you mean {closest(k, logged, cutoff=0.6)}?)" if closest(k, logged, cutoff=0.6) else "")
-                 for k in missing]
+        named = [k + (f" (did you mean {near}?)" if (near := closest(k, logged, cutoff=0.6)) else "") for k in missing]
         raise ValueError(f"--keys: {', '.join(named)} not in the runs' metrics; they hold {', '.join(sorted(logged))}")
     present = [k for k in wanted if k in logged]
     if not present:
