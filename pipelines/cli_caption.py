@@ -107,10 +107,10 @@ def main(args, beam_args: list[str]) -> int:
         for key, default, help_text in describe(CaptionConfig, "caption."):
             print(f"{key} = {default}\n    {help_text}")
         return 0
+    if refuse_beam_args("caption", args, beam_args):  # first: a stray positional is most likely the --clips-dir
+        return 2
     if not args.clips_dir:
         print("longreel caption: --clips-dir is required", file=sys.stderr)
-        return 2
-    if refuse_beam_args("caption", args, beam_args):
         return 2
     try:
         cfg = load_config(args)

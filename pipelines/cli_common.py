@@ -7,7 +7,7 @@ import re
 import shlex
 import sys
 
-from longreel.schemas.config import closest
+from longreel.schemas.config import closest, unexpected_arguments
 
 EXIT_EMPTY = 3  # the run finished but nothing survived (see longreel.cli.EXIT_CODES)
 
@@ -30,13 +30,14 @@ def exit_code(name: str, doc: dict, products: list[str], out_dir: str) -> int:
     return EXIT_EMPTY
 
 
-def beam_args_error(beam_args: list[str], own_options=()) -> str | None:
+def beam_args_error(beam_args: list[str], own_options=(), positional_for: str | None = None) -> str | None:
     """Why the arguments left over by a pipeline subcommand's own parser are not all Beam pipeline options, or None.
 
     Beam drops an option it does not know with a warning ("Discarding unparseable args") and runs on, so a misspelt
     option (``--workerz 2``, ``--run DataflowRunner``, ``--temp-location``) gave a run without it that exited 0: a
     local run instead of a Dataflow job, the default instead of the value typed. The options known are those of
-    every Beam options class, the named runner's included; ``own_options`` (the subcommand's) serve suggestions."""
+    every Beam options class, the named runner's included; ``own_options`` (the subcommand's) serve suggestions, and a
+    lone positional argument is named as the value of ``positional_for`` (or of ``--config``, a YAML file)."""
     args = list(beam_args)
     parser = _beam_parser()
     try:
@@ -47,7 +48,7 @@ def beam_args_error(beam_args: list[str], own_options=()) -> str | None:
         known, rest = _beam_parser().parse_known_args(args)
     options = [a for a in rest if a.startswith("-")]
     if not options:
-        return f"unexpected arguments {rest}" if rest else None
+        return unexpected_arguments(rest, own_options, positional_for) if rest else None
     candidates = set(own_options) | set(re.findall(r"--[\w-]+", parser.format_usage()))
     named = []
     for option in options:
@@ -83,7 +84,11 @@ def _import_runner(name: str) -> bool:
 
 def refuse_beam_args(name: str, args, beam_args: list[str] | None) -> bool:
     """Print why the leftover arguments of ``longreel NAME`` are refused, if they are; True then (exit 2)."""
-    error = beam_args_error(beam_args or [], getattr(args, "_options", ()))
+    options = getattr(args, "_options", ())
+    # the run directory a stray positional most likely is: the command's own option for it, when not given
+    directory = next((o for o in ("--out", "--clips-dir") if o in options), None)
+    given = directory is not None and getattr(args, directory[2:].replace("-", "_"), None)
+    error = beam_args_error(beam_args or [], options, None if given else directory)
     if error is not None:
         print(f"longreel {name}: {error}", file=sys.stderr)
     return error is not None
@@ -100,10 +105,10 @@ def model_stage_config(name: str, cls, args, section: str, beam_args: list[str] 
         for key, default, help_text in describe(cls):
             print(f"{key} = {default}\n    {help_text}")
         return None, 0
+    if beam_args is not None and refuse_beam_args(name, args, beam_args):  # first: a stray positional is the --out
+        return None, 2
     if not args.out:
         print(f"longreel {name}: --out is required", file=sys.stderr)
-        return None, 2
-    if beam_args is not None and refuse_beam_args(name, args, beam_args):
         return None, 2
     overrides = list(args.overrides) + ([f"model={args.model}"] if args.model else []) + \
         ([f"backend={args.backend}"] if args.backend else [])

@@ -52,7 +52,9 @@ def main(args, extra: list[str]) -> int:
     from longreel.pipelines import cost
 
     if extra:
-        print(f"longreel cost: {unexpected_arguments(extra, getattr(args, '_options', ()))}", file=sys.stderr)
+        problem = unexpected_arguments(extra, getattr(args, "_options", ()),
+                                       positional_for=None if args.stats else "--stats")
+        print(f"longreel cost: {problem}", file=sys.stderr)
         return 2
     overrides = list(args.overrides)
     for flag, key in (("videos", "scale.videos"), ("mean_duration_s", "scale.mean_duration_s"),

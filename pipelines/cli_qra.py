@@ -111,10 +111,10 @@ def main(args, beam_args: list[str]) -> int:
         for key, default, help_text in describe(QRAConfig, "qra."):
             print(f"{key} = {default}\n    {help_text}")
         return 0
+    if refuse_beam_args("qra", args, beam_args):  # first: a stray positional is most likely the --out meant
+        return 2
     if not args.out:
         print("longreel qra: --out is required", file=sys.stderr)
-        return 2
-    if refuse_beam_args("qra", args, beam_args):
         return 2
     try:
         cfg = load_config(args)

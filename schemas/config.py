@@ -29,12 +29,19 @@ def closest(name: str, candidates, cutoff: float = 0.75) -> str | None:
     return near[0] if near else None
 
 
-def unexpected_arguments(extra: list[str], options=()) -> str:
+def unexpected_arguments(extra: list[str], options=(), positional_for: str | None = None) -> str:
     """One line on the arguments a command was given and does not take: each unknown option with the nearest of the
     command's ``options`` (``--sett`` -> ``--set``); the values after an unknown option are not named, since which
-    ones belong to it cannot be told."""
+    ones belong to it cannot be told. A lone positional argument is what the user meant as an option's value: a
+    YAML file is a ``--config`` (when the command has one), anything else the ``positional_for`` option's value
+    (``longreel eval RUN/final`` -> ``--model RUN/final``)."""
     flags = [a.split("=", 1)[0] for a in extra if a.startswith("-") and a != "-"]
     if not flags:
+        if len(extra) == 1:
+            value = extra[0]
+            option = "--config" if value.endswith((".yaml", ".yml")) and "--config" in options else positional_for
+            hint = f" (did you mean {option} {value}?)" if option else ""
+            return f"unexpected argument {value!r}{hint}"
         return f"unexpected arguments {extra}"
     named = [f + (f" (did you mean {near}?)" if (near := closest(f, options)) else "") for f in flags]
     return f"unknown option{'s' if len(named) > 1 else ''} {', '.join(named)}"

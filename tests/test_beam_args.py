@@ -27,7 +27,8 @@ def test_beam_options_pass(argv):
     (DATAFLOW + ["--sett", "a=1", "--qra_table", "x"],
      "unknown options --sett (did you mean --set?), --qra_table (did you mean --qra-table?)"),
     (["--zzzz"], "unknown option --zzzz:"),
-    (["clips.mp4"], "unexpected arguments ['clips.mp4']"),
+    (["clips.mp4"], "unexpected argument 'clips.mp4'"),
+    (["a.mp4", "b.mp4"], "unexpected arguments ['a.mp4', 'b.mp4']"),
     (["--num_workers", "four"], "bad Beam option: argument --num_workers: invalid int value: 'four'"),
     (["--runner"], "bad Beam option: argument --runner: expected one argument"),
 ])

@@ -456,3 +456,21 @@ def test_a_misspelt_option_of_a_command_names_the_nearest_one(argv, message, cap
     the command's nearest one (the pipeline commands do the same with Beam's options: tests/test_beam_args.py)."""
     rc, _, err = _run(capsys, argv)
     assert rc == 2 and err.strip() == message, err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["eval", "RUN/final"], "longreel eval: unexpected argument 'RUN/final' (did you mean --model RUN/final?)"),
+    (["eval", "--model", "m", "RUN/final"], "longreel eval: unexpected argument 'RUN/final'"),
+    (["eval", "eval.yaml"], "longreel eval: unexpected argument 'eval.yaml' (did you mean --config eval.yaml?)"),
+    (["cost", "OUT"], "longreel cost: unexpected argument 'OUT' (did you mean --stats OUT?)"),
+    (["cost", "--stats", "OUT", "d1"], "longreel cost: unexpected argument 'd1'"),
+    (["train", "grpo", "train.yml"], "longreel train grpo: unexpected argument 'train.yml' (did you mean --config "
+                                     "train.yml?)"),
+    (["train", "sft", "a", "b"], "longreel train sft: unexpected arguments ['a', 'b']"),
+    (["cache", "list", "foo"], "longreel cache: unexpected argument 'foo'"),
+])
+def test_a_stray_positional_names_the_option_it_was_meant_for(argv, message, capsys):
+    """``longreel eval RUN/final`` (for ``--model``), ``longreel cost OUT`` (for ``--stats``) and a YAML file without
+    ``--config`` said "unexpected arguments [...]" only; the option is named unless it was given already."""
+    rc, _, err = _run(capsys, argv)
+    assert rc == 2 and err.strip() == message, err

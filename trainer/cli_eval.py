@@ -31,7 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args, extra: list[str]) -> int:
     if extra:
-        print(f"longreel eval: {unexpected_arguments(extra, getattr(args, '_options', ()))}", file=sys.stderr)
+        problem = unexpected_arguments(extra, getattr(args, "_options", ()),
+                                       positional_for=None if args.model else "--model")
+        print(f"longreel eval: {problem}", file=sys.stderr)
         return 2
     from longreel.trainer.config import TrainConfig
 

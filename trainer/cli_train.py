@@ -76,7 +76,9 @@ def main(args, extra: list[str]) -> int:
     if args.stage == "export":
         return export(args)
     if args.runs:
-        print(f"longreel train {args.stage}: unexpected positional arguments {args.runs}", file=sys.stderr)
+        # a run directory would be run.out_dir: --config is the one positional a user means here
+        print(f"longreel train {args.stage}: {unexpected_arguments(args.runs, getattr(args, '_options', ()))}",
+              file=sys.stderr)
         return 2
     try:
         cfg = load_yaml(TrainConfig, args.config, args.overrides)
