@@ -25,8 +25,10 @@ COPY pipelines pipelines
 COPY trainer trainer
 COPY schemas schemas
 COPY data_cards data_cards
+# The import check also covers Secret Manager, which API keys named as projects/P/secrets/... need
+# (longreel/engines/secrets.py): the lock leaves it to Beam's SDK image, which carries apache-beam's gcp extra.
 RUN pip install --no-cache-dir --no-deps . \
-    && python -c "import av, apache_beam, vllm, longreel.pipelines.curate; print('longreel GPU worker:', apache_beam.__version__, vllm.__version__)"
+    && python -c "import av, apache_beam, google.cloud.secretmanager, vllm, longreel.pipelines.curate; print('longreel GPU worker:', apache_beam.__version__, vllm.__version__)"
 
 # vLLM picks its attention backend and compiles kernels at first use; the cache dir is the worker's scratch disk.
 ENV VLLM_CACHE_ROOT=/tmp/vllm-cache

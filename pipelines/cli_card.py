@@ -13,10 +13,10 @@ Data cards.
 
   longreel card build RUN_DIR --out CARD_DIR [--shards DIR_OR_INDEX] [--command "..."]
       A Hugging Face dataset card (README.md with YAML front matter and Datasheets-for-Datasets
-      sections), card.json (every claim the card makes, one by one) and four PNG plots (funnel,
-      category balance, pass-count histogram, duration histogram), from a run's output directory:
-      stats.json, config.yaml, the stage tables and the shards' wids index files (RUN_DIR/shards
-      unless --shards is given).
+      sections), card.json (every claim the card makes, one by one) and six PNG plots (funnel,
+      category balance, pass-count histogram, duration histogram, answer letters, blind pass
+      counts), from a run's output directory: stats.json, config.yaml, the stage tables and the
+      shards' wids index files (RUN_DIR/shards unless --shards is given).
 
   longreel card verify CARD_DIR SHARDS_OR_INDEX [INDEX ...] [--run RUN_DIR] [--marker RUN_DIR]
       Re-reads the shards (a directory of *.index.json, or index files; local paths or URLs),

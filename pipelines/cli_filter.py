@@ -21,7 +21,7 @@ ones it sometimes gets right.
 Reads OUT/videos-*.parquet and OUT/<qra table>-*.parquet (default `qras`). For each question,
 n_frames frames are sampled uniformly over its video (decoded once per video in a killable
 worker), the answerer samples k completions with the trainer's prompt format
-(trainer.prompting), and each is scored with the trainer's rewards (trainer.rewards.score).
+(longreel.task.prompting), and each is scored with the trainer's rewards (longreel.task.rewards.score).
 A sample passes when its accuracy is 1 (or its reward >= pass_threshold). Labels: easy (k/k),
 hard (0/k), medium. Kept questions (policy `medium`, or a mean-reward band) are split into sft
 and rl by a hash of the qra_id (sft_fraction 36/104 by default) or by pass rate.

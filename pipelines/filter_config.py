@@ -65,8 +65,8 @@ class FilterConfig(ConfigModel):
     batch_size: int = cfg(4, "Questions per RunInference batch (each question is still one generate call).")
     pass_threshold: float | None = cfg(None, "null: a sample passes when its accuracy is 1.0; a number t: when its "
                                              "reward is >= t.")
-    reward_params: dict = cfg(default_factory=dict, help="Keyword parameters for trainer.rewards.score (the same ones "
-                                                          "the trainer uses), e.g. {format_weight: 0.1}.")
+    reward_params: dict = cfg(default_factory=dict, help="Keyword parameters for longreel.task.rewards.score (the "
+                                                          "same ones the trainer uses), e.g. {format_weight: 0.1}.")
     policy: str = cfg("medium", "medium: keep 0 < pass_count < k; band: keep band_min <= mean reward <= band_max.",
                       choices=("medium", "band"))
     band_min: float = cfg(0.125, "policy band: lowest kept mean reward (inclusive).")

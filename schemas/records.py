@@ -207,12 +207,12 @@ PASS_RATE = RecordKind(
         _f("top_p", _f64),
         _f("top_k", _i32),
         _f("max_new_tokens", _i32),
-        _f("prompt_hash", _str),           # trainer.prompting.prompt_hash(): the trainer's prompt format
+        _f("prompt_hash", _str),           # longreel.task.prompting.prompt_hash(): the trainer's prompt format
         _f("pass_threshold", _f64),        # null: a sample passes when accuracy == 1; else reward >= this
         _f("policy", _str),                # medium | band (which rule set split=drop)
         _f("frame_timestamps", pa.list_(_f64)),
         _f("completions", pa.list_(_str)), # the k samples, in order
-        _f("sample_reasons", pa.list_(_str)),  # trainer.rewards reason code per sample
+        _f("sample_reasons", pa.list_(_str)),  # longreel.task.rewards reason code per sample
         # 2.1: the compute bill of the question's k samples (one model call)
         _f("input_tokens", _i64),          # prompt tokens, vision tokens included (prefilled once for the k)
         _f("vision_tokens", _i64),

@@ -115,6 +115,15 @@ def test_it_has_ffmpeg_and_the_whole_project(name):
     assert any(w == "RUN" and "pip install --no-cache-dir --no-deps ." in a for w, a in steps[last_copy:])
 
 
+@pytest.mark.parametrize("name", sorted(IMAGES))
+def test_its_build_checks_the_secret_manager_client(name):
+    """API keys named as Secret Manager versions need google-cloud-secret-manager, which no lock installs in the
+    images (apache-beam's gcp extra, in Beam's SDK base image, brings it): the build's import check says so."""
+    steps = instructions(ROOT / "docker" / name)
+    checks = [a for w, a in steps if w == "RUN" and "python -c" in a]
+    assert checks and "google.cloud.secretmanager" in checks[-1]
+
+
 def test_the_gpu_image_has_vllm_at_the_pinned_version():
     pinned = re.search(r"^vllm==(\S+)", (ROOT / "requirements/gpu.in").read_text(), re.M).group(1)
     locked = pins("requirements/gpu.txt")

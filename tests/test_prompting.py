@@ -1,4 +1,4 @@
-"""The trainer's prompt format (trainer.prompting): layout, validation, rendering with a real chat template, and
+"""The trainer's prompt format (longreel.task.prompting): layout, validation, rendering with a real chat template, and
 agreement with the reward library (an answer written as instructed scores 1)."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Table-driven tests of trainer.rewards: format gating, extraction and every registered problem type.
+"""Table-driven tests of longreel.task.rewards: format gating, extraction and every registered problem type.
 
 Each row gives the exact expected (format, accuracy, reward, reason, extracted). Graded scores that are not exactly
 representable (1/3, ROUGE 0.8) are compared to 1e-12.

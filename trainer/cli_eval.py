@@ -9,7 +9,7 @@ import sys
 from longreel.schemas.config import ConfigError, load_yaml, unexpected_arguments
 
 DESCRIPTION = """\
-Evaluate a policy on held-out shards: greedy decoding, scored with the trainer's reward code (trainer.rewards),
+Evaluate a policy on held-out shards: greedy decoding, scored with the trainer's reward code (longreel.task.rewards),
 accuracy overall, per category and per problem_type; items that cannot be evaluated are counted with their reason.
 
   longreel eval --model RUN/final --set 'data.eval_urls=["shards/ds-test-{000000..000003}.tar"]'

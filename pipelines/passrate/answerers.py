@@ -2,7 +2,7 @@
 
 An *example* is one question with its video's frames (built by :mod:`longreel.pipelines.stages.passrate`)::
 
-    {"qra": <qra row>, "messages": <trainer.prompting.build_messages(...)>, "seed": int,
+    {"qra": <qra row>, "messages": <longreel.task.prompting.build_messages(...)>, "seed": int,
      "frames": uint8 ndarray [T, H, W, 3], "video": {"fps", "n_frames", "duration_s", "frame_indices",
      "timestamps"}}
 
