@@ -72,12 +72,30 @@ _ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, er
                        errno.ENFILE, errno.EISDIR, errno.ENOTDIR}
 
 
+class _Version(argparse.Action):
+    """``--version``: the package version and, in a checkout, its commit (what stats.json and cards record as
+    ``code_version``), read only when asked (it runs git)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        import platform
+
+        from longreel.pipelines.provenance import code_version
+
+        print(f"longreel {code_version()} (Python {platform.python_version()})")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="longreel", description=DESCRIPTION, epilog=EXIT_CODES,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", "--debug", action="store_true",
                         help="Debug logging, and the traceback of any error.")
     parser.add_argument("-q", "--quiet", action="store_true", help="Warnings and errors only.")
+    parser.add_argument("--version", action=_Version,
+                        help="Print longreel's version (with the commit of a checkout) and exit.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         mod = importlib.import_module(module)
@@ -157,14 +175,38 @@ def report_error(command: str, exc: BaseException, debug: bool) -> int:
     return EXIT_FAILED
 
 
+def _unknown_command(argv: list[str]) -> str | None:
+    """Why ``argv`` names no command, with the nearest one, or None. The top-level options take no values, so the
+    first word that is not an option is the command."""
+    from longreel.schemas.config import closest
+
+    word = next((a for a in argv if not a.startswith("-")), None)
+    if word is None or word in COMMANDS:
+        return None
+    near = closest(word, COMMANDS)
+    return f"unknown command {word!r}" + (f" (did you mean {near}?)" if near else "") + \
+        f"; the commands: {', '.join(COMMANDS)}"
+
+
 def main(argv: list[str] | None = None) -> int:
+    from longreel.schemas.config import unexpected_arguments
+
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
+    problem = _unknown_command(argv)
+    if problem is not None:
+        print(f"longreel: {problem}", file=sys.stderr)
+        return 2
     args, extra = parser.parse_known_args(argv)
     if not getattr(args, "command", None):
+        if extra:  # an option of no command: one line, not the whole help
+            options = ("--help", "--verbose", "--debug", "--quiet", "--version")
+            print(f"longreel: {unexpected_arguments(extra, options)}", file=sys.stderr)
+            return 2
         parser.print_help()
         return 2
     setup_logging(args.verbose, args.quiet)
-    args._argv = list(sys.argv[1:] if argv is None else argv)
+    args._argv = argv
     _quiet_threads_once_interrupted()
     try:
         return int(args._module.main(args, extra) or 0)

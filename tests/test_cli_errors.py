@@ -474,3 +474,26 @@ def test_a_stray_positional_names_the_option_it_was_meant_for(argv, message, cap
     ``--config`` said "unexpected arguments [...]" only; the option is named unless it was given already."""
     rc, _, err = _run(capsys, argv)
     assert rc == 2 and err.strip() == message, err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["trian", "grpo"], "longreel: unknown command 'trian' (did you mean train?); the commands: curate, card, "
+                        "caption, qra, pack, blind, judge, filter, cost, train, eval, cache"),
+    (["-v", "curat", "--out", "x"], "longreel: unknown command 'curat' (did you mean curate?); the commands: "),
+    (["--verison"], "longreel: unknown option --verison (did you mean --version?)"),
+])
+def test_a_misspelt_command_or_top_level_option_is_one_line(argv, message, capsys):
+    """A misspelt command was argparse's usage and "invalid choice" list; an unknown option without a command
+    printed the whole help. Now one line, exit 2, with the nearest name."""
+    rc, out, err = _run(capsys, argv)
+    assert rc == 2 and err.strip().startswith(message) and not out, err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_version_prints_the_code_version(capsys):
+    from longreel.pipelines.provenance import code_version
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and out.startswith(f"longreel {code_version()} (Python ")
