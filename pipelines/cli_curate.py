@@ -7,7 +7,6 @@ import logging
 import os
 import sys
 
-import yaml
 
 from longreel.pipelines.config import CurateConfig
 from longreel.pipelines import heap, zygote
@@ -20,19 +19,6 @@ log = logging.getLogger("longreel")
 
 DEMO_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "demo.yaml")
 
-
-def demo_overrides() -> list[str]:
-    """The demo config as ``key=value`` overrides (to layer it under a user's own --config)."""
-    with open(DEMO_CONFIG, encoding="utf-8") as fh:
-        doc = yaml.safe_load(fh)
-
-    def walk(node, prefix=""):
-        for k, v in node.items():
-            if isinstance(v, dict):
-                yield from walk(v, f"{prefix}{k}.")
-            else:
-                yield f"{prefix}{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
-    return list(walk(doc))
 
 DESCRIPTION = """\
 Curate videos into a long-video reasoning dataset.
@@ -99,13 +85,9 @@ def main(args, beam_args: list[str]) -> int:
         return 2
     try:
         overrides = list(args.overrides)
-        if args.demo or not args.inputs:
-            # The demo config is the base; the user's --config and --set go on top of it.
-            base = demo_overrides()
-            cfg = load_yaml(CurateConfig, args.config, base + overrides) if args.config else \
-                load_yaml(CurateConfig, DEMO_CONFIG, overrides)
-        else:
-            cfg = load_yaml(CurateConfig, args.config, overrides)
+        # the demo's settings are the base: the user's --config and --set go on top of them
+        base = DEMO_CONFIG if args.demo or not args.inputs else None
+        cfg = load_yaml(CurateConfig, args.config, overrides, base=base)
     except (ConfigError, OSError) as e:
         print(f"longreel curate: bad config: {e}", file=sys.stderr)
         return 2

@@ -223,26 +223,42 @@ def to_dict(obj) -> dict:
     return obj.model_dump(warnings=False)
 
 
-def load_yaml(cls, path: str | None, overrides: list[str] | tuple[str, ...] = (), *, section: str | None = None):
-    """Defaults <- YAML file <- ``key.sub=value`` overrides (values parsed as YAML scalars).
+def _read_yaml(path: str, section: str | None) -> dict:
+    """A config file's mapping (under ``section`` when the file has that top-level key)."""
+    with open(path, encoding="utf-8") as fh:
+        try:
+            loaded = yaml.safe_load(fh) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML: {_yaml_problem(e)}") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{path}: not a text file ({e.reason} at byte {e.start})") from None
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    data = loaded.get(section, loaded) if section else loaded
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: {section!r} must be a mapping")
+    return data
+
+
+def _merge(under: dict, over: dict) -> dict:
+    """``over`` on top of ``under``: sections merged key by key, any other value (lists too) replaced."""
+    out = dict(under)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def load_yaml(cls, path: str | None, overrides: list[str] | tuple[str, ...] = (), *, section: str | None = None,
+              base: str | None = None):
+    """Defaults <- ``base`` file <- YAML file <- ``key.sub=value`` overrides (values parsed as YAML scalars).
 
     ``section``: the name of this config inside a larger one (e.g. ``caption`` of a ``curate`` file), so that a
     stage run alone takes the whole pipeline's file and its ``section.key=value`` overrides: a file with that
-    top-level key is read from under it, and the ``section.`` prefix is dropped from overrides."""
-    data: dict = {}
+    top-level key is read from under it, and the ``section.`` prefix is dropped from overrides. ``base``: a file
+    under the user's (``curate --demo``'s settings), whose keys the user's file overrides one by one."""
+    data: dict = _read_yaml(base, section) if base else {}
     if path:
-        with open(path, encoding="utf-8") as fh:
-            try:
-                loaded = yaml.safe_load(fh) or {}
-            except yaml.YAMLError as e:
-                raise ConfigError(f"{path}: not valid YAML: {_yaml_problem(e)}") from None
-            except UnicodeDecodeError as e:
-                raise ConfigError(f"{path}: not a text file ({e.reason} at byte {e.start})") from None
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping")
-        data = loaded.get(section, loaded) if section else loaded
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: {section!r} must be a mapping")
+        data = _merge(data, _read_yaml(path, section))
     if section:
         overrides = [o[len(section) + 1:] if o.startswith(section + ".") else o for o in overrides]
     for item in overrides:

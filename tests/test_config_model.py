@@ -166,3 +166,38 @@ def test_an_unknown_key_names_the_nearest_known_one():
     with pytest.raises(ConfigError) as e:
         load_yaml(TrainConfig, None, ["run.step=3", "run.xyzzy=1"])
     assert "unknown key(s) ['step', 'xyzzy'] (did you mean 'steps' for 'step'?); known:" in str(e.value)
+
+
+def test_a_base_file_lies_under_the_users_file_key_by_key(tmp_path):
+    base = tmp_path / "base.yaml"
+    base.write_text("stages: [caption, qra]\npack:\n  fps: 2.0\n  max_frames: 16\ncaption:\n  backend: facts\n")
+    user = tmp_path / "user.yaml"
+    user.write_text("stages: [caption]\npack:\n  fps: 1.0\n")
+    cfg = load_yaml(CurateConfig, str(user), ["pack.max_frames=8"], base=str(base))
+    # the user's file wins key by key (a list is replaced, not merged); the base keeps what the user did not set;
+    # --set goes on top of both
+    assert list(cfg.stages) == ["caption"] and cfg.pack.fps == 1.0 and cfg.pack.max_frames == 8
+    assert cfg.caption.backend == "facts"
+    assert load_yaml(CurateConfig, None, [], base=str(base)) == load_yaml(CurateConfig, str(base), [])
+
+
+def test_curate_demo_takes_the_users_config_over_the_demo_settings(tmp_path, monkeypatch):
+    """``longreel curate --demo --config my.yaml`` layered the demo's settings over the user's file, so the file
+    could change none of the keys the demo sets (its pack.fps, caption backend...); only --set could."""
+    import longreel.pipelines.cli_curate as cli_curate
+    from longreel.cli import main
+    from longreel.pipelines.cli_curate import DEMO_CONFIG
+
+    seen = {}
+    monkeypatch.setattr(cli_curate, "_run", lambda args, beam_args, cfg, workers: seen.setdefault("cfg", cfg) and 0)
+    user = tmp_path / "user.yaml"
+    user.write_text("pack:\n  fps: 1.0\nqra:\n  per_category: 3\n")
+    assert main(["curate", "--demo", "--config", str(user), "--set", "pack.max_frames=8",
+                 "--out", str(tmp_path / "out")]) == 0
+    demo = load_yaml(CurateConfig, DEMO_CONFIG, [])
+    cfg = seen["cfg"]
+    assert cfg.pack.fps == 1.0 and cfg.qra.per_category == 3 and cfg.pack.max_frames == 8
+    assert cfg.caption.backend == demo.caption.backend and cfg.pack.max_pixels == demo.pack.max_pixels
+    seen.clear()
+    assert main(["curate", "--demo", "--out", str(tmp_path / "out2")]) == 0
+    assert seen["cfg"] == demo
