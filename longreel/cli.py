@@ -57,12 +57,13 @@ exit codes:
      also exits 1 when a claim does not match.
   2  usage or config error: bad arguments, config (YAML, keys, values), input specification
      (a path that does not exist), or an output directory that another run holds or that
-     holds another run's outputs (see --resume / --overwrite). One line, no traceback.
+     holds another run's outputs (curate: --resume / --overwrite). One line, no traceback.
   3  the run finished but nothing survived: 0 videos came through, or 0 items out of a stage
      that was asked for (captions, questions, kept or packed questions); its outputs, rejects
      and stats.json are written.
   130 interrupted (Ctrl-C): one line; the worker processes end too, and an output directory
-     is left unfinished (--resume continues it).
+     is left unfinished (`curate --resume` continues it).
+  train, eval and cache have their own list (their --help): no 3, and train's 128+N.
 -v/--debug shows the traceback of any error.
 """
 
@@ -100,7 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (module, help_text) in COMMANDS.items():
         mod = importlib.import_module(module)
         sp = sub.add_parser(name, help=help_text, description=getattr(mod, "DESCRIPTION", help_text),
-                            epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+                            epilog=getattr(mod, "EXIT_CODES", EXIT_CODES),
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
         mod.add_arguments(sp)
         # the command's own option strings: a misspelt one left over for Beam gets a suggestion from them
         sp.set_defaults(_module=mod, _options=tuple(re.findall(r"--[\w-]+", sp.format_usage())))

@@ -24,9 +24,10 @@ DESCRIPTION = """\
 Curate videos into a long-video reasoning dataset.
 
 Stages: ingest (sha256 + probe with PyAV in a killable worker) -> dedup (same bytes = one
-video) -> segment (~10 s clips, virtual time ranges or materialized files). Bad inputs never
-stop the run: each becomes a row of rejects-*.parquet with a reason code, and stats.json
-records, per stage, in / out / rejected by reason.
+video) -> segment (~10 s clips, virtual time ranges or materialized files), then the config's
+`stages` (default: caption, qra, pack, card; --set 'stages=[]' stops after segment). Bad
+inputs never stop the run: each becomes a row of rejects-*.parquet with a reason code, and
+stats.json records, per stage, in / out / rejected by reason.
 
 INPUT is a directory (its video files), a glob, a single path, or a manifest (.txt/.lst one
 path or URL per line; .jsonl/.json/.parquet with a `path` column and optional `license`,
@@ -71,8 +72,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                       help="Continue an unfinished run in --out (no _SUCCESS.json) with the same config.")
     mode.add_argument("--overwrite", action="store_true",
                       help="Remove the run already in --out first: the files its _SUCCESS.json lists and longreel's "
-                           "own output names (tables, stats.json, config*.yaml, clips/, frame_cache/, shards/, "
-                           "card/); other files are left alone.")
+                           "own output names (tables, stats.json, config.yaml and the stage commands' "
+                           "config_caption.yaml, config_qra.yaml, filter_config.yaml, blind_config.yaml, "
+                           "judge_config.yaml, clips/, frame_cache/, shards/, card/); other files are left alone.")
 
 
 def main(args, beam_args: list[str]) -> int:

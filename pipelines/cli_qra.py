@@ -32,7 +32,7 @@ response_format or guided_json), vllm (in-process vLLM with structured outputs).
 refine each kept item's reasoning in a second pass (qra.refine), keeping its answer.
 
 Writes qras-*.parquet, replaces the qra stages' rows of rejects-*.parquet (other stages' rejects
-are kept), merges the stages qra_context, qra and qra_refine into stats.json and records the
+are kept), merges the stages qra_context, qra, qra_refine and qra_balance into stats.json and records the
 resolved config in config_qra.yaml.
 """
 

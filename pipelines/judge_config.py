@@ -49,11 +49,12 @@ class CurateJudgeConfig(JudgeConfig):
     """The judge as a stage of ``longreel curate``: by default it judges with the question writer's own model."""
 
     backend: str | None = cfg(None, "Judge engine: transformers, vllm or openai; null: the question writer's "
-                                    "(qra.backend), or transformers when the writer is the template (no LLM).",
+                                    "(qra.backend, with its base_url, API key variable, guided mode, dtype and "
+                                    "trust_remote_code, each unless the judge's config sets it), or transformers "
+                                    "when the writer is the template (no LLM).",
                               choices=BACKENDS)
-    model: str | None = cfg(None, "The judging LLM; null: the question writer's (qra.model, with its revision, "
-                                  "base_url, API key variable and guided mode), or 'smollm2' when the writer is "
-                                  "the template.")
+    model: str | None = cfg(None, "The judging LLM; null: the question writer's (qra.model, with its revision), "
+                                  "or 'smollm2' when the writer is the template.")
 
 
 def follow_generator(judge: JudgeConfig, qra) -> JudgeConfig:
@@ -64,10 +65,10 @@ def follow_generator(judge: JudgeConfig, qra) -> JudgeConfig:
     llm_writer = qra.backend != "template"
     if values["backend"] is None:
         values["backend"] = qra.backend if llm_writer else JudgeConfig.model_fields["backend"].default
-        if llm_writer:  # the writer's engine comes with its settings
-            values.update(base_url=values["base_url"] or qra.base_url, api_key_env=qra.api_key_env,
-                          guided_mode=qra.guided_mode, trust_remote_code=qra.trust_remote_code, dtype=qra.dtype,
-                          max_model_len=max(values["max_model_len"], qra.max_model_len))
+        if llm_writer:  # the writer's engine comes with its settings, but for those the judge's config sets
+            follow = {k: getattr(qra, k) for k in ("base_url", "api_key_env", "guided_mode", "trust_remote_code",
+                                                   "dtype") if k not in judge.model_fields_set}
+            values.update(follow, max_model_len=max(values["max_model_len"], qra.max_model_len))
     if values["model"] is None:
         values["model"] = qra.model if llm_writer else JudgeConfig.model_fields["model"].default
         if llm_writer:

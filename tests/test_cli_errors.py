@@ -497,3 +497,19 @@ def test_version_prints_the_code_version(capsys):
         main(["--version"])
     out = capsys.readouterr().out
     assert e.value.code == 0 and out.startswith(f"longreel {code_version()} (Python ")
+
+
+def test_train_plot_of_a_metrics_file_draws_beside_it(tmp_path, capsys):
+    """``longreel train plot RUN/metrics.jsonl`` (a file, as the help allows) made its default output
+    RUN/metrics.jsonl/curves.png and failed with "[Errno 17] File exists"; it now draws RUN/curves.png."""
+    import json
+
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"step": i, "stage": "sft", "loss": 1.0 / i} for i in range(1, 4)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rc, _, err = _run(capsys, ["train", "plot", str(run / "metrics.jsonl")])
+    assert rc == 0, err
+    assert (run / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    rc, _, err = _run(capsys, ["train", "plot", str(run)])  # a run directory: inside it, as before
+    assert rc == 0 and (run / "curves.png").is_file(), err

@@ -29,6 +29,10 @@ def test_the_judge_follows_the_question_writer_by_default():
     assert follow_generator(CurateJudgeConfig(model="other"), writer).model == "other"
     with pytest.raises(ConfigError, match="base_url"):
         follow_generator(CurateJudgeConfig(backend="openai"), QRAConfig())
+    # a setting the judge's config gives is kept: its own API key variable was replaced by the writer's
+    mine = follow_generator(CurateJudgeConfig(api_key_env="JUDGE_KEY", guided_mode="response_format"), writer)
+    assert (mine.backend, mine.base_url, mine.api_key_env, mine.guided_mode) == (
+        "openai", "http://h:1/v1", "JUDGE_KEY", "response_format")
 
 
 def _curate(tmp_path, extra=(), handlers=None):

@@ -23,6 +23,17 @@ A shard a run is downloading right now is kept; one a running trainer has open s
 """
 
 
+EXIT_CODES = """\
+exit codes:
+  0  success: listed or pruned
+  1  an internal error (a traceback is printed; please report it), or the machine refused (disk full,
+     permission denied: one line, no traceback)
+  2  usage or config error: bad arguments, config, or a path that is not what it must be. One line.
+  130 interrupted (Ctrl-C)
+-v/--debug shows the traceback of any error.
+"""
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("action", choices=["list", "prune"], help="list the cached shards, or prune them")
     p.add_argument("--dir", help="The cache directory (default: data.cache_dir's default, shown by `list`).")

@@ -20,6 +20,17 @@ accuracy overall, per category and per problem_type; items that cannot be evalua
 """
 
 
+EXIT_CODES = """\
+exit codes:
+  0  success: the result printed (or written to --out)
+  1  an internal error (a traceback is printed; please report it), or the machine refused (disk full,
+     permission denied: one line, no traceback)
+  2  usage or config error: bad arguments, config, or a path that is not what it must be. One line.
+  130 interrupted (Ctrl-C)
+-v/--debug shows the traceback of any error.
+"""
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="Model directory (default: model.path from the config).")
     p.add_argument("--config", help="YAML config (the same TrainConfig as `longreel train`).")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 
 from longreel.schemas.config import ConfigError, describe, dump_yaml, load_yaml, unexpected_arguments
@@ -25,7 +26,7 @@ over). One run at a time per run.out_dir (RUN/.longreel-train.lock); RUN/config.
 model.path, the shards (and their room in the cache), the launch and the machine are checked before the model loads
 (exit 2). Multi-process data parallel:
   torchrun --nproc_per_node 2 -m longreel train grpo --config train.yaml
-(gloo on CPU, NCCL on GPU; dist.strategy=fsdp shards the model on GPU). Several nodes: torchrun on each with one
+(gloo on CPU, NCCL on GPU; dist.strategy=fsdp shards the model over the ranks). Several nodes: torchrun on each with one
 --rdzv_endpoint, or one process per GPU (srun) with RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set
 (docs/TRAINER.md); run.out_dir must be one directory every node mounts (checked before step 1).
 SIGTERM or SIGUSR1 (run.stop_signals; Slurm preemption, scancel, sbatch --signal=USR1@300, Kubernetes, torchrun's
@@ -42,6 +43,21 @@ the weights and policy files without the optimizer and trainer state.
 """
 
 
+EXIT_CODES = """\
+exit codes:
+  0  success: the steps are done (final/ written unless run.save_final=false); plot and export: written
+  1  the run failed: an internal error (a traceback is printed; please report it), or the machine refused
+     (disk full, permission denied: one line, no traceback); the newest whole checkpoint resumes it
+  2  usage or config error, or a check before the model loads failed (model.path, the shards, the launch,
+     run.out_dir held by another run or holding another run's checkpoints, no whole checkpoint to resume).
+     One line, no traceback.
+  128+N  stopped after the step in flight by signal N of run.stop_signals (SIGTERM: 143, SIGUSR1: 138),
+     with a checkpoint; the same command resumes the run
+  130 interrupted (Ctrl-C): one line; the run resumes from its newest checkpoint
+-v/--debug shows the traceback of any error.
+"""
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("stage", nargs="?", choices=("sft", "grpo", "plot", "export"), help="What to run.")
     p.add_argument("runs", nargs="*", metavar="RUN_DIR",
@@ -50,8 +66,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="Override one config key, e.g. --set rollout.n=8 (repeatable).")
     p.add_argument("--show-config", action="store_true", help="Print every config key with default and help; exit.")
-    p.add_argument("--print-config", action="store_true", help="Print the resolved config as YAML; exit.")
-    p.add_argument("--out", help="plot: output PNG path (default RUN_DIR/curves.png); export: the new model directory.")
+    p.add_argument("--print-config", action="store_true", help="sft/grpo: print the resolved config as YAML; exit.")
+    p.add_argument("--out", help="plot: output PNG path (default: curves.png in the first RUN_DIR, or beside its "
+                                 "metrics.jsonl); export: the new model directory.")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="export: allow model code shipped with the checkpoint (model.trust_remote_code). Opt-in.")
     p.add_argument("--keys", help="plot: comma-separated metric names (default: by stage).")
@@ -128,7 +145,9 @@ def plot(args) -> int:
         return 2
     from longreel.trainer.plot import plot_metrics
 
-    out = args.out or f"{args.runs[0].rstrip('/')}/curves.png"
+    first = args.runs[0].rstrip("/")
+    # beside a metrics.jsonl given as a file, in a run directory given as one
+    out = args.out or os.path.join(os.path.dirname(first) if os.path.isfile(first) else first, "curves.png")
     keys = args.keys.split(",") if args.keys else None
     try:
         drawn = plot_metrics(args.runs, out, keys=keys, smooth=args.smooth)

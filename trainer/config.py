@@ -45,7 +45,7 @@ class DataConfig(ConfigModel):
                                      "index (.json).")
     eval_urls: list[str] = cfg(default_factory=list, help="Held-out shards for evaluation, as data.train_urls.")
     batch_size: int = cfg(4, "Prompts per optimizer step across all ranks (the global batch; must divide by the "
-                             "world size).")
+                             "data-parallel size: the world size, or world / mrsp.sp_size under GRPO with MR-SP).")
     shuffle: bool = cfg(True, "Shuffle the item order each epoch (deterministically from run.seed and the epoch).")
     synthetic_train: int = cfg(256, "synthetic: number of training items.")
     synthetic_eval: int = cfg(100, "synthetic: number of held-out items.")

@@ -31,7 +31,8 @@ rewrite the marker (with their step and files) when they finish, if the director
 
 "The run's files", the only ones ever removed: the files the old marker lists, plus longreel's own output names:
 at the top level ``<table>-NNNNN-of-NNNNN.parquet``, ``stats.json``, ``config.yaml``, ``config_caption.yaml``,
-``config_qra.yaml``, ``filter_config.yaml``, ``_SUCCESS.json`` and the temporary names of their atomic writes; and
+``config_qra.yaml``, ``filter_config.yaml``, ``blind_config.yaml``, ``judge_config.yaml``, ``_SUCCESS.json`` and the
+temporary names of their atomic writes; and
 the directories ``clips/``, ``frame_cache/``, ``shards/`` and ``card/``, which belong to longreel whole. Any other
 file is left alone (and named in the log). A directory that holds such names but no sign of a longreel run (no
 marker, no longreel ``stats.json`` or ``config.yaml``) is refused even with ``overwrite``. A frame cache or
@@ -67,7 +68,7 @@ STALE_AFTER_S = 300.0
 IF_EXISTS = ("error", "resume", "overwrite")
 OWNED_DIRS = ("clips", "frame_cache", "shards", "card")
 OWNED_FILES = frozenset({"stats.json", "config.yaml", "config_caption.yaml", "config_qra.yaml", "filter_config.yaml",
-                         MARKER_NAME})
+                         "blind_config.yaml", "judge_config.yaml", MARKER_NAME})
 _TABLE = re.compile(r"[a-z][a-z0-9_]*-\d{5}-of-\d{5}\.parquet")
 # schemas.atomic's temporary names, and the ones older versions left (stats.json.tmp, _SUCCESS.json.tmp)
 _TEMP = re.compile(rf"{TEMP_RE.pattern}|(stats\.json|_SUCCESS\.json)\.tmp")
