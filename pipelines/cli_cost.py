@@ -13,7 +13,7 @@ Project the GPU-hours of a curation run, stage by stage (captioning, QRA generat
 text-only filter, the pass-rate filter), from a cost config: model throughput per replica, tokens per model call
 of each stage, and the scale (pipelines/configs/cost.yaml; its default scale is the LongVideo-Reason data of the
 LongVILA-R1 paper). With --stats, the tokens per call are the means a real run measured (its stats.json compute
-counts) wherever that run called a model. Prints where the hours go and what each lever is worth (batched k-sample
+counts) for each stage it ran of caption, QRA, refinement, blind and pass-rate. Prints where the hours go and what each lever is worth (batched k-sample
 answering, prefix caching of the QRA context, the blind filter before the VLM filter).
 
   longreel cost                                   # the paper's scale, assumed tokens per call

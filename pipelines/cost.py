@@ -22,7 +22,7 @@ DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "cost.yaml")
 STAGE_MODEL = {"caption": "captioner", "qra": "generator", "refine": "generator", "blind": "blind",
                "passrate": "answerer"}
 #: stats.json stage -> the workload section its measured per-call means replace
-MEASURED = {"caption": "caption", "qra": "qra", "qra_refine": "refine", "passrate": "passrate"}
+MEASURED = {"caption": "caption", "qra": "qra", "qra_refine": "refine", "passrate": "passrate", "blind": "blind"}
 MODEL_KEYS = ("gpus", "decode_tokens_per_s", "prefill_tokens_per_s")
 
 
@@ -108,6 +108,9 @@ def workload_from_stats(cfg: dict, stats: dict) -> tuple[dict, list[str]]:
                 w[section]["output_tokens"] = output
             else:
                 w[section]["output_tokens_per_sample"] = output / max(w[section]["k"], 1)
+        elif section == "blind":  # one call per sample (each option rotation its own prompt): a sample's tokens
+            w[section]["text_tokens"] = text
+            w[section]["output_tokens_per_sample"] = output
         else:  # text calls: the measured prompt replaces the fixed part; the per-clip part stays
             w[section]["prompt_tokens"] = text
             w[section]["tokens_per_clip"] = 0

