@@ -186,10 +186,32 @@ def test_a_run_resumes_only_its_own_configuration(tiny, tmp_path, capsys, caplog
     warned = [r.getMessage() for r in caplog.records if "other memory settings" in r.getMessage()]
     assert len(warned) == 1 and "rollout.prompts_per_decode: 0 -> 1" in warned[0]
     assert "frozen_cache_mb" not in warned[0]  # bitwise the same computation: nothing to say
-    # run.resume=false starts over: the earlier run's checkpoints are removed, not left beside the new ones
+    # run.resume=false starts over: the earlier run's checkpoints are removed, not left beside the new ones, and so
+    # is its final/, which a new run stopped before its end would otherwise leave as if it were its own
+    assert (out / "final" / "model.safetensors").is_file()
+    run_sft(_cfg(tiny, out, "optim.lr=1e-2", "run.resume=false", "run.steps=2", "run.stop_after=1"))
+    assert not (out / "final").exists()
+    assert sorted(p.name for p in (out / "checkpoints").glob("step-*")) == ["step-000001"]
     run_sft(_cfg(tiny, out, "optim.lr=1e-2", "run.resume=false", "run.steps=2", "run.save_every=0"))
     assert sorted(p.name for p in (out / "checkpoints").glob("step-*")) == ["step-000002"]
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2]
+
+
+def test_a_decaying_schedule_refuses_another_run_steps(tiny, tmp_path):
+    """A linear or cosine schedule is laid out over run.steps: resuming a 4-step cosine run with run.steps=8 went on
+    silently, its learning rate jumping back up. A constant schedule may still be extended."""
+    from longreel.trainer.preflight import InputCheckError
+    from longreel.trainer.sft import run_sft
+
+    out = tmp_path / "cos"
+    run_sft(_cfg(tiny, out, "optim.schedule=cosine", "run.steps=4", "run.stop_after=2"))
+    with pytest.raises(InputCheckError, match=r"run.steps: 4 there, 8 in this run \(optim.schedule=cosine is laid "
+                                              r"out over run.steps\)"):
+        run_sft(_cfg(tiny, out, "optim.schedule=cosine", "run.steps=8"))
+    assert run_sft(_cfg(tiny, out, "optim.schedule=cosine", "run.steps=4"))["step"] == 4
+    flat = tmp_path / "constant"
+    run_sft(_cfg(tiny, flat, "optim.schedule=constant", "run.steps=4", "run.stop_after=2"))
+    assert run_sft(_cfg(tiny, flat, "optim.schedule=constant", "run.steps=6"))["step"] == 6
 
 
 def test_a_run_finds_its_model_moved_by_its_content(tiny, tmp_path):

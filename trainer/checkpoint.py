@@ -447,6 +447,16 @@ def clear_checkpoints(ckpt_root: str | os.PathLike) -> int:
     return len(steps)
 
 
+def clear_final(out_dir: str | os.PathLike) -> bool:
+    """Remove ``out_dir/final`` left by an earlier run in the directory (``run.resume=false``); whether there was one."""
+    final = Path(out_dir) / "final"
+    if not final.is_dir():
+        return False
+    log.warning("run.resume=false: removing the earlier run's final/ in %s", out_dir)
+    shutil.rmtree(final)
+    return True
+
+
 def latest_checkpoint(ckpt_root: str | os.PathLike) -> Path | None:
     root = Path(ckpt_root)
     marker = root / LATEST

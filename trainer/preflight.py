@@ -25,7 +25,8 @@ __all__ = ["InputCheckError", "check_model_dir", "check_shards", "check_cache_sp
            "RESUMABLE", "RESUMABLE_WITHIN_ROUNDING"]
 
 #: keys a resumed run may change: where and how long it runs, what it logs and saves, how it is launched, and its
-#: evaluation; none of them changes a training step's arithmetic (a different world size is warned about)
+#: evaluation; none of them changes a training step's arithmetic (a different world size is warned about), but for
+#: run.steps under a linear or cosine schedule, which is laid out over it (check_resume refuses that)
 RESUMABLE = ("run.out_dir", "run.steps", "run.stop_after", "run.save_every", "run.keep_checkpoints", "run.resume",
              "run.save_final", "run.log_every", "run.tensorboard", "run.progress", "run.threads", "run.device",
              "run.dump_grads", "run.stop_signals", "data.eval_urls", "data.cache_remote", "data.cache_dir", "eval.",
@@ -316,8 +317,13 @@ def check_resume(cfg, stage: str, checkpoint: Path) -> list[str]:
                and not (k == "model.path" and _model_path_kept(there.get(k), here.get(k), state))]
     rounding = [f"{k}: {there.get(k)!r} -> {here.get(k)!r}" for k in changed if k in RESUMABLE_WITHIN_ROUNDING]
     differ = [k for k in changed if not _resumable(k) and k not in RESUMABLE_WITHIN_ROUNDING]
+    if "run.steps" in changed and cfg.optim.schedule != "constant":
+        # a linear or cosine schedule is laid out over run.steps: another total changes every later step's rate
+        differ.insert(0, "run.steps")
     if differ:
-        shown = "; ".join(f"{k}: {there.get(k)!r} there, {here.get(k)!r} in this run" for k in differ[:3])
+        why = {"run.steps": f" (optim.schedule={cfg.optim.schedule} is laid out over run.steps)"}
+        shown = "; ".join(f"{k}: {there.get(k)!r} there, {here.get(k)!r} in this run{why.get(k, '')}"
+                          for k in differ[:3])
         more = f" (and {len(differ) - 3} more)" if len(differ) > 3 else ""
         raise InputCheckError(f"run.out_dir {out!r} holds {checkpoint.name} of a run with another configuration: "
                               f"{shown}{more}. Resume it with its own settings, give another run.out_dir, or set "

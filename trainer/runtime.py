@@ -516,7 +516,7 @@ class TrainSession:
         """Items, data order, optimizer, schedule, the checkpoint to resume and the logs (under the run's lock)."""
         from longreel.schemas.atomic import write_atomic
         from longreel.schemas.config import config_hash, dump_yaml
-        from longreel.trainer.checkpoint import clear_checkpoints, load_checkpoint, remove_unfinished_saves
+        from longreel.trainer.checkpoint import clear_checkpoints, clear_final, load_checkpoint, remove_unfinished_saves
         from longreel.trainer.logging_utils import MetricsLogger
         from longreel.trainer.preflight import check_resume, check_topology, resume_point
 
@@ -535,6 +535,7 @@ class TrainSession:
                         "; ".join(passed_over))
         if not cfg.run.resume and self.info.is_main:
             clear_checkpoints(self.ckpt_root)
+            clear_final(self.out_dir)  # else a run stopped before its end leaves the earlier run's model as final/
         self.fsdp = cfg.dist.strategy == "fsdp" and self.info.enabled
         self._units: dict[str, list] = {"layers": [], "resident": []}
         self._held = self._gathered = False
