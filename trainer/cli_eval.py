@@ -58,10 +58,12 @@ def main(args, extra: list[str]) -> int:
         print("longreel eval: give --model or model.path", file=sys.stderr)
         return 2
     from longreel.trainer.preflight import (InputCheckError, check_environment, check_launch, check_model_dir,
-                                            read_launch)
+                                            check_output_file, read_launch)
 
     try:
         check_model_dir(path, "--model" if args.model else "model.path")
+        if args.out:  # before the evaluation, not after it, when its result would be lost
+            check_output_file(args.out, "--out")
         check_environment(cfg, "eval")
         check_launch(cfg, read_launch())
     except InputCheckError as e:
@@ -92,8 +94,13 @@ def main(args, extra: list[str]) -> int:
     if args.out:
         from longreel.schemas.atomic import write_atomic
 
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        write_atomic(args.out, text + "\n")
+        try:
+            write_atomic(args.out, text + "\n")
+        except OSError as e:  # the machine refused after the check (a full disk): the result is not lost
+            print(text)
+            print(f"longreel eval: failed: writing {args.out}: {e.strerror} (the result is printed above)",
+                  file=sys.stderr)
+            return 1
         print(f"accuracy {result['accuracy']:.4f} on {result['n']} items ({result['skipped']} skipped); wrote {args.out}")
     else:
         print(text)

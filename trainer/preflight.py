@@ -20,6 +20,7 @@ from longreel.task.shard_reader import local_path, resolve_shards
 log = logging.getLogger("longreel")
 
 __all__ = ["InputCheckError", "check_model_dir", "check_shards", "check_cache_space", "check_out_dir", "check_topology",
+           "check_output_file", "ensure_writable_dir",
            "check_environment", "check_launch", "check_resume", "check_run_inputs", "Launch", "read_launch",
            "config_record", "keys_the_engine_ignores", "model_fingerprint", "warn_ignored_keys", "ENGINE_KEYS",
            "RESUMABLE", "RESUMABLE_WITHIN_ROUNDING"]
@@ -161,6 +162,33 @@ def check_out_dir(cfg) -> None:
     out = cfg.run.out_dir
     if os.path.exists(out) and not os.path.isdir(out):
         raise InputCheckError(f"run.out_dir {out!r} is not a directory")
+    ensure_writable_dir(out, "run.out_dir")
+
+
+def ensure_writable_dir(path: str, what: str, shown: str | None = None) -> None:
+    """Refuse a directory ``path`` that could not be made or written in, before a model loads rather than at the
+    first save. Nothing is left behind (a refused run writes nothing): the nearest existing ancestor must be a
+    directory in which this process can make one, tried with a uniquely named one removed at once (unique, so that
+    the ranks of a launch checking together do not race). ``shown``: the path the message names (default ``path``)."""
+    import tempfile
+
+    shown = path if shown is None else shown
+    here = os.path.abspath(path)
+    while not os.path.exists(here) and os.path.dirname(here) != here:
+        here = os.path.dirname(here)
+    if not os.path.isdir(here):
+        raise InputCheckError(f"{what} {shown!r}: {here} is not a directory")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".longreel-probe-", dir=here))
+    except OSError as e:
+        raise InputCheckError(f"{what} {shown!r}: cannot write in {here}: {e.strerror}") from None
+
+
+def check_output_file(path: str, what: str) -> None:
+    """``path`` can be written as a file: not a directory, and in a directory that can be made and written in."""
+    if os.path.isdir(path):
+        raise InputCheckError(f"{what} {path!r} is a directory")
+    ensure_writable_dir(os.path.dirname(os.path.abspath(path)), what, shown=path)
 
 
 #: rollout keys that only one rollout engine reads, by the prefix of their name (the other engine ignores them)
