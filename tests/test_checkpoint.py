@@ -116,6 +116,10 @@ def test_a_step_checkpoint_is_a_policy_directory(tiny, tmp_path, stage):
         p.name for p in exported.iterdir()} and not list(exported.glob("rng-*"))
     _assert_bitwise_equal(loaded(exported), step3)
     assert main(["train", "export", str(ckpts / "step-000003"), "--out", str(exported)]) == 2  # never overwrites
+    # readable by the other users of a shared disk: safetensors creates its files 0600
+    for d in (tmp_path / "run" / "final", ckpts / "step-000003", exported):
+        modes = {p.name: oct(p.stat().st_mode & 0o777) for p in d.iterdir() if p.is_file()}
+        assert set(modes.values()) == {"0o644"}, (d.name, modes)
 
 
 def test_checkpoint_files_are_pickle_free_and_atomic(tiny, tmp_path):
@@ -212,6 +216,19 @@ def test_a_decaying_schedule_refuses_another_run_steps(tiny, tmp_path):
     flat = tmp_path / "constant"
     run_sft(_cfg(tiny, flat, "optim.schedule=constant", "run.steps=4", "run.stop_after=2"))
     assert run_sft(_cfg(tiny, flat, "optim.schedule=constant", "run.steps=6"))["step"] == 6
+
+
+def test_the_logged_lr_is_the_rate_the_step_used(tiny, tmp_path):
+    """metrics.jsonl's lr was read after the schedule's step: the next step's rate (a 2-step warm-up's first step,
+    at half the peak, logged the full peak)."""
+    from longreel.trainer.runtime import lr_factor
+    from longreel.trainer.sft import run_sft
+
+    cfg = _cfg(tiny, tmp_path / "lr", "run.save_every=0")
+    run_sft(cfg)
+    logged = [r["lr"] for r in read_metrics(tmp_path / "lr" / "metrics.jsonl")]
+    assert logged == pytest.approx([cfg.optim.lr * lr_factor(i, cfg.optim, 6) for i in range(6)], rel=1e-12)
+    assert logged[0] == pytest.approx(cfg.optim.lr / 2)
 
 
 def test_a_run_finds_its_model_moved_by_its_content(tiny, tmp_path):

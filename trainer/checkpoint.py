@@ -207,6 +207,15 @@ def load_sharded(path: str | os.PathLike, model: torch.nn.Module, optimizer: tor
 # --------------------------------------------------------------------------------------------------
 
 
+def share_files(directory: str | os.PathLike) -> None:
+    """Every file under ``directory`` readable by others (0644), as files a user writes are: safetensors'
+    ``save_file`` (and so ``save_pretrained``) creates its files 0600, which would keep a run's weights from the
+    other users of a shared disk."""
+    for where, _dirs, files in os.walk(directory):
+        for name in files:
+            os.chmod(os.path.join(where, name), 0o644)
+
+
 def _fsync(path: str | os.PathLike) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -355,6 +364,7 @@ def save_checkpoint(ckpt_root: str | os.PathLike, step: int, *, model: torch.nn.
             shutil.rmtree(tmp, ignore_errors=True)
         raise
     if rank == 0:
+        share_files(tmp)  # after the barrier: every rank's files are there
         for d in (tmp / SHARDED, tmp):
             if d.is_dir():
                 _fsync(d)

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from longreel.trainer.checkpoint import (RNG_PREFIX, SHARDED, TRAINING_STATE, checkpoint_problem, is_sharded_checkpoint,
-                                         load_sharded, safetensors_problem)
+                                         load_sharded, safetensors_problem, share_files)
 
 __all__ = ["export_checkpoint"]
 
@@ -55,6 +55,7 @@ def export_checkpoint(step_dir: str | os.PathLike, out_dir: str | os.PathLike, *
             model.save_pretrained(tmp)  # config.json (the same) and model.safetensors
         else:
             shutil.copy2(src / "model.safetensors", tmp / "model.safetensors")
+        share_files(tmp)
         os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide the directory from other users of a shared disk
         os.rename(tmp, out)
     except BaseException:

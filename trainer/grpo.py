@@ -603,7 +603,7 @@ class GRPOTrainer:
             "approx_kl": total("approx_kl") / tokens,
             "kl": total("kl_loss"),
             "grad_norm": grad_norm,
-            "lr": s.scheduler.get_last_lr()[0],
+            "lr": s.step_lr,
             "tokens_per_s": total("tokens") / max(step_time, 1e-9),
             **times,
             "rejected_items": sum(gth["rejected"] for gth in gathered),

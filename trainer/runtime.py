@@ -545,6 +545,7 @@ class TrainSession:
                                                                     cfg.dist.fsdp_reduce_dtype, self.device))
         self.optimizer = build_optimizer(self.model, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, self.total_steps)
+        self.step_lr = self.scheduler.get_last_lr()[0]  # the rate of the step the run takes next (see clip_and_step)
         self.config_hash = config_hash(cfg)
         if resume_from is not None:
             rounding = check_resume(cfg, stage, resume_from)
@@ -684,6 +685,7 @@ class TrainSession:
             # torch takes a schedule step before any optimizer step for swapped calls and warns; here it is the
             # design (a run whose first steps carry no signal, as the demo's do)
             warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+            self.step_lr = self.scheduler.get_last_lr()[0]
             self.scheduler.step()
 
     def clip_and_step(self) -> float:
@@ -692,6 +694,7 @@ class TrainSession:
         max_norm = self.cfg.optim.max_grad_norm if self.cfg.optim.max_grad_norm > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         self.optimizer.step()
+        self.step_lr = self.scheduler.get_last_lr()[0]  # the rate this step used: the schedule then moves on
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
@@ -819,7 +822,7 @@ class TrainSession:
 
     def finish(self) -> str | None:
         """Final checkpoint + ``save_pretrained`` of model and processor to ``out_dir/final``."""
-        from longreel.trainer.checkpoint import FINAL_TMP, latest_checkpoint
+        from longreel.trainer.checkpoint import FINAL_TMP, latest_checkpoint, share_files
 
         latest = latest_checkpoint(self.ckpt_root)
         if latest is None or latest.name != f"step-{self.step:06d}":
@@ -838,6 +841,7 @@ class TrainSession:
             self.processor.save_pretrained(tmp)
             if final.exists():
                 shutil.rmtree(final)
+            share_files(tmp)
             os.rename(tmp, final)
             os.chmod(final, 0o755)
         self.barrier()

@@ -73,7 +73,7 @@ class SFTTrainer:
         grad_norm = s.clip_and_step()
         s.step += 1
         dt = time.perf_counter() - t0
-        return {"loss": all_reduce_sum(loss_sum, s.info), "grad_norm": grad_norm, "lr": s.scheduler.get_last_lr()[0],
+        return {"loss": all_reduce_sum(loss_sum, s.info), "grad_norm": grad_norm, "lr": s.step_lr,
                 "tokens": denominator, "tokens_per_s": denominator / max(dt, 1e-9), "time_step": dt,
                 "rejected_items": int(all_reduce_sum(self.rejected, s.info))}
 
