@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import math
 import types
 import typing
 from typing import Any
@@ -155,14 +156,21 @@ def _to_int(value: Any) -> int:
 
 
 def _to_float(value: Any) -> float:
+    number = None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, str):
+        number = float(value)
+    elif isinstance(value, str):
         try:
-            return float(value)
+            number = float(value)
         except ValueError:
             pass
-    raise _wrong("expected a number", value)
+    if number is None:
+        raise _wrong("expected a number", value)
+    # YAML reads .nan, .inf and 1e400 as floats, and Python's float() "nan" and "inf": no setting means them, and
+    # each passed every range check (nan compares false) to fail deep in a stage
+    if not math.isfinite(number):
+        raise _wrong("expected a finite number", value)
+    return number
 
 
 def _a_list(value: Any) -> Any:

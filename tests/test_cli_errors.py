@@ -175,6 +175,8 @@ def test_a_training_runs_missing_model_or_shards_is_a_usage_error(tmp_path, caps
         (["eval", "--model", str(tmp_path / "nope"), "--set", "data.source=synthetic"], "is not a local directory"),
         (["train", "grpo", "--set", f"model.path={model}", "--set", "data.source=synthetic",
           "--set", "mrsp.sp_size=2"], "needs torchrun with a world size divisible by it"),
+        (["train", "grpo", "--set", f"model.path={model}", "--set", "data.source=synthetic",
+          "--set", "rollout.n=1"], "rollout.n=1: GRPO compares the rollouts of a prompt with each other"),
         (["train", "sft", "--set", f"model.path={model}", "--set", f"run.out_dir={model / 'config.json'}"],
          "is not a directory"),
         # a place no run could write in is found before the model loads, not at the first save
@@ -521,3 +523,5 @@ def test_train_plot_of_a_metrics_file_draws_beside_it(tmp_path, capsys):
     assert (run / "curves.png").read_bytes()[:4] == b"\x89PNG"
     rc, _, err = _run(capsys, ["train", "plot", str(run)])  # a run directory: inside it, as before
     assert rc == 0 and (run / "curves.png").is_file(), err
+    rc, _, err = _run(capsys, ["train", "plot", str(run), "--smooth", "-3"])  # was drawn as if 1
+    assert rc == 2 and "--smooth -3: the moving-average window is 1 step or more" in err

@@ -23,6 +23,10 @@ def _error(cls, overrides) -> str:
     ("rollout.n=4.0", "rollout.n: expected an integer, got 4.0"),        # ... and 4.0 as 4
     ("rollout.n='4.0'", "rollout.n: expected an integer, got '4.0'"),    # ... and "4.0" as 4
     ("optim.lr=false", "optim.lr: expected a number, got False"),        # lax float takes False as 0.0
+    ("optim.lr=.nan", "optim.lr: expected a finite number, got nan"),    # YAML's NaN passed every range check
+    ("optim.lr=nan", "optim.lr: expected a finite number, got 'nan'"),   # ... and so did the string float() reads
+    ("grpo.beta=.inf", "grpo.beta: expected a finite number, got inf"),
+    ("grpo.beta=1e400", "grpo.beta: expected a finite number, got '1e400'"),
     ("run.resume=1", "run.resume: expected true/false, got 1"),           # lax bool takes the int 1
     ("run.resume='on'", "run.resume: expected true/false, got 'on'"),     # ... and the string 'on'
     ("model.path=true", "model.path: expected a string, got True"),

@@ -433,6 +433,12 @@ def test_remote_shards_are_read_from_a_verified_disk_cache(shards, tmp_path):
             tampered.write_text(json.dumps(doc))
             with pytest.raises(InputCheckError, match="does not match the index's 0000"):
                 load_items(DataConfig(train_urls=[f"{base}/tampered.index.json"], cache_dir=str(cache)), "train")
+            # a shard the server does not have: data.on_error=skip cannot skip a download before step 1, and the
+            # message says what does (it named data.on_error=skip as the way out, which then failed the same way)
+            with pytest.raises(InputCheckError, match=r"404.*stops a run that loads its shards before step 1; with "
+                                                      r"data.stream=true, data.on_error=skip skips it"):
+                load_items(DataConfig(train_urls=[f"{base}/gone-000000.tar"], cache_dir=str(cache),
+                                      on_error="skip"), "train")
         finally:
             tampered.unlink(missing_ok=True)
     want = [e["sha256"] + ".tar" for e in json.loads(open(shards["index"]).read())["shardlist"]]

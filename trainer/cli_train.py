@@ -45,7 +45,8 @@ the weights and policy files without the optimizer and trainer state.
 
 EXIT_CODES = """\
 exit codes:
-  0  success: the steps are done (final/ written unless run.save_final=false); plot and export: written
+  0  success: the steps are done (final/ written unless run.save_final=false), or run.stop_after's step is
+     (a checkpoint, no final/); plot and export: written
   1  the run failed: an internal error (a traceback is printed; please report it), or the machine refused
      (disk full, permission denied: one line, no traceback); the newest whole checkpoint resumes it
   2  usage or config error, or a check before the model loads failed (model.path, the shards, the launch,
@@ -72,7 +73,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trust-remote-code", action="store_true",
                    help="export: allow model code shipped with the checkpoint (model.trust_remote_code). Opt-in.")
     p.add_argument("--keys", help="plot: comma-separated metric names (default: by stage).")
-    p.add_argument("--smooth", type=int, default=1, help="plot: moving-average window.")
+    p.add_argument("--smooth", type=int, default=1, help="plot: moving-average window (steps, >= 1).")
 
 
 def main(args, extra: list[str]) -> int:
@@ -142,6 +143,10 @@ def main(args, extra: list[str]) -> int:
 def plot(args) -> int:
     if not args.runs:
         print("longreel train plot: give at least one RUN_DIR", file=sys.stderr)
+        return 2
+    if args.smooth < 1:
+        print(f"longreel train plot: --smooth {args.smooth}: the moving-average window is 1 step or more",
+              file=sys.stderr)
         return 2
     from longreel.trainer.plot import plot_metrics
 

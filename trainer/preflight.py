@@ -315,7 +315,11 @@ def check_environment(cfg, stage: str) -> None:
 
 def check_topology(cfg, stage: str, world: int) -> None:
     """The launch must fit the config: sequence-parallel groups cut the world evenly (GRPO with MR-SP), and the
-    global batch splits evenly over the data-parallel replicas (``torchrun`` sets ``WORLD_SIZE``)."""
+    global batch splits evenly over the data-parallel replicas (``torchrun`` sets ``WORLD_SIZE``). And a GRPO group
+    has two rollouts at least: its advantages are the rollouts' rewards against their own mean."""
+    if stage == "grpo" and cfg.rollout.n < 2:
+        raise InputCheckError(f"rollout.n={cfg.rollout.n}: GRPO compares the rollouts of a prompt with each other, so "
+                              "one alone has advantage 0 and the run could never learn; use 2 or more (8 is usual)")
     sp = cfg.mrsp.sp_size if stage == "grpo" and cfg.mrsp.enabled else 1
     if sp < 1 or world % sp or (sp > 1 and world == 1):
         raise InputCheckError(f"mrsp.sp_size={sp} needs torchrun with a world size divisible by it (world size "

@@ -425,8 +425,12 @@ def load_items(cfg: DataConfig, split: str) -> list[dict]:
         specs = resolve_shards(list(urls))
         fetch = None
         if cfg.cache_remote:  # remote frames memory-mapped from disk rather than held in RAM
-            cached = dict(zip(specs, cache_remote_shards(specs, cfg.cache_dir or default_cache_dir(),
-                                                         retries=cfg.fetch_retries)))
+            try:
+                cached = dict(zip(specs, cache_remote_shards(specs, cfg.cache_dir or default_cache_dir(),
+                                                             retries=cfg.fetch_retries)))
+            except ShardError as e:  # every shard is fetched before step 1: data.on_error does not reach this
+                raise InputCheckError(f"{e} (a shard that cannot be downloaded stops a run that loads its shards "
+                                      "before step 1; with data.stream=true, data.on_error=skip skips it)") from e
             fetch = lambda spec, upcoming: cached[spec]  # noqa: E731 - read the copy, name the shard
         # every rank reads every item; ItemStream splits each global batch over the ranks
         ds = ShardDataset(specs, shuffle=False, epochs=1, rank=0, world_size=1, on_error=cfg.on_error, fetch=fetch,
