@@ -84,11 +84,16 @@ def _import_runner(name: str) -> bool:
 
 def refuse_beam_args(name: str, args, beam_args: list[str] | None) -> bool:
     """Print why the leftover arguments of ``longreel NAME`` are refused, if they are; True then (exit 2)."""
+    from longreel.pipelines.io.filesystems_check import missing_filesystem
+
     options = getattr(args, "_options", ())
     # the run directory a stray positional most likely is: the command's own option for it, when not given
     directory = next((o for o in ("--out", "--clips-dir") if o in options), None)
     given = directory is not None and getattr(args, directory[2:].replace("-", "_"), None)
     error = beam_args_error(beam_args or [], options, None if given else directory)
+    if error is None:  # a gs:// or s3:// path this environment has no client for: before anything is read
+        paths = [getattr(args, a, None) for a in ("out", "clips_dir")] + list(getattr(args, "inputs", None) or [])
+        error = missing_filesystem([p for p in paths if isinstance(p, str)])
     if error is not None:
         print(f"longreel {name}: {error}", file=sys.stderr)
     return error is not None

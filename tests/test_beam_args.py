@@ -76,3 +76,31 @@ def test_no_beam_option_is_an_abbreviation_of_a_command_option():
         importlib.import_module(module).add_arguments(parser)
         own = set(re.findall(r"--[\w-]+", parser.format_usage()))
         assert not [(b, o) for b in beam for o in own if o.startswith(b)], name
+
+
+@pytest.mark.parametrize("argv, path, extra", [
+    (["curate", "IN.mp4", "--out", "gs://b/run"], "gs://b/run", "gcp"),
+    (["curate", "s3://b/raw/a.mp4", "--out", "OUT"], "s3://b/raw/a.mp4", "aws"),
+    (["qra", "--out", "gs://b/run"], "gs://b/run", "gcp"),
+    (["pack", "gs://b/run"], "gs://b/run", "gcp"),
+])
+def test_a_remote_path_without_its_client_is_one_line(argv, path, extra, tmp_path, capsys, monkeypatch):
+    """gs:// without Beam's gcp extra (this env) and s3:// without boto3 stopped the run in a traceback reported as
+    an internal error; now exit 2, naming the extra to install, before anything is read or written."""
+    import importlib.util
+
+    from apache_beam.io.filesystems import FileSystems
+
+    try:
+        FileSystems.get_filesystem("gs://b/x")
+        have_gcs = True
+    except ValueError:
+        have_gcs = False
+    if (extra == "gcp" and have_gcs) or (extra == "aws" and importlib.util.find_spec("boto3")):
+        pytest.skip(f"this environment has the {extra} client")  # the dataflow env has the gcp extra
+    monkeypatch.chdir(tmp_path)
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2 and f"{path}: {path.split(':')[0]}:// paths need Beam's {extra} extra" in err, err
+    assert f"pip install 'longreel[{extra}]'" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not any(tmp_path.iterdir())
