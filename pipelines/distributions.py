@@ -349,6 +349,25 @@ def fold_distributions(pairs) -> dict:
     return {"schema_version": DISTRIBUTIONS_VERSION, "sections": sections}
 
 
+#: the table(s) a stage's rows go to, by its stats.json name: a stage run alone on an output directory rewrites them, so
+#: the sections computed from them before are stale (:func:`drop_stale_sections`)
+STAGE_TABLES = {"caption": ("captions",), "qra": ("qras",), "passrate": ("pass_rate",),
+                "pack_write": ("pack_samples", "shards")}
+
+
+def drop_stale_sections(distributions: dict | None, stages) -> dict | None:
+    """``distributions`` without the sections read from a table that one of ``stages`` rewrote: a stage run alone
+    (``longreel qra``, ``pack``...) computes none, and its older ones would describe rows that are gone, which
+    ``longreel card build`` then published and ``card verify`` refused. A missing section is computed by
+    ``card build`` from the tables or shards instead."""
+    stale = {t for s in stages for t in STAGE_TABLES.get(s, ())}
+    if not distributions or not stale:
+        return distributions
+    sections = {k: v for k, v in distributions.get("sections", {}).items()
+                if SECTIONS.get(k, {}).get("table", v.get("table")) not in stale}
+    return {**distributions, "sections": sections}
+
+
 def merge_distributions(old: dict | None, new: dict | None) -> dict | None:
     """Sections in ``new`` replace those in ``old``; the others are kept (a stage run alone adds its own)."""
     if not old:

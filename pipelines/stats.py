@@ -183,9 +183,10 @@ def merge_stats(old: dict | None, new: dict, stage_order: list[str] | None = Non
         if all(s["stage"] in rank for s in stages):
             stages.sort(key=lambda s: rank[s["stage"]])
     merged = {**old, **{k: v for k, v in new.items() if k != "stages"}, "stages": stages}
-    if old.get("distributions") and new.get("distributions"):
-        from longreel.pipelines.distributions import merge_distributions
-        merged["distributions"] = merge_distributions(old["distributions"], new["distributions"])
+    if old.get("distributions"):
+        from longreel.pipelines.distributions import drop_stale_sections, merge_distributions
+        merged["distributions"] = merge_distributions(drop_stale_sections(old["distributions"], replaced),
+                                                      new.get("distributions"))
     # run: the stages this run computed replace (or drop) their old entries; the others keep theirs
     run = {s: v for s, v in (old.get(RUN_KEY) or {}).items() if s not in replaced}
     run.update(new.get(RUN_KEY) or {})

@@ -232,6 +232,35 @@ def test_stats_without_distribution_pairs_is_unchanged_and_merge_keeps_sections(
     assert [s["stage"] for s in merged["stages"]] == ["a", "b"]
 
 
+def test_a_stage_run_alone_drops_the_distributions_it_made_stale(run, tmp_path):
+    """``longreel pack`` (or ``qra``...) run alone rewrites its tables and computes no distribution: the sections
+    read from them before stayed in stats.json, ``card build`` published them, and ``card verify`` refused the card.
+    Merged stats now leave them out, and ``card build`` computes them from the shards (or tables)."""
+    from longreel.pipelines.stats import read_json, write_json
+
+    d = _copy(run[0], str(tmp_path / "run"))
+    path = os.path.join(d, "stats.json")
+    doc = read_json(path)
+    # the pack stage's frames per video before it ran again with other settings: no longer the shards'
+    counts = doc["distributions"]["sections"]["released_frames_per_video"]["counts"]
+    counts[next(iter(counts))] += 5
+    stale = _copy(d, str(tmp_path / "stale"))
+    write_json(os.path.join(stale, "stats.json"), doc)
+    build_card(stale, str(tmp_path / "stale_card"))
+    assert "dist/released_frames_per_video" in _failures(verify(str(tmp_path / "stale_card"),
+                                                                os.path.join(stale, "shards")))
+    rerun = build_stats([(("pack_write", "in"), 0), (("pack_write", "out"), 0)], ["pack_write"],
+                        {"pack_write": "qra"}, {})
+    merged = merge_stats(doc, rerun, computed={"pack_write"})
+    sections = merged["distributions"]["sections"]
+    assert not {k for k in sections if k.startswith(("released_", "shard_"))}
+    assert {"qra_category", "video_duration_s", "pass_count"} <= set(sections)  # other tables' sections stay
+    write_json(path, merged)
+    build_card(d, str(tmp_path / "card"))
+    rep = verify(str(tmp_path / "card"), os.path.join(d, "shards"))
+    assert rep.ok, rep.table()
+
+
 def test_add_distributions_rejects_unknown_tables():
     p = beam.Pipeline()
     pc = p | beam.Create([1])
