@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
 import json
+import os
 import re
 import sys
 
@@ -60,17 +63,50 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         sp.set_defaults(_card_options=tuple(re.findall(r"--[\w-]+", sp.format_usage())))
 
 
+def _inside(path: str, directory: str) -> bool:
+    here, there = os.path.realpath(path), os.path.realpath(directory)
+    return here == there or here.startswith(there + os.sep)
+
+
+@contextlib.contextmanager
+def _card_session(args):
+    """A card written into its run's directory (``card build OUT --out OUT/card``, what curate does) is one of the
+    run's steps: it holds the run's lock (a run still writing is not described half way) and the run's
+    ``_SUCCESS.json`` is written again with the card's files, which ``card verify`` checks against it. A card
+    elsewhere touches nothing of the run. Yields the session, or None."""
+    if "://" in args.run_dir or "://" in args.out or not _inside(args.out, args.run_dir):
+        yield None
+        return
+    from longreel.pipelines.io.run_dir import StageSession
+
+    options = {k: getattr(args, k) for k in ("shards", "name", "pretty_name", "run_command", "data_prefix",
+                                              "tables_prefix")}
+    digest = hashlib.sha256(json.dumps(options, sort_keys=True, default=str).encode()).hexdigest()
+    with StageSession(args.run_dir, "card", digest, command=" ".join(["longreel", *getattr(args, "_argv", [])])) as s:
+        yield s
+
+
+def _build(args, session) -> dict:
+    from longreel.pipelines.card.build import build_card
+
+    if session is not None:
+        session.begin_writes()
+    card = build_card(args.run_dir, args.out, args.shards, name=args.name, pretty_name=args.pretty_name,
+                      command=args.run_command, data_prefix=args.data_prefix, tables_prefix=args.tables_prefix)
+    if session is not None:
+        session.finish()
+    return card
+
+
 def main(args, extra: list[str]) -> int:
     if extra:
         options = getattr(args, "_card_options", ())  # the subcommand's (build's or verify's)
         print(f"longreel card: {unexpected_arguments(extra, options)}", file=sys.stderr)
         return 2
     if args.card_command == "build":
-        from longreel.pipelines.card.build import build_card
         try:
-            card = build_card(args.run_dir, args.out, args.shards, name=args.name, pretty_name=args.pretty_name,
-                              command=args.run_command, data_prefix=args.data_prefix,
-                              tables_prefix=args.tables_prefix)
+            with _card_session(args) as session:
+                card = _build(args, session)
         except (FileNotFoundError, ValueError) as e:
             print(f"longreel card build: {e}", file=sys.stderr)
             return 2

@@ -261,6 +261,32 @@ def test_a_stage_run_alone_drops_the_distributions_it_made_stale(run, tmp_path):
     assert rep.ok, rep.table()
 
 
+def test_card_build_into_its_run_is_a_step_of_the_run(run, tmp_path, capsys):
+    """``card build OUT --out OUT/card`` after a stage run alone: the run's _SUCCESS.json still listed the old card's
+    digests, so ``card verify`` refused the new card's files; and it wrote while another run held OUT. Now it holds
+    OUT's lock and writes the marker again with the card's files."""
+    from longreel.cli import main
+    from longreel.pipelines.io.run_dir import RunIdentity, RunLock, write_marker
+
+    d = _copy(run[0], str(tmp_path / "run"))
+    card = os.path.join(d, "card")
+    build_card(d, card)
+    write_marker(d, RunIdentity(config={}, config_hash="c" * 64, stages=["pack"]), [])
+    assert verify(card, os.path.join(d, "shards")).ok
+    with open(os.path.join(d, "stats.json")) as fh:  # a stage run alone changed what the card describes
+        doc = json.load(fh)
+    doc["command"] = "longreel pack OUT"
+    with open(os.path.join(d, "stats.json"), "w") as fh:
+        json.dump(doc, fh)
+    with RunLock(d, "longreel curate IN --out OUT", create=False):
+        assert main(["card", "build", d, "--out", card]) == 2
+    assert "in use by another longreel run" in capsys.readouterr().err
+    assert main(["card", "build", d, "--out", card]) == 0
+    rep = verify(card, os.path.join(d, "shards"))
+    assert rep.ok, rep.table()
+    assert any(r["claim"].startswith("run marker") for r in rep.rows)
+
+
 def test_add_distributions_rejects_unknown_tables():
     p = beam.Pipeline()
     pc = p | beam.Create([1])
