@@ -287,6 +287,19 @@ def test_card_build_into_its_run_is_a_step_of_the_run(run, tmp_path, capsys):
     assert any(r["claim"].startswith("run marker") for r in rep.rows)
 
 
+def test_two_datasets_in_one_shards_directory_are_named(run, tmp_path):
+    """A second ``longreel pack`` with another pack.dataset writes its index beside the first: card build said only
+    "duplicate claim 'split/...'"."""
+    import glob
+
+    d = _copy(run[0], str(tmp_path / "run"))
+    index = sorted(glob.glob(os.path.join(d, "shards", "*.index.json")))[0]
+    shutil.copyfile(index, os.path.join(d, "shards", "other-" + os.path.basename(index)))
+    with pytest.raises(ValueError, match=r"two indexes of split '\w+': .*give the one to describe with --shards"):
+        build_card(d, str(tmp_path / "card"))
+    build_card(d, str(tmp_path / "card"), index)  # the one named
+
+
 def test_add_distributions_rejects_unknown_tables():
     p = beam.Pipeline()
     pc = p | beam.Create([1])

@@ -479,10 +479,15 @@ def _distribution_claims(c: Claims, dist: dict, dist_source: dict) -> None:
 
 def _release_claims(c: Claims, indexes: list) -> list[str]:
     """The released shards (one claim per split and per shard); returns the splits."""
-    splits = []
+    splits, index_of = [], {}
     for path, doc in indexes:
         lr = doc.get("longreel", {})
         split = lr.get("split") or doc["name"].rsplit("-", 1)[-1]
+        if split in index_of:  # e.g. `longreel pack` run again with another pack.dataset beside the first shards
+            raise ValueError(f"two indexes of split {split!r}: {os.path.basename(index_of[split])} and "
+                             f"{os.path.basename(path)} (packs of two datasets in one shards directory); give the "
+                             "one to describe with --shards INDEX, or remove the other dataset's shards")
+        index_of[split] = path
         splits.append(split)
         c.add(f"split/{split}", {"index": os.path.basename(path), "shards": len(doc["shardlist"]),
                                  "samples": sum(s["nsamples"] for s in doc["shardlist"]),
