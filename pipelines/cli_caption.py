@@ -35,7 +35,8 @@ Config keys are under `caption.` (see --show-config), e.g. --set caption.filter.
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--clips-dir", required=False, metavar="OUT",
+    # --out too: the other stage commands name the run directory so
+    p.add_argument("--clips-dir", "--out", dest="clips_dir", required=False, metavar="OUT",
                    help="A curate output directory (local path or gs://, s3://). Required.")
     p.add_argument("--backend", choices=BACKENDS, help="Captioner (default: the config's, facts).")
     p.add_argument("--model", help="Shortcut for --set caption.model.path=MODEL.")

@@ -153,7 +153,10 @@ def _forks_local_workers(beam_args: list[str], workers: int) -> bool:
 
 
 def _positive_int(text: str) -> int:
-    n = int(text)
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of worker processes, got {text!r}") from None
     if n < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, not {n}")
     return n

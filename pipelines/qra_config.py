@@ -103,7 +103,9 @@ class QRAConfig(ConfigModel):
             except re.error as e:
                 raise ConfigError(f"qra.reasoning_prefix is not a regular expression: {e}") from None
         unknown = [c for c in self.categories if c not in CATEGORIES]
-        if unknown or not self.categories:
+        if not self.categories:
+            raise ConfigError(f"qra.categories is empty: name one or more of {list(CATEGORIES)}")
+        if unknown:
             raise ConfigError(f"qra.categories: unknown {unknown} (known {list(CATEGORIES)})")
         if len(set(self.categories)) != len(self.categories):
             raise ConfigError("qra.categories has duplicates")

@@ -525,3 +525,18 @@ def test_train_plot_of_a_metrics_file_draws_beside_it(tmp_path, capsys):
     assert rc == 0 and (run / "curves.png").is_file(), err
     rc, _, err = _run(capsys, ["train", "plot", str(run), "--smooth", "-3"])  # was drawn as if 1
     assert rc == 2 and "--smooth -3: the moving-average window is 1 step or more" in err
+
+
+def test_small_usage_mistakes_are_named_plainly(tmp_path, capsys):
+    """``caption --out`` (the name every other stage command uses for the run directory) was "unknown option";
+    ``--workers abc`` said "invalid _positive_int value"; ``qra.categories=[]`` said "unknown []"."""
+    rc, _, err = _run(capsys, ["caption", "--out", str(tmp_path / "nope")])
+    assert rc == 2 and "no such directory" in err, err
+    with pytest.raises(SystemExit):
+        main(["curate", "--demo", "--out", str(tmp_path / "o"), "--workers", "abc"])
+    assert "argument --workers: expected a whole number of worker processes, got 'abc'" in capsys.readouterr().err
+    from longreel.pipelines.qra_config import QRAConfig
+    from longreel.schemas.config import ConfigError, load_yaml
+
+    with pytest.raises(ConfigError, match=r"qra.categories is empty: name one or more of \['temporal'"):
+        load_yaml(QRAConfig, None, ["categories=[]"], section="qra")

@@ -142,7 +142,7 @@ def ensure_dir(out_dir: str, create: bool = True) -> None:
     if _remote(out_dir):
         return  # object stores have no directories to create
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise RunDirError(f"{out_dir} exists and is not a directory: give a directory (new or a run's) as --out")
+        raise RunDirError(f"{out_dir} exists and is not a directory: give a directory (new or a run's)")
     if os.path.isdir(out_dir):
         return
     if not create:
