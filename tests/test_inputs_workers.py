@@ -103,6 +103,12 @@ def test_a_malformed_manifest_is_an_input_error_and_leaves_nothing(tmp_path, cop
         run_curate(plan_inputs([str(m)]), str(out), load_yaml(CurateConfig, None, ["stages=[]"]), workers=workers)
     assert str(e.value) == f"{m}: entry 2 has no path/uri/url"
     assert not out.exists()
+    # a licence that is not text: the whole manifest is refused, as for a missing path (it was probed, then
+    # rejected as a schema violation, exit 3; an attribution list was dropped)
+    m.write_text('{"path": "in/bikes.mp4", "license": 5}\n')
+    with pytest.raises(InputError, match=r"list.jsonl line 1: license must be a string, got 5"):
+        run_curate(plan_inputs([str(m)]), str(out), load_yaml(CurateConfig, None, ["stages=[]"]), workers=workers)
+    assert not out.exists()
 
 
 def test_a_repeated_line_through_the_workers(tmp_path, copy_video):

@@ -182,7 +182,11 @@ def manifest_listings(plan: SpecPlan, fh):
             if not _is_remote(path) and not os.path.isabs(path):
                 path = posixpath.join(plan.base, path) if _is_remote(plan.base) else os.path.join(plan.base, path)
             where = f"{uri} line {line}" if line is not None else f"{uri} entry {n}"
-            yield _listing(path, plan, n, where, r.get("license"), r.get("attribution"))
+            for field in ("license", "attribution"):
+                # a number or a list here went on to be probed and then rejected as a schema violation, or dropped
+                if r.get(field) is not None and not isinstance(r[field], str):
+                    raise InputError(f"{where}: {field} must be a string, got {r[field]!r}")
+            yield _listing(path, plan, n, where, r.get("license") or None, r.get("attribution") or None)
     except (OSError, UnicodeDecodeError) as e:
         raise InputError(f"cannot read manifest {uri!r}: {e}") from None
 
