@@ -569,6 +569,8 @@ class TrainSession:
             self.stream.load_state_dict(state["loader"])
             self.step = int(state["step"])
             log.info("resumed %s from %s at step %d", stage, resume_from, self.step)
+        elif self.info.is_main:  # where a new run writes: its config.yaml keeps run.out_dir as typed (maybe relative)
+            log.info("%s run in %s: steps 1-%d", stage, self.out_dir.resolve(), self.total_steps)
         self._model_fingerprint = self._fingerprint_model(cfg.model.path)
         self.logger = MetricsLogger(self.out_dir, stage=stage, enabled=self.info.is_main,
                                     tensorboard=cfg.run.tensorboard, progress=cfg.run.progress,
