@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 from longreel.schemas.config import ConfigError, load_yaml, unexpected_arguments
