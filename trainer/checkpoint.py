@@ -213,7 +213,10 @@ def share_files(directory: str | os.PathLike) -> None:
     other users of a shared disk."""
     for where, _dirs, files in os.walk(directory):
         for name in files:
-            os.chmod(os.path.join(where, name), 0o644)
+            try:
+                os.chmod(os.path.join(where, name), 0o644)
+            except PermissionError:  # another user's file (a rank on another node): its mode is its writer's
+                pass
 
 
 def _fsync(path: str | os.PathLike) -> None:
