@@ -45,8 +45,8 @@ the weights and policy files without the optimizer and trainer state.
 
 EXIT_CODES = """\
 exit codes:
-  0  success: the steps are done (final/ written unless run.save_final=false), or run.stop_after's step is
-     (a checkpoint, no final/); plot and export: written
+  0  success: the steps are done (final/ written unless run.save_final=false), or the run stopped at
+     run.stop_after (a checkpoint, no final/); plot and export: written
   1  the run failed: an internal error (a traceback is printed; please report it), or the machine refused
      (disk full, permission denied: one line, no traceback); the newest whole checkpoint resumes it
   2  usage or config error, or a check before the model loads failed (model.path, the shards, the launch,
