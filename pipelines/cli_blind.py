@@ -36,7 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="Answerer model (shortcut for --set model=NAME).")
     p.add_argument("--backend", choices=BACKENDS, help="Answerer engine (shortcut for --set backend=NAME).")
     p.add_argument("--qra-table", default="qras", help="Name of the questions table in --out (default: qras).")
-    p.add_argument("--config", help="YAML config file (BlindConfig); see --show-config for every key.")
+    p.add_argument("--config",
+                   help="YAML config file (BlindConfig) over the run's own blind settings (OUT/config.yaml); "
+                        "see --show-config for every key.")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="Override one config key, e.g. --set k=8 --set max_pass_rate=0.75 (repeatable).")
     p.add_argument("--show-config", action="store_true", help="Print every config key with default and help; exit.")

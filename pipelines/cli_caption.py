@@ -9,7 +9,7 @@ import time
 
 from longreel.pipelines.model_paths import check_model_paths, stage_models
 from longreel.pipelines.caption_config import BACKENDS, CaptionConfig
-from longreel.pipelines.cli_common import command_line, exit_code, refuse_beam_args
+from longreel.pipelines.cli_common import command_line, exit_code, refuse_beam_args, run_settings_base
 from longreel.schemas.config import ConfigError, config_hash, describe, dump_yaml, load_yaml
 
 log = logging.getLogger("longreel")
@@ -42,7 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="Shortcut for --set caption.model.path=MODEL.")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="Allow the checkpoint's own Python code (NVILA). Never implied.")
-    p.add_argument("--config", help="YAML file with a `caption:` section (or the caption keys at the top level).")
+    p.add_argument("--config",
+                   help="YAML file with a `caption:` section (or the caption keys at the top level), over the "
+                        "run's own caption settings (OUT/config.yaml).")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="Override one key, e.g. --set caption.frames.n=16 (repeatable; the caption. prefix is "
                         "optional).")
@@ -50,7 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def load_config(args) -> CaptionConfig:
-    """The ``caption`` section of ``--config`` (a caption file or a whole curate file) <- ``--set`` <- flags."""
+    """The run's ``caption`` settings (OUT/config.yaml) <- the ``caption`` section of ``--config`` (a caption file or a
+    whole curate file) <- ``--set`` <- flags."""
     overrides = list(args.overrides)
     if args.backend:
         overrides.append(f"backend={args.backend}")
@@ -58,7 +61,8 @@ def load_config(args) -> CaptionConfig:
         overrides.append(f"model.path={args.model}")
     if args.trust_remote_code:
         overrides.append("model.trust_remote_code=true")
-    return load_yaml(CaptionConfig, args.config, overrides, section="caption")
+    return load_yaml(CaptionConfig, args.config, overrides, section="caption",
+                     base=run_settings_base("caption", args.clips_dir, "caption"))
 
 
 def run_caption(clips_dir: str, cfg: CaptionConfig, beam_args: list[str] | None = None, handler=None,

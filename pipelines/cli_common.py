@@ -3,6 +3,7 @@ command line, the command line they record and their exit code."""
 from __future__ import annotations
 
 import argparse
+import logging
 import re
 import shlex
 import sys
@@ -10,6 +11,8 @@ import sys
 from longreel.schemas.config import closest, unexpected_arguments
 
 EXIT_EMPTY = 3  # the run finished but nothing survived (see longreel.cli.EXIT_CODES)
+
+log = logging.getLogger("longreel")
 
 
 def command_line(args, name: str) -> str:
@@ -99,6 +102,22 @@ def refuse_beam_args(name: str, args, beam_args: list[str] | None) -> bool:
     return error is not None
 
 
+def run_settings_base(name: str, out_dir: str | None, section: str) -> dict | None:
+    """The settings a stage run alone on a ``curate`` run starts from: that run's ``section`` of OUT/config.yaml,
+    under the user's ``--config`` and ``--set``. Starting from the defaults instead made a re-run of one stage quietly
+    change what the user did not name (``longreel pack`` on the demo wrote a second dataset under the default name
+    and frame rate). None, and the defaults, for a directory no ``curate`` wrote."""
+    if not out_dir:
+        return None
+    from longreel.pipelines.io.run_dir import run_settings
+
+    data = run_settings(out_dir, section)
+    if data is not None:
+        log.info("%s: starting from the run's %s settings in its config.yaml (--config and --set change them)",
+                 name, section)
+    return data
+
+
 def model_stage_config(name: str, cls, args, section: str, beam_args: list[str] | None = None):
     """The config of a model stage run alone on an output directory (``longreel filter``, ``blind``, ``judge``):
     ``--show-config``, the required ``--out``, ``--model``/``--backend`` as overrides of the config file and
@@ -118,7 +137,8 @@ def model_stage_config(name: str, cls, args, section: str, beam_args: list[str] 
     overrides = list(args.overrides) + ([f"model={args.model}"] if args.model else []) + \
         ([f"backend={args.backend}"] if args.backend else [])
     try:
-        return load_yaml(cls, args.config, overrides, section=section), None
+        return load_yaml(cls, args.config, overrides, section=section,
+                         base=run_settings_base(name, args.out, section)), None
     except (ConfigError, OSError) as e:
         print(f"longreel {name}: bad config: {e}", file=sys.stderr)
         return None, 2

@@ -48,7 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shards", action="append", default=[], metavar="URL",
                    help="Read questions and frames from packed shards (index .json, tar URL, brace pattern or local "
                         "glob; repeatable) instead of --out's tables.")
-    p.add_argument("--config", help="YAML config file (FilterConfig); see --show-config for every key.")
+    p.add_argument("--config",
+                   help="YAML config file (FilterConfig) over the run's own filter settings (OUT/config.yaml); "
+                        "see --show-config for every key.")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="Override one config key, e.g. --set k=8 --set policy=band (repeatable).")
     p.add_argument("--show-config", action="store_true", help="Print every config key with default and help; exit.")

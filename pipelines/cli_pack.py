@@ -6,7 +6,7 @@ import json
 import logging
 import sys
 
-from longreel.pipelines.cli_common import command_line, exit_code, refuse_beam_args
+from longreel.pipelines.cli_common import command_line, exit_code, refuse_beam_args, run_settings_base
 from longreel.pipelines.pack.config import PackConfig
 from longreel.schemas.config import ConfigError, describe, load_yaml
 
@@ -30,7 +30,9 @@ OUT/stats.json; rejects are merged into OUT/rejects-*.parquet. See docs/SHARDS.m
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("out", nargs="?", metavar="OUT", help="Output directory of a curate run (local or gs://, s3://).")
-    p.add_argument("--config", help="YAML config file; see --show-config for every key.")
+    p.add_argument("--config",
+                   help="YAML config file over the run's own pack settings (OUT/config.yaml); see --show-config "
+                        "for every key.")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="Override one config key, e.g. --set max_frames=32 (repeatable).")
     p.add_argument("--show-config", action="store_true", help="Print every config key with default and help; exit.")
@@ -47,7 +49,8 @@ def main(args, beam_args: list[str]) -> int:
     if refuse_beam_args("pack", args, beam_args):
         return 2
     try:
-        cfg = load_yaml(PackConfig, args.config, args.overrides, section="pack")
+        cfg = load_yaml(PackConfig, args.config, args.overrides, section="pack",
+                        base=run_settings_base("pack", args.out, "pack"))
     except (ConfigError, OSError) as e:
         print(f"longreel pack: bad config: {e}", file=sys.stderr)
         return 2

@@ -8,7 +8,7 @@ import sys
 import time
 
 from longreel.pipelines.model_paths import check_model_paths, stage_models
-from longreel.pipelines.cli_common import command_line, exit_code, refuse_beam_args
+from longreel.pipelines.cli_common import command_line, exit_code, refuse_beam_args, run_settings_base
 from longreel.pipelines.qra_config import BACKENDS, QRAConfig
 from longreel.schemas.config import ConfigError, config_hash, describe, dump_yaml, load_yaml
 
@@ -41,20 +41,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="DIR", help="An output directory holding videos and captions tables. Required.")
     p.add_argument("--backend", choices=BACKENDS, help="Question writer (default: the config's, template).")
     p.add_argument("--model", help="Shortcut for --set qra.model=MODEL.")
-    p.add_argument("--config", help="YAML file with a `qra:` section (or the qra keys at the top level).")
+    p.add_argument("--config",
+                   help="YAML file with a `qra:` section (or the qra keys at the top level), over the run's own "
+                        "qra settings (OUT/config.yaml).")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="Override one key, e.g. --set qra.per_category=3 (repeatable; the qra. prefix is optional).")
     p.add_argument("--show-config", action="store_true", help="Print every qra key with default and help; exit.")
 
 
 def load_config(args) -> QRAConfig:
-    """The ``qra`` section of ``--config`` (a qra file or a whole curate file) <- ``--set`` <- flags."""
+    """The run's ``qra`` settings (OUT/config.yaml) <- the ``qra`` section of ``--config`` (a qra file or a
+    whole curate file) <- ``--set`` <- flags."""
     overrides = list(args.overrides)
     if args.backend:
         overrides.append(f"backend={args.backend}")
     if args.model:
         overrides.append(f"model={args.model}")
-    return load_yaml(QRAConfig, args.config, overrides, section="qra")
+    return load_yaml(QRAConfig, args.config, overrides, section="qra",
+                     base=run_settings_base("qra", args.out, "qra"))
 
 
 def run_qra(out_dir: str, cfg: QRAConfig, beam_args: list[str] | None = None, backend_factory=None,

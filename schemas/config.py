@@ -11,6 +11,7 @@ bools (``true`` is not 1), an int field refuses floats, a str field takes number
 """
 from __future__ import annotations
 
+import copy
 import difflib
 import hashlib
 import json
@@ -257,14 +258,18 @@ def _merge(under: dict, over: dict) -> dict:
 
 
 def load_yaml(cls, path: str | None, overrides: list[str] | tuple[str, ...] = (), *, section: str | None = None,
-              base: str | None = None):
+              base: str | dict | None = None):
     """Defaults <- ``base`` file <- YAML file <- ``key.sub=value`` overrides (values parsed as YAML scalars).
 
     ``section``: the name of this config inside a larger one (e.g. ``caption`` of a ``curate`` file), so that a
     stage run alone takes the whole pipeline's file and its ``section.key=value`` overrides: a file with that
     top-level key is read from under it, and the ``section.`` prefix is dropped from overrides. ``base``: a file
-    under the user's (``curate --demo``'s settings), whose keys the user's file overrides one by one."""
-    data: dict = _read_yaml(base, section) if base else {}
+    (``curate --demo``'s settings) or a mapping (a run's recorded section) under the user's file, whose keys the
+    user's file overrides one by one."""
+    if isinstance(base, dict):
+        data: dict = copy.deepcopy(base)  # the overrides below write into nested sections
+    else:
+        data = _read_yaml(base, section) if base else {}
     if path:
         data = _merge(data, _read_yaml(path, section))
     if section:

@@ -581,6 +581,17 @@ def _read_yaml(path: str):
         return None
 
 
+def run_settings(out_dir: str, section: str) -> dict | None:
+    """The ``section`` mapping of ``out_dir``'s ``config.yaml`` (the settings its ``curate`` ran with), or None when
+    the directory holds no readable one or it has no such section (the stage then says what is wrong with it)."""
+    try:
+        cfg = _read_yaml(_join(out_dir, "config.yaml"))
+    except OSError:  # OUT is a file, unreadable...: the stage's own checks report it in its words
+        return None
+    data = cfg.get(section) if isinstance(cfg, dict) else None
+    return data if isinstance(data, dict) else None
+
+
 def _looks_like_run(out_dir: str) -> bool:
     try:
         with _open_read(_join(out_dir, "stats.json")) as fh:

@@ -1,0 +1,88 @@
+"""A stage command run alone on a curate run starts from that run's settings (its config.yaml), not the defaults.
+
+Starting from the defaults made ``longreel pack OUT`` on the demo write a second dataset (``longreel-train-*``
+beside ``longreel_demo-train-*``, at another frame rate): re-running one stage changed what the user never named.
+"""
+from __future__ import annotations
+
+import pytest
+
+from longreel.pipelines.config import CurateConfig
+from longreel.schemas.config import dump_yaml, load_yaml
+
+
+def _capture(monkeypatch, module, name):
+    seen = {}
+
+    def fake(out_dir, cfg, *a, **k):
+        seen["cfg"] = cfg
+        raise SystemExit(42)  # past the CLI's catch-all: the run itself is not what is tested
+
+    monkeypatch.setattr(module, name, fake)
+    return seen
+
+
+def _run_dir(tmp_path, overrides):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.yaml").write_text(dump_yaml(load_yaml(CurateConfig, None, overrides)))
+    return out
+
+
+def _main(argv):
+    from longreel.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 42
+
+
+def test_pack_alone_keeps_the_runs_pack_settings_under_the_users(tmp_path, monkeypatch):
+    import longreel.pipelines.stages.pack as pack_stage
+
+    seen = _capture(monkeypatch, pack_stage, "run_pack")
+    out = _run_dir(tmp_path, ["pack.dataset=mine", "pack.fps=1.0", "pack.max_frames=16"])
+    _main(["pack", str(out)])
+    assert (seen["cfg"].dataset, seen["cfg"].fps, seen["cfg"].max_frames) == ("mine", 1.0, 16)
+    user = tmp_path / "user.yaml"
+    user.write_text("pack:\n  fps: 0.5\n")
+    _main(["pack", str(out), "--config", str(user), "--set", "max_frames=8"])
+    assert (seen["cfg"].dataset, seen["cfg"].fps, seen["cfg"].max_frames) == ("mine", 0.5, 8)
+
+
+def test_a_directory_no_curate_wrote_starts_from_the_defaults(tmp_path, monkeypatch):
+    import longreel.pipelines.stages.pack as pack_stage
+    from longreel.pipelines.pack.config import PackConfig
+
+    seen = _capture(monkeypatch, pack_stage, "run_pack")
+    out = tmp_path / "plain"
+    out.mkdir()
+    (out / "config.yaml").write_text("not: a curate config\n")  # no pack section: nothing to start from
+    _main(["pack", str(out), "--set", "max_frames=8"])
+    assert seen["cfg"] == PackConfig(max_frames=8)
+
+
+@pytest.mark.parametrize("command, module, func, key, value", [
+    (["qra", "--out"], "longreel.pipelines.cli_qra", "run_qra", "per_category", 3),
+    (["caption", "--clips-dir"], "longreel.pipelines.cli_caption", "run_caption", "frames.n", 3),
+    (["blind", "--out"], "longreel.pipelines.cli_blind", "run_blind", "k", 3),
+    (["filter", "--out"], "longreel.pipelines.cli_filter", "run_filter", "k", 3),
+])
+def test_every_stage_command_starts_from_the_runs_section(tmp_path, monkeypatch, command, module, func, key, value):
+    """The run's file sets one key of the section away from its default; the stage alone must see it."""
+    import importlib
+
+    import longreel.pipelines.model_paths as model_paths
+
+    monkeypatch.setattr(model_paths, "check_model_paths", lambda *a, **k: None)
+    mod = importlib.import_module(module)
+    if hasattr(mod, "check_model_paths"):
+        monkeypatch.setattr(mod, "check_model_paths", lambda *a, **k: None)
+    seen = _capture(monkeypatch, mod, func)
+    section = command[0]
+    out = _run_dir(tmp_path, [f"{section}.{key}={value}"] + (["filter.model=/m"] if section == "filter" else []))
+    _main(command + [str(out)])
+    got = seen["cfg"]
+    for part in key.split("."):
+        got = getattr(got, part)
+    assert got == value
