@@ -309,3 +309,22 @@ def test_marker_digests_catch_an_atomic_rewrite_of_equal_size(tmp_path):
         os.utime(out / "new", ns=(st.st_atime_ns, st.st_mtime_ns))  # the same size and mtime as the old file
         os.replace(out / "new", out / "stats.json")
         assert digests.get("stats.json") is None
+
+
+def test_a_stage_run_alone_on_an_unfinished_run_says_so(tmp_path, caplog):
+    from longreel.pipelines.io.run_dir import MARKER_NAME, RunIdentity, StageSession, write_marker
+
+    run, plain = tmp_path / "run", tmp_path / "plain"
+    run.mkdir()
+    plain.mkdir()
+    (run / "config.yaml").write_text("ingest: {}\nsegment: {}\nstages: []\n")
+    with caplog.at_level("WARNING", logger="longreel"), StageSession(str(run), "pack", "h"):
+        pass
+    assert f"no {MARKER_NAME}" in caplog.text and "--resume" in caplog.text
+    caplog.clear()
+    write_marker(str(run), RunIdentity(config={}, config_hash="h", stages=[]), [{"step": "curate", "config_hash": "h"}])
+    with caplog.at_level("WARNING", logger="longreel"), StageSession(str(run), "pack", "h"):
+        pass
+    with caplog.at_level("WARNING", logger="longreel"), StageSession(str(plain), "filter", "h"):
+        pass  # a directory no run wrote (filter --shards into a new one): nothing unfinished to warn of
+    assert f"no {MARKER_NAME}" not in caplog.text

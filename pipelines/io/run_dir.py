@@ -696,6 +696,13 @@ class StageSession:
         except IncompleteRun as e:
             log.warning("%s: ignoring a damaged marker: %s", self.out_dir, e)
             self.marker = None
+        if self.marker is None and _looks_like_run(self.out_dir):
+            # said up front: the stage's tables are complete, yet the directory stays unfinished, which card verify
+            # and a trainer's check of the marker then refuse
+            log.warning("%s: no %s: the run that wrote it did not finish (crashed, killed, or a stage run alone was "
+                        "interrupted); %s runs on what is there and the directory stays unfinished: finish it with "
+                        "`longreel curate ... --resume` (same inputs and config)", self.out_dir, MARKER_NAME,
+                        self.step)
         return self
 
     def __exit__(self, *exc) -> None:
