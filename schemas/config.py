@@ -208,22 +208,24 @@ def _pydantic_wording(err: dict) -> str:
     return err["msg"]
 
 
-def _first_problem(cls, exc: ValidationError) -> str:
+def _first_problem(cls, exc: ValidationError, section: str | None = None) -> str:
     """The first error of a ValidationError as one line naming the key, e.g. ``segment.clip_s: expected a number,
-    got 'abc'``. A check hook's ConfigError keeps its own message (it names its key already)."""
+    got 'abc'``, under ``section`` when the config is one section of a larger file (``pack.fps``, not ``fps``). A
+    check hook's ConfigError keeps its own message (it names its key already)."""
     err = exc.errors()[0]
     if err["type"] == "value_error":
         return str(err["ctx"]["error"])
-    where = _path(err["loc"]) or cls.__name__
+    where = ".".join(p for p in (section, _path(err["loc"])) if p) or cls.__name__
     return f"{where}: {_pydantic_wording(err)}"
 
 
-def from_dict(cls, data: dict):
-    """Build config ``cls`` from a (possibly partial) mapping and run the check hooks of every section given."""
+def from_dict(cls, data: dict, section: str | None = None):
+    """Build config ``cls`` from a (possibly partial) mapping and run the check hooks of every section given.
+    ``section``: the name the user knows this config by, for the error messages."""
     try:
         return cls.model_validate(data, context={_RUN_CHECKS: True})
     except ValidationError as e:
-        raise ConfigError(_first_problem(cls, e)) from None
+        raise ConfigError(_first_problem(cls, e, section)) from None
 
 
 def to_dict(obj) -> dict:
@@ -289,7 +291,7 @@ def load_yaml(cls, path: str | None, overrides: list[str] | tuple[str, ...] = ()
         except yaml.YAMLError as e:
             raise ConfigError(f"--set {key.strip()}: the value {raw!r} is not valid YAML ({_yaml_problem(e)}); "
                               "quote the strings in it, e.g. --set '" + key.strip() + "=[\"dir/ds-{000..009}.tar\"]'") from None
-    return from_dict(cls, data)
+    return from_dict(cls, data, section)
 
 
 def _yaml_problem(e: "yaml.YAMLError") -> str:

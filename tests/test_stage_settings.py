@@ -86,3 +86,14 @@ def test_every_stage_command_starts_from_the_runs_section(tmp_path, monkeypatch,
     for part in key.split("."):
         got = getattr(got, part)
     assert got == value
+
+
+def test_a_stage_commands_config_errors_name_the_section_the_user_typed(tmp_path, capsys):
+    """They named the class (``PackConfig: unknown key(s)``, ``fps: expected a number``) for ``--set pack.fpss``."""
+    from longreel.cli import main
+
+    out = _run_dir(tmp_path, [])
+    assert main(["pack", str(out), "--set", "pack.fpss=2"]) == 2
+    assert "bad config: pack: unknown key(s) ['fpss'] (did you mean 'fps'?)" in capsys.readouterr().err
+    assert main(["pack", str(out), "--set", "fps=abc"]) == 2
+    assert "bad config: pack.fps: expected a number, got 'abc'" in capsys.readouterr().err
