@@ -158,6 +158,12 @@ def test_a_training_runs_missing_model_or_shards_is_a_usage_error(tmp_path, caps
     shards = tmp_path / "shards"
     shards.mkdir()
     (shards / "ds-rl-000000.tar").write_bytes(b"")
+    trained = tmp_path / "trained"  # a training run: its final model and the two steps it kept
+    for d in (trained / "final", trained / "checkpoints" / "step-000004", trained / "checkpoints" / "step-000012"):
+        d.mkdir(parents=True)
+        (d / "config.json").write_text("{}")
+    kept = f"the run's models are {trained / 'final'}, {trained / 'checkpoints' / 'step-000012'}, " \
+           f"{trained / 'checkpoints' / 'step-000004'}"
     out = ["--set", f"run.out_dir={tmp_path / 'run'}"]
     cases = [
         (["train", "sft", "--set", f"model.path={tmp_path / 'nope'}"], "is not a local directory"),
@@ -173,6 +179,8 @@ def test_a_training_runs_missing_model_or_shards_is_a_usage_error(tmp_path, caps
         (["train", "grpo", "--set", f"model.path={model}", "--set", f"data.train_urls=[{shards}/*-rl-*.tar]",
           "--set", "eval.every=10"], "data.eval_urls is empty"),
         (["eval", "--model", str(tmp_path / "nope"), "--set", "data.source=synthetic"], "is not a local directory"),
+        (["eval", "--model", str(trained / "checkpoints" / "step-8")], f"is not a local directory; {kept}"),
+        (["eval", "--model", str(trained)], f"holds no config.json: not a model directory; {kept}"),
         (["train", "grpo", "--set", f"model.path={model}", "--set", "data.source=synthetic",
           "--set", "mrsp.sp_size=2"], "needs torchrun with a world size divisible by it"),
         (["train", "grpo", "--set", f"model.path={model}", "--set", "data.source=synthetic",

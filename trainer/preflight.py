@@ -53,11 +53,14 @@ def check_model_dir(path: str, key: str = "model.path") -> None:
     if not path:
         raise InputCheckError(f"{key} is required (a local model directory)")
     if not os.path.isdir(path):
-        raise InputCheckError(f"{key} {path!r} is not a local directory (hub ids are not downloaded here: download "
-                              "the model first)")
+        near = _run_models_near(path)
+        raise InputCheckError(f"{key} {path!r} is not a local directory" + (
+            f"; the run's models are {near}" if near else
+            " (hub ids are not downloaded here: download the model first)"))
     if not os.path.isfile(os.path.join(path, "config.json")):
-        raise InputCheckError(f"{key} {path!r} holds no config.json: not a model directory (a run's final/ or "
-                              "checkpoints/step-N/ is one)")
+        near = _run_models_near(path)
+        raise InputCheckError(f"{key} {path!r} holds no config.json: not a model directory" + (
+            f"; the run's models are {near}" if near else " (a run's final/ or checkpoints/step-N/ is one)"))
     if not any(os.path.isfile(os.path.join(path, f)) for f in WEIGHT_FILES):
         if os.path.isdir(os.path.join(path, "sharded")):  # checkpoint.SHARDED: an FSDP run's step checkpoint
             raise InputCheckError(f"{key} {path!r} is a sharded (FSDP) step checkpoint: `longreel train export "
@@ -69,6 +72,22 @@ def check_model_dir(path: str, key: str = "model.path") -> None:
         problem = safetensors_problem(os.path.join(path, name)) if name.endswith(".safetensors") else None
         if problem is not None:
             raise InputCheckError(f"{key} {path!r}: {problem} (a copy that stopped early? copy it again)")
+
+
+def _run_models_near(path: str, limit: int = 5) -> str:
+    """The model directories of the training run ``path`` is in or names (``RUN``, ``RUN/checkpoints``, a pruned or
+    mistyped ``RUN/checkpoints/step-6``), newest first, for an error message; "" when it is in no run. Steps are
+    named ``step-000006``, which a user types as ``step-6``, and a run keeps only its newest few."""
+    here = Path(path)
+    run = next((d for d in (here, here.parent, here.parent.parent) if (d / "checkpoints").is_dir()
+                or (d / "final" / "config.json").is_file()), None)
+    if run is None:
+        return ""
+    steps = sorted((d for d in (run / "checkpoints").glob("step-*") if d.is_dir() and d.name[5:].isdigit()),
+                   key=lambda d: int(d.name[5:]), reverse=True)
+    found = ([run / "final"] if (run / "final" / "config.json").is_file() else []) + steps
+    named = ", ".join(str(d) for d in found[:limit])
+    return named + (f" ({len(found)} in all)" if len(found) > limit else "")
 
 
 def check_shards(urls: list[str], key: str) -> list:
