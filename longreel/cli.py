@@ -61,8 +61,8 @@ exit codes:
   3  the run finished but nothing survived: 0 videos came through, or 0 items out of a stage
      that was asked for (captions, questions, kept or packed questions); its outputs, rejects
      and stats.json are written.
-  130 interrupted (Ctrl-C): one line; the worker processes end too, and an output directory
-     is left unfinished (`curate --resume` continues it).
+  130 interrupted (Ctrl-C, or SIGINT to its pid alone): one line; the worker processes end
+     too, and an output directory is left unfinished (`curate --resume` continues it).
   train, eval and cache have their own list (their --help): no 3, and train's 128+N.
 -v/--debug shows the traceback of any error.
 """

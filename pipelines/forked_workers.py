@@ -149,6 +149,7 @@ class ForkedWorkerPool:
         self.endpoint: str | None = None
         self._zygote: subprocess.Popen | None = None
         self._server = None
+        self._sigint_before = None
 
     def __enter__(self) -> "ForkedWorkerPool":
         self.start()
@@ -164,6 +165,7 @@ class ForkedWorkerPool:
             self._send({"log_level": logging.getLogger("longreel").getEffectiveLevel()})
             if self._preload:
                 self.preload(self._preload)
+            self._forward_ctrl_c()
         if self._server is None:
             self.endpoint = self._serve()
         return self.endpoint
@@ -199,11 +201,40 @@ class ForkedWorkerPool:
         self._server.start()
         return f"localhost:{port}"
 
+    def _forward_ctrl_c(self) -> None:
+        """Pass a SIGINT this process gets on to the zygote (which passes it to its workers), then handle it as
+        before. Ctrl-C in a terminal signals the whole process group, but ``kill -INT`` of the launcher's pid (a
+        supervisor, a job scheduler) reached only the launcher: its runner closed the workers' connections under
+        them, and each printed Beam's traceback of the bundle it lost. Only in the main thread, where Python runs
+        signal handlers, and only over a Python handler (not a SIGINT the caller chose to ignore)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        before = signal.getsignal(signal.SIGINT)
+        if not callable(before):
+            return
+        pid = self._zygote.pid
+
+        def forward(signum, frame) -> None:
+            try:
+                os.kill(pid, signal.SIGINT)
+            except OSError:  # the zygote has ended
+                pass
+            before(signum, frame)
+
+        signal.signal(signal.SIGINT, forward)
+        self._sigint_before = before
+
+    def _restore_ctrl_c(self) -> None:
+        if self._sigint_before is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, self._sigint_before)
+        self._sigint_before = None
+
     def _send(self, req: dict) -> None:
         self._zygote.stdin.write((json.dumps(req) + "\n").encode())
         self._zygote.stdin.flush()
 
     def close(self) -> None:
+        self._restore_ctrl_c()
         if self._server is not None:
             self._server.stop(None)
             self._server = None
@@ -250,6 +281,19 @@ def _zygote() -> None:
         os._exit(1)
 
     signal.signal(signal.SIGTERM, stop)
+    on_ctrl_c = signal.getsignal(signal.SIGINT)  # zygote_main's: end quietly
+
+    def interrupted(signum, frame) -> None:
+        # the launcher passes on a SIGINT that reached it alone (see ForkedWorkerPool._forward_ctrl_c)
+        for c in children:
+            try:
+                os.kill(c, signal.SIGINT)
+            except OSError:
+                pass
+        if callable(on_ctrl_c):
+            on_ctrl_c(signum, frame)
+
+    signal.signal(signal.SIGINT, interrupted)
     code = 0
     try:
         import apache_beam.runners.worker.sdk_worker  # noqa: F401 - what every worker needs
@@ -277,6 +321,7 @@ def _zygote() -> None:
             pid = os.fork()
             if pid == 0:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, on_ctrl_c)
                 _run_worker(req)
             children.append(pid)
         for c in children:

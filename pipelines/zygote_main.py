@@ -20,6 +20,12 @@ def _end_on_ctrl_c(signum, frame) -> None:
     stages' teardown would have."""
     from longreel.pipelines.tmp_dirs import remove_made_here
 
+    signal.signal(signum, signal.SIG_IGN)  # the terminal's SIGINT and the one the launcher passes on: end once
+    # From here this process only ends. Its bundle threads run on (a handler runs in the main thread) and fail on
+    # what ending removes under them (a decode's scratch files, the launcher's channels); what they would print is
+    # noise after the launcher's one line.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
     remove_made_here()
     # the launcher got the same signal: let it stop its runner first, so that the runner's threads do not fail on
     # connections this process closed

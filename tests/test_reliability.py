@@ -575,7 +575,7 @@ EXIT_TABLE = """\
 | 1 | the run failed: an internal error (with a traceback: a bug, please report it), or the machine refused (disk full, permission denied, a directory where a file must go: one line, no traceback); the output directory is left without `_SUCCESS.json` |
 | 2 | usage, config or input error (bad arguments, YAML, key or value; an INPUT that does not exist or holds no videos; a malformed manifest), or an output directory held by another run's lock or holding another run's outputs (see `--resume` / `--overwrite`): one line, no traceback, nothing written |
 | 3 | the run finished but nothing survived (0 videos with clips, or 0 items out of a stage that was asked for); outputs, rejects, `stats.json` and `_SUCCESS.json` are written |
-| 130 | interrupted (Ctrl-C): one line, no traceback, with one worker or several; the worker processes end with it and the output directory is left without `_SUCCESS.json` (`--resume` continues it) |
+| 130 | interrupted (Ctrl-C, or `kill -INT` of its pid alone): one line, no traceback, with one worker or several; the worker processes end with it and the output directory is left without `_SUCCESS.json` (`--resume` continues it) |
 
 `-v`/`--debug` shows the traceback of any error.
 """

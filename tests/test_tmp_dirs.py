@@ -120,8 +120,10 @@ def test_interrupt_inside_finds_ctrl_c_that_a_runner_wrapped():
     assert not interrupt_inside(RuntimeError("boom"))
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-def test_ctrl_c_during_curate_is_one_line_and_leaves_nothing(tmp_path, shared_videos, workers):
+@pytest.mark.parametrize("workers, to", [(1, "group"), (2, "group"), (2, "launcher")])
+def test_ctrl_c_during_curate_is_one_line_and_leaves_nothing(tmp_path, shared_videos, workers, to):
+    """``to``: the whole process group, as a terminal's Ctrl-C, or the launcher's pid alone, as ``kill -INT PID``
+    from a supervisor (its workers printed Beam's traceback of each bundle they lost)."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     out = tmp_path / "out"
@@ -135,7 +137,10 @@ def test_ctrl_c_during_curate_is_one_line_and_leaves_nothing(tmp_path, shared_vi
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.05)
     time.sleep(1.0)
-    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
+    if to == "group":
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+    else:
+        os.kill(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "longreel curate: interrupted" in err
@@ -160,3 +165,35 @@ def _running_in_session(sid: int) -> list[str]:
         if stat.rsplit(")", 1)[1].split()[0] != "Z":
             running.append(pid)
     return running
+
+
+def test_a_sigint_to_the_launcher_alone_reaches_the_workers_zygote(tmp_path, monkeypatch):
+    """``kill -INT`` of the launcher's pid reaches no other process; the pool passes it on, so the zygote and its
+    workers end quietly instead of losing their bundles under the launcher's feet. The handler it replaced runs
+    after (here Python's: KeyboardInterrupt) and is back once the pool closes."""
+    from longreel.pipelines.forked_workers import ForkedWorkerPool
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        # a module whose import says the zygote serves requests (its handler is set before it reads the first)
+        ready = tmp_path / "zygote-ready"
+        (tmp_path / "zygote_ready_probe.py").write_text(f"open({str(ready)!r}, 'w').close()\n")
+        monkeypatch.syspath_prepend(str(tmp_path))
+        pool = ForkedWorkerPool(preload=("zygote_ready_probe",))
+        pool.start()
+        zygote = pool._zygote
+        try:
+            deadline = time.monotonic() + 120
+            while not ready.exists():
+                assert time.monotonic() < deadline and zygote.poll() is None
+                time.sleep(0.05)
+            with pytest.raises(KeyboardInterrupt):
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(5)
+            assert zygote.wait(timeout=30) == 128 + signal.SIGINT  # zygote_main's quiet end, not EOF's 0
+        finally:
+            pool.close()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
