@@ -63,6 +63,7 @@ exit codes:
      and stats.json are written.
   130 interrupted (Ctrl-C, or SIGINT to its pid alone): one line; the worker processes end
      too, and an output directory is left unfinished (`curate --resume` continues it).
+  143 terminated (SIGTERM: `timeout`, a supervisor, a job scheduler): as 130.
   train, eval and cache have their own list (their --help): no 3, and train's 128+N.
 -v/--debug shows the traceback of any error.
 """
@@ -209,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     setup_logging(args.verbose, args.quiet)
     args._argv = argv
-    _quiet_threads_once_interrupted()
+    # the trainer keeps SIGTERM for itself (run.stop_signals: a checkpoint, then exit 128+N)
+    _quiet_threads_once_interrupted(terminate_too=COMMANDS[args.command][0].startswith("longreel.pipelines."))
     try:
         return int(args._module.main(args, extra) or 0)
     except KeyboardInterrupt:
@@ -221,30 +223,42 @@ def main(argv: list[str] | None = None) -> int:
 
 
 _INTERRUPTED = threading.Event()
+_SIGNALS: list[int] = []  # the signal that stopped the command, for its last line and exit code
 
 
-def _quiet_threads_once_interrupted() -> None:
+def _quiet_threads_once_interrupted(terminate_too: bool = False) -> None:
     """After Ctrl-C, a runner's threads whose worker processes ended with it (gRPC readers) fail on their way out;
     their tracebacks would follow the one line that says the run was interrupted. Earlier failures still print.
-    Only in the main thread, where Python runs signal handlers, and only over Python's own SIGINT handler."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        return  # not where Python runs signal handlers, someone else's handler, or installed already
+    ``terminate_too``: SIGTERM (what a supervisor, ``timeout`` or a job scheduler sends) ends the command the same
+    way, exit 143, instead of killing it where it stands: its lock released, its workers ended and their scratch
+    directories removed, one line. Only in the main thread, where Python runs signal handlers, and only over Python's
+    own handlers (a signal the caller set up otherwise is left as it is)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    ours = [s for s, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL))
+            if (s == signal.SIGINT or terminate_too) and signal.getsignal(s) is default]
+    if not ours:
+        return  # someone else's handlers, or installed already
     previous_hook = threading.excepthook
 
     def hook(exc_args) -> None:
         if not _INTERRUPTED.is_set():
             previous_hook(exc_args)
 
-    def on_sigint(signum, frame) -> None:
+    def on_signal(signum, frame) -> None:
+        _SIGNALS.append(signum)
         _INTERRUPTED.set()
         raise KeyboardInterrupt
 
     threading.excepthook = hook
-    signal.signal(signal.SIGINT, on_sigint)
+    for s in ours:
+        signal.signal(s, on_signal)
 
 
 def _interrupted(command: str) -> int:
+    if _SIGNALS and _SIGNALS[-1] == signal.SIGTERM:
+        print(f"longreel {command}: terminated (SIGTERM)", file=sys.stderr)
+        return 128 + signal.SIGTERM
     print(f"longreel {command}: interrupted", file=sys.stderr)
     return 130
 

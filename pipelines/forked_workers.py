@@ -149,7 +149,7 @@ class ForkedWorkerPool:
         self.endpoint: str | None = None
         self._zygote: subprocess.Popen | None = None
         self._server = None
-        self._sigint_before = None
+        self._handlers_before: dict[int, object] = {}
 
     def __enter__(self) -> "ForkedWorkerPool":
         self.start()
@@ -202,32 +202,35 @@ class ForkedWorkerPool:
         return f"localhost:{port}"
 
     def _forward_ctrl_c(self) -> None:
-        """Pass a SIGINT this process gets on to the zygote (which passes it to its workers), then handle it as
-        before. Ctrl-C in a terminal signals the whole process group, but ``kill -INT`` of the launcher's pid (a
-        supervisor, a job scheduler) reached only the launcher: its runner closed the workers' connections under
-        them, and each printed Beam's traceback of the bundle it lost. Only in the main thread, where Python runs
-        signal handlers, and only over a Python handler (not a SIGINT the caller chose to ignore)."""
+        """Pass a SIGINT or SIGTERM this process gets on to the zygote as SIGINT (which it passes to its workers: all
+        end quietly), then handle it as before. Ctrl-C in a terminal signals the whole process group, but ``kill``
+        of the launcher's pid (a supervisor, ``timeout``, a job scheduler) reached only the launcher: its runner
+        closed the workers' connections under them, and each printed Beam's traceback of the bundle it lost. Only
+        in the main thread, where Python runs signal handlers, and only over a Python handler (a signal the caller
+        left to its default or chose to ignore is left alone)."""
         if threading.current_thread() is not threading.main_thread():
             return
-        before = signal.getsignal(signal.SIGINT)
-        if not callable(before):
-            return
         pid = self._zygote.pid
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            before = signal.getsignal(signum)
+            if not callable(before):
+                continue
 
-        def forward(signum, frame) -> None:
-            try:
-                os.kill(pid, signal.SIGINT)
-            except OSError:  # the zygote has ended
-                pass
-            before(signum, frame)
+            def forward(signum, frame, before=before) -> None:
+                try:
+                    os.kill(pid, signal.SIGINT)
+                except OSError:  # the zygote has ended
+                    pass
+                before(signum, frame)
 
-        signal.signal(signal.SIGINT, forward)
-        self._sigint_before = before
+            signal.signal(signum, forward)
+            self._handlers_before[signum] = before
 
     def _restore_ctrl_c(self) -> None:
-        if self._sigint_before is not None and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, self._sigint_before)
-        self._sigint_before = None
+        if threading.current_thread() is threading.main_thread():
+            for signum, before in self._handlers_before.items():
+                signal.signal(signum, before)
+        self._handlers_before = {}
 
     def _send(self, req: dict) -> None:
         self._zygote.stdin.write((json.dumps(req) + "\n").encode())

@@ -576,6 +576,7 @@ EXIT_TABLE = """\
 | 2 | usage, config or input error (bad arguments, YAML, key or value; an INPUT that does not exist or holds no videos; a malformed manifest), or an output directory held by another run's lock or holding another run's outputs (see `--resume` / `--overwrite`): one line, no traceback, nothing written |
 | 3 | the run finished but nothing survived (0 videos with clips, or 0 items out of a stage that was asked for); outputs, rejects, `stats.json` and `_SUCCESS.json` are written |
 | 130 | interrupted (Ctrl-C, or `kill -INT` of its pid alone): one line, no traceback, with one worker or several; the worker processes end with it and the output directory is left without `_SUCCESS.json` (`--resume` continues it) |
+| 143 | terminated (SIGTERM, as `timeout`, a supervisor or a job scheduler sends; the pipeline commands): as 130, its lock released and its scratch directories removed |
 
 `-v`/`--debug` shows the traceback of any error.
 """

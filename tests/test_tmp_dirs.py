@@ -120,10 +120,14 @@ def test_interrupt_inside_finds_ctrl_c_that_a_runner_wrapped():
     assert not interrupt_inside(RuntimeError("boom"))
 
 
-@pytest.mark.parametrize("workers, to", [(1, "group"), (2, "group"), (2, "launcher")])
-def test_ctrl_c_during_curate_is_one_line_and_leaves_nothing(tmp_path, shared_videos, workers, to):
+@pytest.mark.parametrize("workers, to, signum", [(1, "group", signal.SIGINT), (2, "group", signal.SIGINT),
+                                                 (2, "launcher", signal.SIGINT), (1, "launcher", signal.SIGTERM),
+                                                 (2, "launcher", signal.SIGTERM)])
+def test_ctrl_c_during_curate_is_one_line_and_leaves_nothing(tmp_path, shared_videos, workers, to, signum):
     """``to``: the whole process group, as a terminal's Ctrl-C, or the launcher's pid alone, as ``kill -INT PID``
-    from a supervisor (its workers printed Beam's traceback of each bundle they lost)."""
+    from a supervisor (its workers printed Beam's traceback of each bundle they lost). SIGTERM, what ``timeout``, a
+    supervisor or a job scheduler sends, killed the launcher where it stood (exit -15, its workers' tracebacks, its
+    scratch directory and lock left behind); it now ends the run as Ctrl-C does, exit 143."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     out = tmp_path / "out"
@@ -138,18 +142,22 @@ def test_ctrl_c_during_curate_is_one_line_and_leaves_nothing(tmp_path, shared_vi
         time.sleep(0.05)
     time.sleep(1.0)
     if to == "group":
-        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        os.killpg(proc.pid, signum)  # what a terminal's Ctrl-C does
     else:
-        os.kill(proc.pid, signal.SIGINT)
+        os.kill(proc.pid, signum)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
-    assert "longreel curate: interrupted" in err
+    assert proc.returncode == 128 + signum, err
+    assert ("longreel curate: interrupted" if signum == signal.SIGINT else
+            "longreel curate: terminated (SIGTERM)") in err
     assert "Traceback" not in err and "internal error" not in err, err
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and _ours(tmp):
         time.sleep(0.1)
     assert _ours(tmp) == []
     assert _running_in_session(proc.pid) == []
+    from longreel.pipelines.io.run_dir import LOCK_NAME
+
+    assert not (out / LOCK_NAME).exists()  # released: the next run needs no stale-lock takeover
 
 
 def _running_in_session(sid: int) -> list[str]:
