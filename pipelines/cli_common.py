@@ -112,10 +112,31 @@ def run_settings_base(name: str, out_dir: str | None, section: str) -> dict | No
     from longreel.pipelines.io.run_dir import run_settings
 
     data = run_settings(out_dir, section)
+    if data is not None and section == "judge":
+        data = _judge_as_run(data, run_settings(out_dir, "qra") or {})
     if data is not None:
         log.info("%s: starting from the run's %s settings in its config.yaml (--config and --set change them)",
                  name, section)
     return data
+
+
+def _judge_as_run(judge: dict, qra: dict) -> dict | None:
+    """The run's judge settings as its curate resolved them: its null engine keys are the question writer's
+    (:func:`~longreel.pipelines.judge_config.follow_generator`), so that ``longreel judge`` alone judges with the
+    model the run's judge used. None (the defaults) when the recorded sections do not validate.
+
+    config.yaml records every key, so which of them the user set is gone; a key at its default is taken as not set
+    (followed), which is what curate did unless the user set a key to its own default value."""
+    from longreel.pipelines.judge_config import CurateJudgeConfig, follow_generator
+    from longreel.pipelines.qra_config import QRAConfig
+    from longreel.schemas.config import ConfigError, from_dict, to_dict
+
+    defaults = to_dict(CurateJudgeConfig())
+    given = {k: v for k, v in judge.items() if k not in defaults or v != defaults[k]}
+    try:
+        return to_dict(follow_generator(from_dict(CurateJudgeConfig, given), from_dict(QRAConfig, qra)))
+    except ConfigError:
+        return None
 
 
 def model_stage_config(name: str, cls, args, section: str, beam_args: list[str] | None = None):

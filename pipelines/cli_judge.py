@@ -33,7 +33,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="Judge model (shortcut for --set model=NAME).")
     p.add_argument("--backend", choices=BACKENDS, help="Judge engine (shortcut for --set backend=NAME).")
     p.add_argument("--qra-table", default="qras", help="Name of the questions table in --out (default: qras).")
-    p.add_argument("--config", help="YAML config file (JudgeConfig); see --show-config for every key.")
+    p.add_argument("--config",
+                   help="YAML config file (JudgeConfig) over the run's own judge settings (OUT/config.yaml: the "
+                        "question writer's engine and model where its judge followed them); see --show-config for "
+                        "every key.")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="Override one config key (repeatable).")
     p.add_argument("--show-config", action="store_true", help="Print every config key with default and help; exit.")

@@ -67,6 +67,7 @@ def test_a_directory_no_curate_wrote_starts_from_the_defaults(tmp_path, monkeypa
     (["caption", "--clips-dir"], "longreel.pipelines.cli_caption", "run_caption", "frames.n", 3),
     (["blind", "--out"], "longreel.pipelines.cli_blind", "run_blind", "k", 3),
     (["filter", "--out"], "longreel.pipelines.cli_filter", "run_filter", "k", 3),
+    (["judge", "--out"], "longreel.pipelines.cli_judge", "run_judge", "max_new_tokens", 77),
 ])
 def test_every_stage_command_starts_from_the_runs_section(tmp_path, monkeypatch, command, module, func, key, value):
     """The run's file sets one key of the section away from its default; the stage alone must see it."""
@@ -97,3 +98,18 @@ def test_a_stage_commands_config_errors_name_the_section_the_user_typed(tmp_path
     assert "bad config: pack: unknown key(s) ['fpss'] (did you mean 'fps'?)" in capsys.readouterr().err
     assert main(["pack", str(out), "--set", "fps=abc"]) == 2
     assert "bad config: pack.fps: expected a number, got 'abc'" in capsys.readouterr().err
+
+
+def test_judge_alone_judges_with_the_model_the_runs_judge_followed(tmp_path, monkeypatch):
+    """In curate the judge's null backend and model are the question writer's; alone on the run it must use the
+    same, not JudgeConfig's defaults (SmolLM2 through transformers)."""
+    import longreel.pipelines.cli_judge as cli_judge
+
+    monkeypatch.setattr(cli_judge, "check_model_paths", lambda *a, **k: None)
+    seen = _capture(monkeypatch, cli_judge, "run_judge")
+    out = _run_dir(tmp_path, ["qra.backend=openai", "qra.model=writer-llm", "qra.base_url=http://llm:8000/v1"])
+    _main(["judge", "--out", str(out)])
+    assert (seen["cfg"].backend, seen["cfg"].model, seen["cfg"].base_url) == ("openai", "writer-llm",
+                                                                             "http://llm:8000/v1")
+    _main(["judge", "--out", str(out), "--model", "judge-llm"])
+    assert (seen["cfg"].backend, seen["cfg"].model) == ("openai", "judge-llm")
