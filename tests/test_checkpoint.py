@@ -288,3 +288,59 @@ def test_one_training_run_per_output_directory(tiny, tmp_path):
         child.wait()
     assert (out / LOCK_NAME).exists()
     RunLock(out).acquire().release()
+
+
+def test_a_run_relaunched_from_its_config_yaml_resumes_it(tiny, tmp_path, caplog):
+    """RUN/config.yaml recorded ``run.resume: false`` when the run started with it, and ``longreel train --config
+    RUN/config.yaml --set run.steps=N``, meant to extend the run, then removed its checkpoints and final/. And a
+    start-over whose model.path lies in what it removes deleted the model it was about to train from."""
+    from longreel.cli import main
+    from longreel.trainer.preflight import InputCheckError
+    from longreel.trainer.sft import run_sft
+
+    out = tmp_path / "run"
+    run_sft(_cfg(tiny, out, "run.resume=false", "run.stop_after=2"))
+    assert load_yaml(TrainConfig, str(out / "config.yaml")).run.resume is True
+    with caplog.at_level("INFO", logger="longreel.trainer"):
+        assert main(["train", "sft", "--config", str(out / "config.yaml"), "--set", "run.stop_after=0"]) == 0
+    assert "removing" not in caplog.text and "resumed sft from" in caplog.text
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3, 4, 5, 6]
+    with pytest.raises(InputCheckError, match="run.resume=false would remove model.path"):
+        run_sft(_cfg(tiny, out, f"model.path={out / 'final'}", "run.resume=false"))
+    assert (out / "final" / "model.safetensors").is_file() and (out / "checkpoints" / "step-000006").is_dir()
+
+
+def test_a_run_without_final_still_saves_its_last_step_and_stop_after_is_kept(tiny, tmp_path, caplog):
+    """``run.save_every=0`` ("only at the end") with ``run.save_final=false`` saved nothing, so a relaunch started
+    over; resumed at ``run.stop_after``'s step, the same command trained one step more each time; a ``run.steps``
+    below the resumed step went by without a word."""
+    from longreel.trainer.sft import run_sft
+
+    out = tmp_path / "run"
+    extra = ("optim.schedule=constant", "run.save_every=0", "run.save_final=false")
+    assert run_sft(_cfg(tiny, out, *extra, "run.steps=3"))["step"] == 3
+    assert sorted(p.name for p in (out / "checkpoints").glob("step-*")) == ["step-000003"]
+    assert not (out / "final").exists()
+    stopped = run_sft(_cfg(tiny, out, *extra, "run.steps=6", "run.stop_after=3"))
+    assert stopped["step"] == 3 and stopped["stopped"]
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3]
+    with caplog.at_level("WARNING", logger="longreel.trainer"):
+        assert run_sft(_cfg(tiny, out, *extra, "run.steps=2"))["step"] == 3
+    assert "run.steps=2 is below step 3" in caplog.text
+
+
+def test_a_sharded_checkpoint_is_refused_before_the_model_loads_outside_fsdp(tmp_path):
+    from longreel.trainer.checkpoint import SHARDED
+    from longreel.trainer.preflight import InputCheckError, check_sharding
+
+    sharded, full = tmp_path / "step-000004", tmp_path / "step-000002"
+    (sharded / SHARDED).mkdir(parents=True)
+    full.mkdir()
+    cfg = load_yaml(TrainConfig, None, [f"run.out_dir={tmp_path}"])
+    with pytest.raises(InputCheckError, match="of an FSDP run .sharded.: resume it with dist.strategy=fsdp"):
+        check_sharding(cfg, sharded, world=1)
+    check_sharding(cfg, full, world=1)
+    fsdp = load_yaml(TrainConfig, None, [f"run.out_dir={tmp_path}", "dist.strategy=fsdp"])
+    check_sharding(fsdp, sharded, world=2)
+    with pytest.raises(InputCheckError, match="full weights.: resume it without dist.strategy=fsdp"):
+        check_sharding(fsdp, full, world=2)

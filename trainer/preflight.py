@@ -72,6 +72,41 @@ def check_model_dir(path: str, key: str = "model.path") -> None:
         problem = safetensors_problem(os.path.join(path, name)) if name.endswith(".safetensors") else None
         if problem is not None:
             raise InputCheckError(f"{key} {path!r}: {problem} (a copy that stopped early? copy it again)")
+    problem = _processor_files_problem(path)
+    if problem is not None:
+        raise InputCheckError(f"{key} {path!r} {problem} (a copy that left files behind? a model directory holds "
+                              "the processor's files beside the weights)")
+
+
+def _json_file(path: str) -> dict | None:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _processor_files_problem(path: str) -> str | None:
+    """What a policy directory lacks that the processor needs, or None. Without these the model loaded and every
+    item was then skipped one by one (no chat template: ``apply_chat_template`` failed; no tokenizer: the prompt had
+    no video placeholder), and the run ended as a success having trained on nothing."""
+    def has(*names: str) -> bool:
+        return any(os.path.isfile(os.path.join(path, n)) for n in names)
+
+    if _json_file(os.path.join(path, "config.json")) is None:
+        return "has a config.json that is not a JSON object"
+    if not has("tokenizer.json", "vocab.json", "tokenizer.model"):
+        return "holds no tokenizer (tokenizer.json, vocab.json or tokenizer.model)"
+    if not has("preprocessor_config.json", "processor_config.json"):
+        return "holds no image processor config (preprocessor_config.json or processor_config.json)"
+    templated = has("chat_template.jinja", "chat_template.json") or any(
+        "chat_template" in (_json_file(os.path.join(path, n)) or {})
+        for n in ("tokenizer_config.json", "processor_config.json"))
+    if not templated:
+        return ("holds no chat template (chat_template.jinja, chat_template.json, or a chat_template key in "
+                "tokenizer_config.json)")
+    return None
 
 
 def _run_models_near(path: str, limit: int = 5) -> str:
@@ -382,6 +417,33 @@ def check_resume(cfg, stage: str, checkpoint: Path) -> list[str]:
     return rounding
 
 
+def check_start_over(cfg) -> None:
+    """``run.resume=false`` removes the directory's checkpoints and final/: refused when the model it is to train
+    from is among them (GRPO from ``RUN/final`` into ``RUN``), which it deleted before loading it."""
+    out = Path(cfg.run.out_dir).resolve()
+    model = Path(cfg.model.path).resolve()
+    for removed in (out / "checkpoints", out / "final"):
+        if model == removed or removed in model.parents:
+            raise InputCheckError(f"run.resume=false would remove model.path {cfg.model.path!r} with the earlier "
+                                  f"run's {removed.name}/ in run.out_dir {cfg.run.out_dir!r}: give this run another "
+                                  "run.out_dir, or copy the model out first")
+
+
+def check_sharding(cfg, checkpoint: Path, world: int) -> None:
+    """An FSDP run's sharded checkpoint resumes under FSDP with several ranks, a full one without: found when the
+    checkpoint loaded, after the model, it was a traceback reported as a bug."""
+    from longreel.trainer.checkpoint import is_sharded_checkpoint
+
+    fsdp = cfg.dist.strategy == "fsdp" and world > 1
+    if is_sharded_checkpoint(checkpoint) and not fsdp:
+        raise InputCheckError(f"run.out_dir {cfg.run.out_dir!r} holds {checkpoint.name} of an FSDP run (sharded): "
+                              "resume it with dist.strategy=fsdp under torchrun (2 or more ranks), or export it "
+                              f"(`longreel train export {checkpoint} --out DIR`)")
+    if fsdp and not is_sharded_checkpoint(checkpoint):
+        raise InputCheckError(f"run.out_dir {cfg.run.out_dir!r} holds {checkpoint.name} of a single-process or DDP "
+                              "run (full weights): resume it without dist.strategy=fsdp")
+
+
 def _model_path_kept(there, here, state: dict) -> bool:
     """``model.path`` names the run's model still: the same directory written another way, or the directory moved
     with its content unchanged (by the fingerprint the checkpoint keeps)."""
@@ -420,9 +482,12 @@ def check_run_inputs(cfg, stage: str) -> None:
     check_environment(cfg, stage)
     check_launch(cfg, launch)
     warn_ignored_keys(cfg, stage)
+    if not cfg.run.resume:
+        check_start_over(cfg)
     latest = resume_point(cfg, Path(cfg.run.out_dir) / "checkpoints")[0] if cfg.run.resume else None
     if latest is not None:
         check_resume(cfg, stage, latest)
+        check_sharding(cfg, latest, launch.world)
     if cfg.data.source != "shards":
         return
     check_cache_space(cfg.data, check_shards(cfg.data.train_urls, "data.train_urls"))

@@ -198,6 +198,15 @@ def all_reduce_sum(value: float, info: DistInfo) -> float:
     return float(t.item())
 
 
+def recorded_config(cfg):
+    """The config a run records in RUN/config.yaml: its own, but with ``run.resume`` true. ``run.resume=false`` is
+    what one launch does (clear the directory), not a setting of the run: recorded, a later ``longreel train --config
+    RUN/config.yaml --set run.steps=N``, meant to extend the run, removed its checkpoints and final/ instead."""
+    recorded = cfg.model_copy(deep=True)
+    recorded.run.resume = True
+    return recorded
+
+
 def all_reduce_max(value: int, info: DistInfo) -> int:
     if not info.enabled:
         return int(value)
@@ -522,7 +531,7 @@ class TrainSession:
         from longreel.schemas.config import config_hash, dump_yaml
         from longreel.trainer.checkpoint import clear_checkpoints, clear_final, load_checkpoint, remove_unfinished_saves
         from longreel.trainer.logging_utils import MetricsLogger
-        from longreel.trainer.preflight import check_resume, check_topology, resume_point
+        from longreel.trainer.preflight import check_resume, check_start_over, check_topology, resume_point
 
         check_topology(cfg, stage, self.info.world)  # the CLI checked WORLD_SIZE; a library caller gets it here
         self.stream = open_item_stream(cfg, items)
@@ -538,6 +547,7 @@ class TrainSession:
             log.warning("resuming from %s, the newest whole checkpoint, passing over %s", resume_from.name,
                         "; ".join(passed_over))
         if not cfg.run.resume and self.info.is_main:
+            check_start_over(cfg)  # the CLI checked before the model loaded; a library caller gets it here
             clear_checkpoints(self.ckpt_root)
             clear_final(self.out_dir)  # else a run stopped before its end leaves the earlier run's model as final/
         self.fsdp = cfg.dist.strategy == "fsdp" and self.info.enabled
@@ -569,6 +579,9 @@ class TrainSession:
             self.stream.load_state_dict(state["loader"])
             self.step = int(state["step"])
             log.info("resumed %s from %s at step %d", stage, resume_from, self.step)
+            if self.step > self.total_steps and self.info.is_main:
+                log.warning("run.steps=%d is below step %d, where the run is: there is nothing to train, and the "
+                            "run ends at step %d", self.total_steps, self.step, self.step)
         elif self.info.is_main:  # where a new run writes: its config.yaml keeps run.out_dir as typed (maybe relative)
             log.info("%s run in %s: steps 1-%d", stage, self.out_dir.resolve(), self.total_steps)
         self._model_fingerprint = self._fingerprint_model(cfg.model.path)
@@ -576,7 +589,7 @@ class TrainSession:
                                     tensorboard=cfg.run.tensorboard, progress=cfg.run.progress,
                                     total_steps=self.total_steps, start_step=self.step)
         if self.info.is_main:  # what this run trains with, beside what it writes
-            write_atomic(self.out_dir / "config.yaml", dump_yaml(cfg))
+            write_atomic(self.out_dir / "config.yaml", dump_yaml(recorded_config(cfg)))
 
     # ------------------------------------------------------------------ distributed helpers
     def hold_resident(self) -> None:
@@ -854,12 +867,28 @@ class TrainSession:
         self.logger.close()
         return str(final)
 
+    def save_last(self) -> None:
+        """A checkpoint of the last step when the schedule did not save it (``run.save_every=0`` means "only at the
+        end", and ``run.save_final=false`` skips ``finish``, which saved it): else such a run wrote nothing, and a
+        relaunch started over."""
+        from longreel.trainer.checkpoint import latest_checkpoint
+
+        latest = latest_checkpoint(self.ckpt_root)
+        if latest is None or latest.name != f"step-{self.step:06d}":
+            self.save()
+
     def run_steps(self, step: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         """Call ``step()`` until ``total_steps`` (evaluating, logging and checkpointing as configured); return the
         last step's metrics with ``step`` and ``final`` (the save_pretrained dir), or ``stopped`` when
         ``run.stop_after`` or a signal of ``run.stop_signals`` (then also ``signal``, its name) ended the run early.
         The caller closes the session."""
         last: dict[str, Any] = {}
+        stop_after = self.cfg.run.stop_after
+        if stop_after and self.step >= stop_after and self.step < self.total_steps:
+            # resumed where run.stop_after stops it: a step more each time the same command ran
+            if self.info.is_main:
+                log.info("run.stop_after=%d: the run is at step %d already; nothing to do", stop_after, self.step)
+            return {"step": self.step, "stopped": True}
         with StopSignals(self.cfg.run.stop_signals) as signals:
             while self.step < self.total_steps:
                 last = step()
@@ -877,6 +906,8 @@ class TrainSession:
                     return {"step": self.step, "stopped": True, **last,
                             **({"signal": received} if received is not None else {})}
             final = self.finish() if self.cfg.run.save_final else None
+            if final is None:
+                self.save_last()
         return {"step": self.step, "final": final, **last}
 
     def release_lock(self) -> None:
