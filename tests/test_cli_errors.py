@@ -164,6 +164,19 @@ def test_a_training_runs_missing_model_or_shards_is_a_usage_error(tmp_path, caps
         (d / "config.json").write_text("{}")
     kept = f"the run's models are {trained / 'final'}, {trained / 'checkpoints' / 'step-000012'}, " \
            f"{trained / 'checkpoints' / 'step-000004'}"
+    # a model directory without a file its processor needs: every item was skipped, and the run "succeeded"
+    lacking = {}
+    for name, gone in (("no-chat", "chat_template.jinja"), ("no-tok", "tokenizer.json"),
+                       ("no-proc", "processor_config.json")):
+        lacking[name] = tmp_path / name
+        lacking[name].mkdir()
+        (lacking[name] / "config.json").write_text("{}")
+        _weights_file(lacking[name])
+        (lacking[name] / gone).unlink()
+    bad_json = tmp_path / "bad-json"
+    bad_json.mkdir()
+    (bad_json / "config.json").write_text("{bad")
+    _weights_file(bad_json)
     out = ["--set", f"run.out_dir={tmp_path / 'run'}"]
     cases = [
         (["train", "sft", "--set", f"model.path={tmp_path / 'nope'}"], "is not a local directory"),
@@ -181,6 +194,10 @@ def test_a_training_runs_missing_model_or_shards_is_a_usage_error(tmp_path, caps
         (["eval", "--model", str(tmp_path / "nope"), "--set", "data.source=synthetic"], "is not a local directory"),
         (["eval", "--model", str(trained / "checkpoints" / "step-8")], f"is not a local directory; {kept}"),
         (["eval", "--model", str(trained)], f"holds no config.json: not a model directory; {kept}"),
+        (["eval", "--model", str(lacking["no-chat"])], "holds no chat template (chat_template.jinja, "),
+        (["train", "grpo", "--set", f"model.path={lacking['no-tok']}"], "holds no tokenizer (tokenizer.json, "),
+        (["train", "sft", "--set", f"model.path={lacking['no-proc']}"], "holds no image processor config"),
+        (["eval", "--model", str(bad_json)], "has a config.json that is not a JSON object"),
         (["train", "grpo", "--set", f"model.path={model}", "--set", "data.source=synthetic",
           "--set", "mrsp.sp_size=2"], "needs torchrun with a world size divisible by it"),
         (["train", "grpo", "--set", f"model.path={model}", "--set", "data.source=synthetic",
@@ -341,11 +358,15 @@ def test_a_held_run_dir_is_refused_before_the_model_loads(tmp_path, capsys, monk
 
 
 def _weights_file(model) -> None:
-    """A whole safetensors file (the start's checks read its header), with no weights of any model in it."""
+    """A whole safetensors file (the start's checks read its header), with no weights of any model in it, and the
+    processor's files the checks look for (not their content)."""
     import numpy as np
     from safetensors.numpy import save_file
 
     save_file({"w": np.zeros(1, np.float32)}, str(model / "model.safetensors"))
+    for name in ("tokenizer.json", "processor_config.json"):
+        (model / name).write_text("{}")
+    (model / "chat_template.jinja").write_text("{{ messages }}")
 
 
 def _model_never_loaded(tmp_path, monkeypatch):

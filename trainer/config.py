@@ -70,6 +70,14 @@ class DataConfig(ConfigModel):
                               "meanwhile). For datasets too large to hold or download up front; needs run.steps > 0.")
     shuffle_buffer: int = cfg(16, "data.stream: videos whose questions are interleaved (within one shard).")
 
+    def check(self) -> None:
+        from longreel.trainer.synthetic_task import KINDS  # numpy: only when a config is checked
+
+        unknown = [k for k in self.synthetic_kinds if k not in KINDS]
+        if unknown or not self.synthetic_kinds:
+            raise ConfigError(f"data.synthetic_kinds: {'unknown ' + str(unknown) if unknown else 'empty'}; choose "
+                              f"from {list(KINDS)}")
+
 
 class OptimConfig(ConfigModel):
     lr: float = cfg(1e-6, "Peak learning rate of AdamW.")
