@@ -219,7 +219,31 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - the one place every error of every subcommand is reported
         if interrupt_inside(e):
             return _interrupted(args.command)
+        if isinstance(e, BrokenPipeError) and _stdout_closed():
+            return EXIT_PIPE_CLOSED
         return report_error(args.command, e, args.verbose)
+
+
+#: the reader of the output went away (``longreel train --show-config | head``): the shell's code for a command
+#: that SIGPIPE ended, which is how such a command ends in any other tool, without a word
+EXIT_PIPE_CLOSED = 128 + 13
+
+
+def _stdout_closed() -> bool:
+    """Whether standard output's reader has gone (a BrokenPipeError from it, not from a pipe of the command's own).
+    If so, it is pointed at /dev/null, so that the interpreter's last flush of it does not fail again."""
+    import select
+
+    try:
+        fd = sys.stdout.fileno()
+        poll = select.poll()
+        poll.register(fd, select.POLLOUT)
+        closed = any(events & select.POLLERR for _, events in poll.poll(0))  # a pipe with no reader
+    except (OSError, ValueError, AttributeError):  # no real stdout (a test's capture): not a closed pipe
+        return False
+    if closed:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+    return closed
 
 
 _INTERRUPTED = threading.Event()

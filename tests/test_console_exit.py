@@ -78,3 +78,20 @@ def test_importing_the_main_module_under_another_name_does_not_run_the_cli():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "imported, not run"
+
+
+@pytest.mark.parametrize("argv", [["train", "sft", "--show-config"], ["curate", "--show-config"]])
+def test_output_whose_reader_went_away_ends_quietly(argv):
+    """``longreel train sft --show-config | head -2``: the reader closes the pipe; the command printed a
+    BrokenPipeError traceback "reported as a bug". Now it ends as other tools do, with SIGPIPE's shell code."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # gone before the first write: the outcome does not hang on who is faster
+    try:
+        proc = subprocess.run([sys.executable, "-m", "longreel", *argv], stdout=write_end, stderr=subprocess.PIPE,
+                              env=env, timeout=120)
+    finally:
+        os.close(write_end)
+    err = proc.stderr.decode()
+    assert proc.returncode == 141, err
+    assert "Traceback" not in err and "internal error" not in err, err
