@@ -89,10 +89,9 @@ def _card_session(args):
 def _build(args, session) -> dict:
     from longreel.pipelines.card.build import build_card
 
-    if session is not None:
-        session.begin_writes()
     card = build_card(args.run_dir, args.out, args.shards, name=args.name, pretty_name=args.pretty_name,
-                      command=args.run_command, data_prefix=args.data_prefix, tables_prefix=args.tables_prefix)
+                      command=args.run_command, data_prefix=args.data_prefix, tables_prefix=args.tables_prefix,
+                      before_write=session.begin_writes if session is not None else None)
     if session is not None:
         session.finish()
     return card

@@ -689,3 +689,36 @@ def test_importing_the_cards_libraries_ahead_leaves_matplotlib_headless():
     import_ahead()
     assert matplotlib.get_backend().lower() == "agg"
     assert {"datasets", "jinja2", "matplotlib.pyplot", "longreel.pipelines.card.plots"} <= set(sys.modules)
+
+
+def test_a_refused_card_build_leaves_the_run_and_its_card_as_they_were(run, tmp_path, capsys):
+    """``card build OUT --out OUT/card`` refused (two datasets' indexes of a split, exit 2) removed the run's
+    _SUCCESS.json on its way; a mistyped ``--shards`` built a "No shards" card over the good one, exit 0; and the
+    default shards were RUN/shards even for a run whose pack wrote them elsewhere (pack.shards_dir)."""
+    import glob
+
+    import yaml
+
+    from longreel.cli import main
+    from longreel.pipelines.io.run_dir import MARKER_NAME, RunIdentity, write_marker
+
+    d = _copy(run[0], str(tmp_path / "run"))
+    card = os.path.join(d, "card")
+    build_card(d, card)
+    write_marker(d, RunIdentity(config={}, config_hash="c" * 64, stages=["pack"]), [])
+    marker = open(os.path.join(d, MARKER_NAME)).read()
+    readme = open(os.path.join(card, "README.md")).read()
+    assert main(["card", "build", d, "--out", card, "--shards", os.path.join(d, "nowhere")]) == 2
+    assert "--shards" in capsys.readouterr().err
+    index = sorted(glob.glob(os.path.join(d, "shards", "*.index.json")))[0]
+    shutil.copyfile(index, os.path.join(d, "shards", "other-" + os.path.basename(index)))
+    assert main(["card", "build", d, "--out", card]) == 2
+    assert "two indexes of split" in capsys.readouterr().err
+    assert open(os.path.join(d, MARKER_NAME)).read() == marker
+    assert open(os.path.join(card, "README.md")).read() == readme
+    os.remove(os.path.join(d, "shards", "other-" + os.path.basename(index)))
+    moved = str(tmp_path / "elsewhere")
+    shutil.move(os.path.join(d, "shards"), moved)
+    with open(os.path.join(d, "config.yaml"), "w") as fh:
+        yaml.safe_dump({"pack": {"shards_dir": moved}}, fh)
+    assert build_card(d, str(tmp_path / "card2"))["claims"] == build_card(d, str(tmp_path / "card3"), moved)["claims"]

@@ -243,7 +243,7 @@ def collect(run_dir: str, shards: str | None = None, *, name: str | None = None,
     """Gather every claim of the card of the run in ``run_dir`` (see the module docstring), one phase per group
     of claims, in the order the card lists them."""
     stats, config, tables = _load_run(run_dir)
-    indexes = _load_indexes(shards if shards is not None else os.path.join(run_dir, "shards"))
+    indexes = _load_indexes(_shards_of(run_dir, config, shards))
     dataset = name or next((d.get("longreel", {}).get("dataset") for _, d in indexes), None) or "longreel"
     samples_of = ShardSamples()
     dist, dist_source = _distributions(stats, tables, indexes, samples_of)
@@ -279,6 +279,19 @@ def _load_run(run_dir: str) -> tuple[dict, dict, dict]:
     if "videos" not in tables:
         raise FileNotFoundError(f"{run_dir}: no videos table")
     return stats, config, tables
+
+
+def _shards_of(run_dir: str, config: dict, shards: str | None) -> str:
+    """Where the card reads the shards: ``shards`` as given, which must exist (a mistyped path made a card that
+    said "No shards", exit 0, over the run's good one); else where the run's pack wrote them (``pack.shards_dir``
+    of its config.yaml, or ``RUN/shards``), where a run without shards has none."""
+    if shards is not None:
+        local = "://" not in shards
+        if local and not (os.path.isdir(shards) or (shards.endswith(".index.json") and os.path.isfile(shards))):
+            raise FileNotFoundError(f"--shards {shards}: no such shards directory or .index.json file")
+        return shards
+    pack = (config or {}).get("pack") if isinstance(config, dict) else None
+    return (pack or {}).get("shards_dir") or os.path.join(run_dir, "shards")
 
 
 def _load_indexes(shards: str) -> list[tuple[str, dict]]:
@@ -629,8 +642,12 @@ def import_ahead() -> None:
     from longreel.pipelines.card import plots, shardread  # noqa: F401
 
 
-def build_card(run_dir: str, out_dir: str, shards: str | None = None, **kw) -> dict:
+def build_card(run_dir: str, out_dir: str, shards: str | None = None, *, before_write=None, **kw) -> dict:
+    """Collect the claims, then write the card. ``before_write``: called between the two (a card built into its
+    run removes the run's marker there), so a card refused while collecting leaves the run as it was."""
     card = collect(run_dir, shards, **kw)
+    if before_write is not None:
+        before_write()
     paths = write_card(card, out_dir)
     log.info("card: %d claims from %s -> %s", len(card["claims"]), run_dir, ", ".join(map(os.path.basename, paths)))
     return card
