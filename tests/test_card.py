@@ -543,6 +543,7 @@ def test_cli_verify_exit_codes_and_table(run, card_dir, tmp_path, capsys):
 
 
 def test_card_without_shards_describes_the_run(run, tmp_path):
+    (tmp_path / "none").mkdir()  # a shards directory with nothing in it (a path that is not there is refused)
     card = collect(run[0], shards=str(tmp_path / "none"), features=False)
     cl = claims_by_id(card)
     assert cl["splits"] == [] and cl["sources/videos"] == 6
