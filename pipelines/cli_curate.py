@@ -101,6 +101,10 @@ def main(args, beam_args: list[str]) -> int:
             # after the zygote's start: the check imports Beam, which the zygote then imports beside it
             if refuse_beam_args("curate", args, beam_args):
                 return 2
+            if args.demo and args.inputs:  # they were ignored (recorded in the run's command all the same)
+                print("longreel curate: --demo curates the embedded sample corpus: give INPUT or --demo, not both",
+                      file=sys.stderr)
+                return 2
             return _run(args, beam_args, cfg, workers)
     finally:
         zygote.discard()  # unless the run adopted it

