@@ -269,12 +269,18 @@ class ShardDataset(_Base):
     def _fail(self, err: ShardError, shard: bool) -> None:
         if self.on_error == "raise":
             raise err
+        message = str(err)
         if shard:
             self.stats.skipped_shards += 1
+            # the samples the break took with it are skipped too, not just "a shard" that yielded most of its items
+            self.stats.skipped_samples += err.lost
+            message += f" ({err.lost_note})" if err.lost_note else ""
         else:
             self.stats.skipped_samples += 1
-        self.stats.errors.append(str(err))
-        log.warning("loader: skipped %s: %s", "rest of shard" if shard else "sample", err)
+        self.stats.errors.append(message)
+        self.stats.skips.append({"url": err.shard, "key": err.key, "reason": err.detail, "whole_shard": shard,
+                                 "lost": err.lost if shard else 1})
+        log.warning("loader: skipped %s: %s", "rest of shard" if shard else "sample", message)
 
     def _source(self, spec: ShardSpec, upcoming: ShardSpec | None) -> ShardSpec | None:
         """What to read for ``spec``: itself, or what ``fetch`` made of it (None: the shard failed and is skipped)."""
@@ -290,7 +296,7 @@ class ShardDataset(_Base):
         if source is None:
             return
         keep = (lambda i: i % n == cid) if self.split_by == "sample" else None
-        fail = self._fail if source.url == spec.url else functools.partial(self._fail_in_copy, spec.url, source.url)
+        fail = self._fail if source.url == spec.url else functools.partial(self._fail_in_copy, spec, source.url)
         if self.retries > 0 and local_path(source.url) is None:
             yield from read_remote_shard(source, self.stats, fail, retries=self.retries, verify=self.verify,
                                          mmap=self.mmap, pool=self._pool, keep=keep)
@@ -298,11 +304,18 @@ class ShardDataset(_Base):
         yield from read_shard(source, self.stats, fail, verify=self.verify, mmap=self.mmap, pool=self._pool,
                               keep=keep)
 
-    def _fail_in_copy(self, url: str, copy: str, err: ShardError, shard: bool) -> None:
-        """An error in what ``fetch`` gave for ``url`` (its cached copy), said of the shard the user named, with
-        where the copy is: a cache file's name alone does not say which of the user's shards it holds."""
-        renamed = type(err)(url, err.key, f"{err.detail} (read from its cached copy {copy})")
+    def _fail_in_copy(self, spec: ShardSpec, copy: str, err: ShardError, shard: bool) -> None:
+        """An error in what ``fetch`` gave for ``spec`` (its cached copy), said of the shard the user named, with
+        where the copy is: a cache file's name alone does not say which of the user's shards it holds. A copy that
+        broke as a whole and that nothing could check is dropped from the cache: else every later run would read
+        the same bad bytes, also once the server has been fixed."""
+        from longreel.trainer.shard_cache import forget_unchecked_copy
+
+        note = forget_unchecked_copy(spec, copy) if shard else ""
+        renamed = type(err)(spec.url, err.key, f"{err.detail} (read from its cached copy {copy}"
+                                               + (f"; {note})" if note else ")"))
         renamed.__cause__ = err
+        renamed.lost, renamed.lost_note = err.lost, err.lost_note
         self._fail(renamed, shard)
 
     def _shard_items(self, spec: ShardSpec, epoch: int, cid: int, n: int,

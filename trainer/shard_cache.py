@@ -11,11 +11,15 @@ webdataset's ``wids`` cache). With ``data.stream`` the shards are fetched one at
 A shard with a known sha256 is stored as ``<sha256>.tar``: content-addressed, so a reused file is the verified one
 (it is renamed into place only after its hash matched). One without is stored under a hash of its URL and is reused
 as long as that file is there: the URL is then trusted to name fixed content, as a brace pattern or a URL list
-does. Ranks that share a machine take a per-shard ``flock`` so that one of them downloads and the others wait.
+does. Nothing checked such a copy but its length against the response's Content-Length, so one that turns out
+unreadable (a truncated or corrupt tar) is removed when the loader meets the break (:func:`forget_unchecked_copy`):
+the next run downloads it again rather than failing on the same bad copy for good. Ranks that share a machine take
+a per-shard ``flock`` so that one of them downloads and the others wait.
 
-The cache never deletes on its own: a run that starts should not find its shards evicted by another. Each reuse sets
-the file's mtime, so ``longreel cache prune`` (:func:`prune`) can remove the least recently used shards first, the
-way pip's and the Hugging Face hub's caches are pruned by a command rather than behind the user's back.
+Beyond such a copy, the cache never deletes on its own: a run that starts should not find its shards evicted by
+another. Each reuse sets the file's mtime, so ``longreel cache prune`` (:func:`prune`) can remove the least recently
+used shards first, the way pip's and the Hugging Face hub's caches are pruned by a command rather than behind the
+user's back.
 """
 from __future__ import annotations
 
@@ -37,7 +41,7 @@ from longreel.trainer.transfer_retry import backoff_s, pause, refused
 log = logging.getLogger("longreel")
 
 __all__ = ["default_cache_dir", "cache_remote_shards", "cached_name", "CachedShard", "scan", "choose_evictions",
-           "prune", "ShardFetcher"]
+           "prune", "ShardFetcher", "forget_unchecked_copy"]
 
 
 def default_cache_dir() -> str:
@@ -270,18 +274,45 @@ def prune(victims: list[CachedShard]) -> list[CachedShard]:
     ones removed. A trainer that has a shard open keeps reading it: the kernel frees the file when it is closed."""
     removed = []
     for c in victims:
-        fd = _open_lock(c.path)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                log.info("shard cache: %s is being downloaded, kept", c.path.name)
-                continue
-            c.path.unlink(missing_ok=True)
-            # A rank that opened this lock file just before the unlink may download the shard again beside one that
-            # opens a new lock file: both rename a verified copy into place, so the worst case is one extra download.
-            Path(_lock_path(c.path)).unlink(missing_ok=True)
+        if _remove(c.path):
             removed.append(c)
-        finally:
-            os.close(fd)
+        else:
+            log.info("shard cache: %s is being downloaded, kept", c.path.name)
     return removed
+
+
+def _remove(shard: Path) -> bool:
+    """Remove a cached shard and its lock file under its download lock; False when a rank is downloading it now."""
+    fd = _open_lock(shard)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        shard.unlink(missing_ok=True)
+        # A rank that opened this lock file just before the unlink may download the shard again beside one that
+        # opens a new lock file: both rename a verified copy into place, so the worst case is one extra download.
+        Path(_lock_path(shard)).unlink(missing_ok=True)
+        return True
+    finally:
+        os.close(fd)
+
+
+def forget_unchecked_copy(spec: ShardSpec, copy: str) -> str:
+    """The read of ``copy`` broke as a whole (a truncated or corrupt tar): when it is this cache's copy of the remote
+    ``spec`` stored without a sha256 to check it against, remove it, so that the next fetch downloads the shard again
+    (the copy may be a cut transfer, or the server may have been fixed since). Returns what was done, said for the
+    error message ("" when ``copy`` is not such a copy: a verified copy holds what the index describes, and another
+    download would bring the same bytes)."""
+    path = Path(copy)
+    if spec.sha256 or local_path(spec.url) is not None or path.name != cached_name(spec) or not path.is_file():
+        return ""
+    try:
+        if _remove(path):
+            return ("the cached copy, which had no sha256 to check it against, was removed: the next run downloads it "
+                    "again")
+    except OSError as e:
+        return (f"the cached copy has no sha256 to check it against and could not be removed ({e.strerror}): delete "
+                f"{copy}, or run `longreel cache prune --all --dir {path.parent}`, to download it again")
+    return ("the cached copy has no sha256 to check it against and is being downloaded again by another process; "
+            f"if it stays unreadable, delete {copy} or run `longreel cache prune --all --dir {path.parent}`")

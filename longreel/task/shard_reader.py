@@ -54,6 +54,8 @@ class ShardError(RuntimeError):
         where = f"{shard}: sample {key!r}" if key else f"{shard}"
         super().__init__(f"{where}: {message}")
         self.shard, self.key, self.detail = shard, key, message
+        # set by read_shard when the error ends a shard: the samples lost with the rest of it, and how that is known
+        self.lost, self.lost_note = 0, ""
 
 
 class UnsafeMemberError(ShardError):
@@ -323,41 +325,43 @@ class _TarReader:
             if zero and chunk.strip(b"\0"):
                 zero = False
 
-    def members(self, key_hint):
-        """Yield ``(TarInfo, data: bytearray | None)``; raises ShardError on a damaged/truncated stream."""
+    def members(self):
+        """Yield ``(TarInfo, data: bytearray | None)``; raises ShardError on a damaged/truncated stream, naming the
+        sample only when a member's name says whose bytes were cut (a header or the end blocks name no sample: the
+        grouping in :func:`iter_tar_samples` knows which one is pending)."""
         long_name: str | None = None
         pax: dict[str, str] = {}
         while True:
             start = self.offset
             block = self._read_exact(BLOCK)
             if not block:
-                raise ShardError(self.url, key_hint(), "truncated tar stream: no end-of-archive blocks")
+                raise ShardError(self.url, None, "truncated tar stream: no end-of-archive blocks")
             if len(block) < BLOCK:
-                raise ShardError(self.url, key_hint(), f"truncated tar stream at byte {start}")
+                raise ShardError(self.url, None, f"truncated tar stream at byte {start}")
             if not block.strip(b"\0"):
                 zero, _ = self._rest_is_zero()
                 if not zero:
-                    raise ShardError(self.url, key_hint(), f"corrupt tar stream: data after an end-of-archive "
-                                                           f"block at byte {start}")
+                    raise ShardError(self.url, None, f"corrupt tar stream: data after an end-of-archive "
+                                                     f"block at byte {start}")
                 return
             try:
                 ti = tarfile.TarInfo.frombuf(bytes(block), "utf-8", "surrogateescape")
             except tarfile.HeaderError as e:
-                raise ShardError(self.url, key_hint(), f"corrupt tar stream: damaged member header at byte "
-                                                       f"{start}: {e}") from None
+                raise ShardError(self.url, None, f"corrupt tar stream: damaged member header at byte "
+                                                 f"{start}: {e}") from None
             ti.offset = start
             size = int(pax.get("size", ti.size)) if ti.type not in (tarfile.XHDTYPE, tarfile.GNUTYPE_LONGNAME) \
                 else ti.size
             if size < 0 or size > (1 << 40):
-                raise ShardError(self.url, key_hint(), f"corrupt tar stream: member size {size} at byte {start}")
+                raise ShardError(self.url, None, f"corrupt tar stream: member size {size} at byte {start}")
             if ti.type in (tarfile.GNUTYPE_LONGNAME, tarfile.XHDTYPE, tarfile.XGLTYPE):
                 data = self._read_exact(size)
                 if len(data) < size or not self._skip_padding(size):
-                    raise ShardError(self.url, key_hint(), f"truncated tar stream in an extended header at {start}")
+                    raise ShardError(self.url, None, f"truncated tar stream in an extended header at {start}")
                 if ti.type == tarfile.GNUTYPE_LONGNAME:
                     long_name = bytes(data).rstrip(b"\0").decode("utf-8", "surrogateescape")
                 elif ti.type == tarfile.XHDTYPE:
-                    pax = _parse_pax(bytes(data), self.url, key_hint())
+                    pax = _parse_pax(bytes(data), self.url, None)
                 continue
             if long_name is not None:
                 ti.name = long_name
@@ -368,8 +372,8 @@ class _TarReader:
             if ti.isreg():
                 data = self._read_data(size)
                 if len(data) < size or not self._skip_padding(size):
-                    raise ShardError(self.url, key_hint(), f"member {ti.name!r} is truncated "
-                                                           f"({len(data)} of {size} bytes)")
+                    raise ShardError(self.url, _key_of(ti.name), f"member {ti.name!r} is truncated "
+                                                                 f"({len(data)} of {size} bytes)")
                 yield ti, data
             else:
                 if size and ti.type not in (tarfile.SYMTYPE, tarfile.LNKTYPE, tarfile.DIRTYPE):
@@ -395,12 +399,36 @@ def _parse_pax(data: bytes, url: str, key) -> dict[str, str]:
 def iter_tar_samples(stream, url: str, pool: _BufferPool | None = None) -> Iterator[RawSample | ShardError]:
     """Group a tar stream's members by key. Yields samples, or a :class:`ShardError` for a bad sample
     (the caller decides: raise or skip). A broken tar stream raises :class:`ShardError` (nothing after
-    it can be trusted)."""
+    it can be trusted), naming the sample it cut; the whole samples before the break are yielded first."""
+    reader = _TarReader(stream, url, pool)
+    try:
+        yield from _grouped(reader.members(), url)
+    except _Break as b:
+        if b.whole is not None:
+            yield b.whole
+        raise b.error from None
+
+
+class _Break(Exception):
+    """The tar stream broke while grouping: the pending sample if it is whole (kept), and the error to raise."""
+
+    def __init__(self, whole: RawSample | None, error: ShardError):
+        super().__init__(str(error))
+        self.whole, self.error = whole, error
+
+
+def _grouped(members, url: str) -> Iterator[RawSample | ShardError]:
+    """:func:`iter_tar_samples`'s grouping of ``members``; a broken stream raises :class:`_Break`."""
     cur: RawSample | None = None
     bad_key: str | None = None  # a sample already reported bad: its remaining members are dropped
     last_key: str | None = None
-    reader = _TarReader(stream, url, pool)
-    for ti, data in reader.members(lambda: cur.key if cur else last_key):
+    while True:
+        try:
+            ti, data = next(members)
+        except StopIteration:
+            break
+        except ShardError as e:  # the stream broke: the sample pending here may be whole all the same
+            raise _break_at(cur, e, url) from None
         name = ti.name
         try:
             check_member_name(name)
@@ -445,6 +473,38 @@ def iter_tar_samples(stream, url: str, pool: _BufferPool | None = None) -> Itera
         cur.members[ext] = data
     if cur is not None:
         yield cur
+
+
+def _key_of(name: str) -> str | None:
+    try:
+        return _split_name(name)[0]
+    except ValueError:
+        return None
+
+
+def _break_at(cur: RawSample | None, err: ShardError, url: str) -> _Break:
+    """Where a broken stream leaves the pending sample ``cur``. A sample is only complete once the next one's first
+    member shows up, so a break in that member must not take ``cur`` with it: a sample's members are contiguous, so
+    a break in another sample's member leaves ``cur`` whole. A break that no member name places (in a header, before
+    the end blocks) leaves it whole only if it has its members (:func:`_is_whole`); otherwise ``cur`` is the cut
+    one and the error names it."""
+    if cur is None or (err.key is not None and err.key != cur.key) or (err.key is None and _is_whole(cur)):
+        return _Break(cur, err)
+    named = type(err)(url, cur.key, err.detail)
+    return _Break(None, named)
+
+
+def _is_whole(raw: RawSample) -> bool:
+    """``raw`` has the required members and every one its sums.json lists (the writer puts sums.json last)."""
+    if any(x not in raw.members for x in REQUIRED):
+        return False
+    if "sums.json" not in raw.members:  # a foreign shard's sample: the required members are all it is read for
+        return True
+    try:
+        listed = json.loads(_as_bytes(raw.members["sums.json"]))
+    except ValueError:
+        return False
+    return isinstance(listed, dict) and all(name in raw.members for name in listed)
 
 
 def _as_bytes(data) -> bytes | bytearray:
@@ -519,6 +579,8 @@ class LoaderStats:
     skipped_samples: int = 0
     skipped_shards: int = 0
     errors: list[str] = field(default_factory=list)
+    #: each skip under on_error=skip: {"url", "key", "reason", "whole_shard", "lost"} (what a result records)
+    skips: list[dict] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return {"samples": self.samples, "items": self.items, "shards": self.shards, "bytes": self.bytes,
@@ -593,6 +655,7 @@ def copy_verified(spec: ShardSpec, out, stop=None) -> int:
 
     try:
         with open_url(spec.url) as src, cut_on_stop(stop, src):
+            announced = _announced_length(src)
             # read1 returns what has arrived rather than waiting for a full MB, so `stop` is looked at during a
             # slow transfer too
             read = getattr(src, "read1", src.read)
@@ -608,6 +671,11 @@ def copy_verified(spec: ShardSpec, out, stop=None) -> int:
         raise
     if stopped():  # a cut socket ends the stream as if complete: it is not
         raise InterruptedError(f"{spec.url}: download stopped")
+    if announced is not None and size != announced:
+        # urllib ends the body without an error when the server closes early: without a sha256 or size from an index
+        # this check is all that keeps a cut transfer from passing as the shard (an OSError: a transport failure)
+        raise ConnectionError(f"the transfer was cut short: {size} of the {announced} bytes its Content-Length "
+                              "announces")
     got = h.hexdigest()
     if (spec.sha256 and got != spec.sha256) or (spec.bytes is not None and size != spec.bytes):
         raise ShardError(spec.url, None, f"shard sha256/size mismatch with the index ({size} bytes read, "
@@ -616,23 +684,34 @@ def copy_verified(spec: ShardSpec, out, stop=None) -> int:
     return size
 
 
+def _announced_length(src) -> int | None:
+    """The Content-Length of an HTTP response (None for other sources, or a response without one)."""
+    headers = getattr(src, "headers", None)
+    value = headers.get("Content-Length") if hasattr(headers, "get") else None
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
 def read_shard(spec: ShardSpec, stats: LoaderStats, fail: Callable[[ShardError, bool], None], *,
                verify: str = "none", mmap: bool = True, pool: _BufferPool | None = None,
                keep: Callable[[int], bool] | None = None) -> Iterator[dict]:
     """The decoded samples of one shard, in tar order.
 
     ``fail(error, whole_shard)`` gets every error (it may raise to stop); a bad sample is skipped, a broken
-    stream ends the shard. ``keep(i)`` picks samples by their position in the shard (for splitting a shard among
-    consumers); ``stats`` counts samples, shards and bytes read."""
+    stream ends the shard (the error's ``lost`` counts the samples lost with it). ``keep(i)`` picks samples by
+    their position in the shard (for splitting a shard among consumers); ``stats`` counts samples, shards and bytes
+    read."""
     try:
         stream = open_shard(spec, verify, mmap)
     except ShardError as e:
-        fail(e, True)
+        fail(_mark_lost(e, spec, 0, keep), True)
         return
     except OSError as e:
         err = ShardError(spec.url, None, f"cannot open: {e}")
         err.__cause__ = e  # what a caller that reads again looks at (an HTTP 4xx will not pass)
-        fail(err, True)
+        fail(_mark_lost(err, spec, 0, keep), True)
         return
     check_sums = verify != "none"
     counter = stream if isinstance(stream, _MmapStream) else CountingReader(stream)
@@ -666,7 +745,7 @@ def read_shard(spec: ShardSpec, stats: LoaderStats, fail: Callable[[ShardError, 
                                 f"reading failed: {type(e).__name__}: {e}"
                                 + (f" (parser: {broken.detail})" if broken else ""))
         if broken is not None:
-            fail(broken, True)
+            fail(_mark_lost(broken, spec, index + 1, keep), True)
             return
         stats.shards += 1
     finally:
@@ -676,3 +755,18 @@ def read_shard(spec: ShardSpec, stats: LoaderStats, fail: Callable[[ShardError, 
                 stream.close()
             except Exception:  # noqa: BLE001 - closing early (consumer stopped): nothing to report
                 pass
+
+
+def _mark_lost(err: ShardError, spec: ShardSpec, first: int, keep: Callable[[int], bool] | None) -> ShardError:
+    """Set ``err.lost`` / ``err.lost_note``: the samples from tar position ``first`` on (those ``keep`` picks), which
+    the error that ends the shard takes with it. Only the index says how many a shard holds; without it, the sample
+    the error names as cut is the one known to be lost."""
+    wanted = keep or (lambda i: True)
+    if spec.nsamples is not None:
+        err.lost = sum(1 for i in range(first, spec.nsamples) if wanted(i))
+        err.lost_note = f"{err.lost} sample(s) lost with the rest of the shard, of the {spec.nsamples} its index lists"
+        return err
+    err.lost = int(err.key is not None and wanted(first))
+    lost = "the cut sample and any after it are" if err.lost else "any samples after the break are"
+    err.lost_note = f"{lost} lost: no index gives the shard's sample count"
+    return err
