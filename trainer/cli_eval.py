@@ -21,9 +21,12 @@ accuracy overall, per category and per problem_type; items that cannot be evalua
 
 EXIT_CODES = """\
 exit codes:
-  0  success: the result printed (or written to --out)
-  1  an internal error (a traceback is printed; please report it), or the machine refused (disk full,
-     permission denied: one line, no traceback)
+  0  success: the result printed (or written to --out). Items that could not be evaluated are in it
+     ("skipped", "skipped_items"), and so are the shards and samples the loader skipped under
+     data.on_error=skip ("loader_skipped": counts, "skipped_shards" / "skipped_samples": each with its reason)
+  1  no item could be evaluated (each one skipped, or none loaded): the result is still printed (or written),
+     with "accuracy": null, and one line names the first reasons; or an internal error (a traceback is
+     printed; please report it), or the machine refused (disk full, permission denied: one line, no traceback)
   2  usage or config error: bad arguments, config, or a path that is not what it must be. One line.
   130 interrupted (Ctrl-C)
 -v/--debug shows the traceback of any error.
@@ -100,10 +103,47 @@ def main(args, extra: list[str]) -> int:
             print(f"longreel eval: failed: writing {args.out}: {e.strerror} (the result is printed above)",
                   file=sys.stderr)
             return 1
-        print(f"accuracy {result['accuracy']:.4f} on {result['n']} items ({result['skipped']} skipped); wrote {args.out}")
+        if result["n"]:
+            print(f"accuracy {result['accuracy']:.4f} on {result['n']} items ({result['skipped']} skipped"
+                  f"{_loader_note(result)}); wrote {args.out}")
     else:
         print(text)
+    if not result["n"]:  # an accuracy of nothing is not a result: a script must not take it for one
+        print(f"longreel eval: {_nothing_evaluated(result)}" + (f"; the result is in {args.out}" if args.out else ""),
+              file=sys.stderr)
+        return 1
     return 0
+
+
+def _loader_note(result: dict) -> str:
+    """``; the loader skipped 2 shards and 1 sample`` when it did (data.on_error=skip), else nothing."""
+    counts = result.get("loader_skipped") or {}
+    parts = [f"{n} {what}{'s' if n != 1 else ''}" for what, n in (("shard", counts.get("shards", 0)),
+                                                                  ("sample", counts.get("samples", 0))) if n]
+    return f"; the loader skipped {' and '.join(parts)}" if parts else ""
+
+
+def _nothing_evaluated(result: dict, shown: int = 2) -> str:
+    """One line for a result with no item scored: how many were skipped, and the first ``shown`` reasons with their
+    counts and first message (the result lists every one)."""
+    firsts: dict[str, tuple[int, str]] = {}
+    for skip in result["skipped_items"]:
+        n, message = firsts.get(skip["reason"], (0, skip["message"]))
+        firsts[skip["reason"]] = (n + 1, message)
+    reasons = [f"{n} {reason}: {_short(message)}" for reason, (n, message) in list(firsts.items())[:shown]]
+    line = "no item could be evaluated: " + (f"{result['skipped']} skipped ({'; '.join(reasons)})" if reasons
+                                             else "no item was loaded")
+    lost = result.get("skipped_shards", []) + result.get("skipped_samples", [])
+    if lost:
+        first = ": ".join(str(part) for part in (lost[0]["url"], lost[0]["reason"]) if part)
+        line += f"{_loader_note(result)} (first: {_short(first)})"
+    return line
+
+
+def _short(message: str, limit: int = 160) -> str:
+    """A message on one line, cut to ``limit`` characters: a processor's error can run to many lines."""
+    flat = " ".join(str(message).split())
+    return flat if len(flat) <= limit else flat[:limit - 3] + "..."
 
 
 def evaluate_share(cfg, path: str, info, *, keep_outputs: bool) -> dict | None:
@@ -118,9 +158,9 @@ def evaluate_share(cfg, path: str, info, *, keep_outputs: bool) -> dict | None:
         import torch
 
         torch.set_num_threads(cfg.run.threads)
-    items, problem = [], None
+    items, problem, loader = [], None, {}
     try:
-        items = load_items(cfg.data, "eval")
+        items = load_items(cfg.data, "eval", loader)
     except (ValueError, RuntimeError, OSError) as e:
         problem = str(e)
     problem = first_problem(problem, info)
@@ -142,6 +182,13 @@ def evaluate_share(cfg, path: str, info, *, keep_outputs: bool) -> dict | None:
     if not info.is_main:
         return None
     result = summarize((r for share in everyone for r in share), keep_outputs=keep_outputs)
+    # every rank read every item, so rank 0's loader saw every skip: what was not evaluated, in the result itself
+    skips = loader.get("skips", [])
+    result.update(loader_skipped={"shards": loader.get("skipped_shards", 0),
+                                  "samples": loader.get("skipped_samples", 0)},
+                  skipped_shards=[{k: s[k] for k in ("url", "reason", "lost")} for s in skips if s["whole_shard"]],
+                  skipped_samples=[{k: s[k] for k in ("url", "key", "reason")} for s in skips
+                                   if not s["whole_shard"]])
     result["model"] = path
     if info.enabled:
         result["ranks"] = info.world

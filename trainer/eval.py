@@ -26,8 +26,9 @@ log = logging.getLogger("longreel.trainer")
 def evaluate(model, processor, items: Iterable[dict], *, max_new_tokens: int = 256, max_items: int = 0,
              progress: bool = False, keep_outputs: bool = False, batch_size: int = 8) -> dict[str, Any]:
     """Greedy-decode every item and score it; return ``{"accuracy", "format_rate", "n", "per_category",
-    "per_problem_type", "skipped", ...}``. ``batch_size`` items are decoded together (each prompt's K/V kept
-    once; the answers are each item's own greedy answer, whatever it is batched with)."""
+    "per_problem_type", "skipped", ...}`` (``accuracy`` and ``format_rate`` None when no item could be scored).
+    ``batch_size`` items are decoded together (each prompt's K/V kept once; the answers are each item's own greedy
+    answer, whatever it is batched with)."""
     items = list(items)
     if max_items:
         items = items[:max_items]
@@ -117,7 +118,8 @@ def summarize(records: Iterable[dict], *, keep_outputs: bool = False) -> dict[st
     same order as in one process, whichever ranks scored which items)."""
     records = sorted(records, key=lambda r: r["index"])
     scored = [r for r in records if "skipped" not in r]
-    mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
+    # with no item scored there is no accuracy: None (JSON null), not 0.0, which reads as a model that got all wrong
+    mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
     by: dict[str, dict[str, list[float]]] = {"category": defaultdict(list), "problem_type": defaultdict(list)}
     for r in scored:
         by["category"][r["category"]].append(r["accuracy"])

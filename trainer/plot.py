@@ -61,20 +61,11 @@ def plot_metrics(runs: Sequence[str | os.PathLike], out_png: str | os.PathLike, 
     for ax, key in zip(axes.flat, present):
         for name, rows in series:
             pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
-            xs, ys = [p[0] for p in pts], [p[1] for p in pts]
-            label = Path(name).name or name
-            if smooth > 1 and len(ys) >= smooth:
-                (raw,) = ax.plot(xs, ys, alpha=0.25)
-                avg = [sum(ys[max(0, i - smooth + 1):i + 1]) / len(ys[max(0, i - smooth + 1):i + 1])
-                       for i in range(len(ys))]
-                ax.plot(xs, avg, label=label, color=raw.get_color())
-            else:
-                ax.plot(xs, ys, label=label)
-            band = [(r["step"], r[f"{key}_ci95_low"], r[f"{key}_ci95_high"]) for r in rows
+            color = _draw_curve(ax, [p[0] for p in pts], [p[1] for p in pts], Path(name).name or name, smooth)
+            band = [(r["step"], r[key], r[f"{key}_ci95_low"], r[f"{key}_ci95_high"]) for r in rows
                     if isinstance(r.get(key), (int, float)) and isinstance(r.get(f"{key}_ci95_low"), (int, float))]
             if band:  # the held-out accuracy's 95% interval: how much of a step-to-step change is the sample
-                ax.fill_between([b[0] for b in band], [b[1] for b in band], [b[2] for b in band], alpha=0.15,
-                                color=ax.get_lines()[-1].get_color(), linewidth=0)
+                _draw_interval(ax, band, color)
         ax.set_title(key)
         ax.set_xlabel("step")
     for ax in list(axes.flat)[len(present):]:
@@ -86,3 +77,28 @@ def plot_metrics(runs: Sequence[str | os.PathLike], out_png: str | os.PathLike, 
     fig.savefig(out_png, dpi=100)
     plt.close(fig)
     return present
+
+
+def _draw_curve(ax, xs: list, ys: list, label: str, smooth: int) -> str:
+    """One run's curve of a key (with its moving average when ``smooth`` > 1); return its colour. A single point
+    (an eval.every run that evaluated once) is a marker: a line through one point draws nothing."""
+    if len(ys) == 1:
+        (line,) = ax.plot(xs, ys, label=label, marker="o", linestyle="none")
+    elif smooth > 1 and len(ys) >= smooth:
+        (raw,) = ax.plot(xs, ys, alpha=0.25)
+        avg = [sum(ys[max(0, i - smooth + 1):i + 1]) / len(ys[max(0, i - smooth + 1):i + 1]) for i in range(len(ys))]
+        (line,) = ax.plot(xs, avg, label=label, color=raw.get_color())
+    else:
+        (line,) = ax.plot(xs, ys, label=label)
+    return line.get_color()
+
+
+def _draw_interval(ax, band: list[tuple], color: str) -> None:
+    """``band``'s ``(step, value, low, high)`` intervals shaded between the steps, or as an error bar at a lone step
+    (a shaded area one step wide has no width)."""
+    steps, values, lows, highs = zip(*band)
+    if len(band) == 1:
+        below, above = max(0.0, values[0] - lows[0]), max(0.0, highs[0] - values[0])
+        ax.errorbar(steps, values, yerr=[[below], [above]], fmt="none", ecolor=color, alpha=0.6, capsize=4)
+    else:
+        ax.fill_between(steps, lows, highs, alpha=0.15, color=color, linewidth=0)

@@ -415,9 +415,10 @@ def open_item_stream(cfg, items: list[dict] | None = None):
     return ItemStream(items, seed=cfg.run.seed, shuffle=cfg.data.shuffle)
 
 
-def load_items(cfg: DataConfig, split: str) -> list[dict]:
+def load_items(cfg: DataConfig, split: str, loader_stats: dict | None = None) -> list[dict]:
     """Per-question items of ``split`` (``"train"`` or ``"eval"``): synthetic, or read from shards with
-    ``longreel.trainer.data``."""
+    ``longreel.trainer.data``. ``loader_stats``: filled with what the shard loader skipped under
+    ``data.on_error=skip`` (``skipped_shards``, ``skipped_samples``, ``skips``), for a result to record."""
     if cfg.source == "synthetic":
         from longreel.trainer.synthetic_task import make_items
 
@@ -450,6 +451,9 @@ def load_items(cfg: DataConfig, split: str) -> list[dict]:
     if ds.stats.skipped_samples or ds.stats.skipped_shards:
         log.warning("shard loader skipped %d samples and %d shards: %s", ds.stats.skipped_samples,
                     ds.stats.skipped_shards, ds.stats.errors[-3:])
+    if loader_stats is not None:
+        loader_stats.update(skipped_shards=ds.stats.skipped_shards, skipped_samples=ds.stats.skipped_samples,
+                            skips=list(ds.stats.skips))
     return items
 
 
