@@ -105,6 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
                             epilog=getattr(mod, "EXIT_CODES", EXIT_CODES),
                             formatter_class=argparse.RawDescriptionHelpFormatter)
         mod.add_arguments(sp)
+        # after the command too (`longreel curate ... -v`, as every help's last line suggests); SUPPRESS: not given
+        # here, the value given before the command stands
+        sp.add_argument("-v", "--verbose", "--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="Debug logging, and the traceback of any error (as before the command).")
+        sp.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                        help="Warnings and errors only (as before the command).")
         # the command's own option strings: a misspelt one left over for Beam gets a suggestion from them
         sp.set_defaults(_module=mod, _options=tuple(re.findall(r"--[\w-]+", sp.format_usage())))
     return parser

@@ -569,3 +569,20 @@ def test_small_usage_mistakes_are_named_plainly(tmp_path, capsys):
 
     with pytest.raises(ConfigError, match=r"qra.categories is empty: name one or more of \['temporal'"):
         load_yaml(QRAConfig, None, ["categories=[]"], section="qra")
+
+
+@pytest.mark.parametrize("argv, verbose, quiet", [
+    (["curate", "--demo", "--out", "x", "-v"], True, False),
+    (["-v", "curate", "--demo", "--out", "x"], True, False),
+    (["train", "sft", "--debug"], True, False),
+    (["pack", "x", "-q"], False, True),
+    (["-q", "pack", "x"], False, True),
+    (["pack", "x"], False, False),
+])
+def test_verbose_and_quiet_work_after_the_command_too(argv, verbose, quiet):
+    """Every help ends "-v/--debug shows the traceback of any error", but ``longreel curate ... -v`` was refused
+    as an unknown option: only ``longreel -v curate ...`` took it."""
+    from longreel.cli import build_parser
+
+    args, extra = build_parser().parse_known_args(argv)
+    assert (args.verbose, args.quiet, extra) == (verbose, quiet, [])
