@@ -121,7 +121,8 @@ def materialize_clips(src: str, clips: list[PlannedClip], out_dir: str, cut: str
     contiguous = all(abs(a.end_s - b.start_s) < EPS for a, b in zip(clips, clips[1:]))
     base = [exe, "-nostdin", "-hide_banner", "-loglevel", "error", "-y", "-i", src, "-map", "0:v:0", "-map", "0:a:0?"]
     if cut == "copy":
-        codec = ["-c", "copy"]
+        # bitexact: Matroska otherwise writes a random segment UID and the date, and the clips differ on every run
+        codec = ["-c", "copy", "-fflags", "+bitexact"]
     elif cut == "exact":
         # No B-frames: with them the encoder delays timestamps by a frame or two inside the muxer and the segment
         # muxer misses the forced keyframes (measured: cuts at 18.4 s instead of 10 s).
