@@ -267,6 +267,18 @@ PRODUCTS = {"segment": "videos with clips", "caption": "captions", "qra": "quest
             "pack_write": "questions packed into shards"}
 
 
+def _upstream_rejects(doc: dict, name: str) -> str:
+    """What the stages before ``name`` rejected, when ``name`` itself rejected nothing: it got nothing to work on
+    (every clip rejected by clip_facts before the captioner), which "none rejected" misstated."""
+    parts = []
+    for s in doc.get("stages", []):
+        if s["stage"] == name:
+            break
+        if s["rejected"]:
+            parts.append(f"{s['stage']} rejected " + ", ".join(f"{r} {n}" for r, n in sorted(s["rejected"].items())))
+    return "; ".join(parts) if parts else "none rejected"
+
+
 def nothing_survived(doc: dict, stages: list[str]) -> str | None:
     """The first of ``stages`` (names of :data:`PRODUCTS`) whose output is empty, described for a person; None
     when each has at least one. The CLI exits 3 on it: the run finished, but left nothing to use."""
@@ -284,6 +296,6 @@ def nothing_survived(doc: dict, stages: list[str]) -> str | None:
             n_in = doc["totals"]["videos_in"]
         else:
             reasons, n_in = st["rejected"], st["in"]
-        why = ", ".join(f"{r} {n}" for r, n in sorted(reasons.items())) or "none rejected"
+        why = ", ".join(f"{r} {n}" for r, n in sorted(reasons.items())) or _upstream_rejects(doc, name)
         return f"0 {PRODUCTS.get(name, name + ' outputs')} from {n_in} in ({why})"
     return None

@@ -50,3 +50,15 @@ def test_run_pairs_go_to_the_run_key_never_into_the_funnel():
     # a re-run that timed nothing drops the stage's old entry rather than keeping a stale one
     none = merge_stats(doc, build_stats([(("caption", "in"), 0)], ["caption"], {}, {}), computed={"caption"})
     assert none["run"] == {"frame_cache": {"hit": 1}}
+
+
+def test_nothing_survived_names_what_the_stages_before_rejected():
+    """Every clip rejected by clip_facts: the caption stage got 0 in and rejected nothing, and the exit-3 line said
+    "(none rejected)" of a run that had rejected every clip."""
+    from longreel.pipelines.stats import nothing_survived
+
+    doc = {"stages": [{"stage": "clip_facts", "in": 2, "out": 0, "rejected": {"decode_failed": 2}},
+                      {"stage": "caption", "in": 0, "out": 0, "rejected": {}}]}
+    assert nothing_survived(doc, ["caption"]) == "0 captions from 0 in (clip_facts rejected decode_failed 2)"
+    doc["stages"][0]["rejected"] = {}
+    assert nothing_survived(doc, ["caption"]).endswith("(none rejected)")
