@@ -723,3 +723,20 @@ def test_a_refused_card_build_leaves_the_run_and_its_card_as_they_were(run, tmp_
     with open(os.path.join(d, "config.yaml"), "w") as fh:
         yaml.safe_dump({"pack": {"shards_dir": moved}}, fh)
     assert build_card(d, str(tmp_path / "card2"))["claims"] == build_card(d, str(tmp_path / "card3"), moved)["claims"]
+
+
+def test_card_verify_against_another_runs_marker_fails(run, tmp_path):
+    """``card verify A/card A/shards --marker B`` checked only that B's files were whole: "62 of 62 claims match"
+    for a card B's marker had never listed."""
+    from longreel.pipelines.io.run_dir import RunIdentity, write_marker
+
+    dirs = []
+    for name in ("a", "b"):
+        d = _copy(run[0], str(tmp_path / name))
+        build_card(d, os.path.join(d, "card"), name=f"data-{name}")
+        write_marker(d, RunIdentity(config={}, config_hash="c" * 64, stages=["pack"]), [])
+        dirs.append(d)
+    a, b = dirs
+    assert verify(os.path.join(a, "card"), os.path.join(a, "shards"), marker=a).ok
+    rep = verify(os.path.join(a, "card"), os.path.join(a, "shards"), marker=b)
+    assert _failures(rep) == ["run marker lists card.json"], rep.table()

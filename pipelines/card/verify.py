@@ -388,4 +388,28 @@ def verify(card_dir: str, shards: str | list[str], loader: bool = True, run_dir:
     marker_dir = marker or find_marker_dir(card_dir, run_dir)
     if marker_dir is not None:
         check_marker(marker_dir, rep)
+        check_marker_lists(marker_dir, card_dir, data, rep)
     return rep
+
+
+def check_marker_lists(marker_dir: str, card_dir: str, data: dict, rep: Report) -> None:
+    """The card and the index files verified here are the ones the marker lists (by sha256): checked alone, the
+    marker of another run passed as long as that run's own files were whole ("62 of 62 claims match" of a card the
+    marker had never seen)."""
+    from longreel.schemas.run_marker import read_marker, sha256_of
+
+    if os.path.basename(marker_dir.rstrip("/")) == "_SUCCESS.json":
+        marker_dir = os.path.dirname(marker_dir.rstrip("/"))
+    try:
+        marker = read_marker(marker_dir)
+    except Exception:  # noqa: BLE001 - a damaged or missing marker is check_marker's row already
+        return
+    if not marker:
+        return
+    listed = {e.get("sha256") for e in marker.get("files", []) if isinstance(e, dict)}
+    ours = [os.path.join(card_dir, "card.json")] + [ix["path"] for ix in data["indexes"] if "://" not in ix["path"]]
+    for path in ours:
+        with open(path, "rb") as fh:
+            digest = sha256_of(fh)[1]
+        rep.add(f"run marker lists {os.path.basename(path)}", "its sha256 among the marker's files",
+                "listed" if digest in listed else f"not listed ({digest[:12]})", digest in listed)
