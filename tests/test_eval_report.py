@@ -131,3 +131,25 @@ def test_plot_draws_a_lone_eval_point_with_its_interval(tmp_path):
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     plot_metrics([run], out, keys=["eval_accuracy", "loss"])
     assert _blue_rows(out)
+
+
+def test_unreadable_held_out_shards_stop_the_run_before_its_first_step(tiny, tmp_path):
+    """They were read at the first evaluation: a truncated held-out shard stopped a run ``eval.every`` steps in,
+    with no checkpoint of the steps since the last save."""
+    from longreel.schemas.config import load_yaml
+    from longreel.trainer.config import TrainConfig
+    from longreel.trainer.preflight import InputCheckError
+    from longreel.trainer.sft import run_sft
+    from longreel.trainer.synthetic_task import make_items, write_shards
+
+    write_shards(make_items(4, seed=6, kinds=("colour",)), str(tmp_path / "held"), per_shard=4)
+    write_shards(make_items(4, seed=7, kinds=("colour",)), str(tmp_path / "train"), per_shard=4)
+    [held], [train] = sorted((tmp_path / "held").glob("*.tar")), sorted((tmp_path / "train").glob("*.tar"))
+    held.write_bytes(held.read_bytes()[:held.stat().st_size // 2])
+    out = tmp_path / "run"
+    cfg = load_yaml(TrainConfig, None, [f"model.path={tiny}", f"run.out_dir={out}", f"data.train_urls=[{train}]",
+                                        f"data.eval_urls=[{held}]", "eval.every=3", "run.steps=4",
+                                        "run.save_every=0", "run.progress=false", "data.batch_size=1"])
+    with pytest.raises(InputCheckError, match="truncated"):
+        run_sft(cfg)
+    assert not (out / "metrics.jsonl").exists() or (out / "metrics.jsonl").read_text() == ""

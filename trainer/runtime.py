@@ -588,6 +588,10 @@ class TrainSession:
                             "run ends at step %d", self.total_steps, self.step, self.step)
         elif self.info.is_main:  # where a new run writes: its config.yaml keeps run.out_dir as typed (maybe relative)
             log.info("%s run in %s: steps 1-%d", stage, self.out_dir.resolve(), self.total_steps)
+        if cfg.eval.every and self.step < self.total_steps:
+            # before step 1: held-out shards that cannot be read stopped the run at its first evaluation, hours in,
+            # with no checkpoint of the steps since the last save
+            self._eval_items = self._load_eval_items()
         self._model_fingerprint = self._fingerprint_model(cfg.model.path)
         self.logger = MetricsLogger(self.out_dir, stage=stage, enabled=self.info.is_main,
                                     tensorboard=cfg.run.tensorboard, progress=cfg.run.progress,
