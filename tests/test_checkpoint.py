@@ -344,3 +344,17 @@ def test_a_sharded_checkpoint_is_refused_before_the_model_loads_outside_fsdp(tmp
     check_sharding(fsdp, sharded, world=2)
     with pytest.raises(InputCheckError, match="full weights.: resume it without dist.strategy=fsdp"):
         check_sharding(fsdp, full, world=2)
+
+
+def test_a_resume_is_not_refused_over_keys_its_stage_never_reads(tiny, tmp_path):
+    """One config file serves SFT and GRPO: a resumed SFT run was refused over grpo.beta, rollout.n and
+    mrsp.enabled, none of which it reads; a key it reads is still refused."""
+    from longreel.trainer.preflight import InputCheckError
+    from longreel.trainer.sft import run_sft
+
+    out = tmp_path / "run"
+    run_sft(_cfg(tiny, out, "run.stop_after=2"))
+    with pytest.raises(InputCheckError, match="sft.epochs"):
+        run_sft(_cfg(tiny, out, "sft.epochs=3", "run.stop_after=0"))
+    assert run_sft(_cfg(tiny, out, "grpo.beta=0.5", "rollout.n=2", "mrsp.enabled=false", "run.stop_after=0"))[
+        "step"] == 6

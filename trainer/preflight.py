@@ -402,7 +402,9 @@ def check_resume(cfg, stage: str, checkpoint: Path) -> list[str]:
     changed = [k for k in sorted(set(there) | set(here)) if there.get(k) != here.get(k)
                and not (k == "model.path" and _model_path_kept(there.get(k), here.get(k), state))]
     rounding = [f"{k}: {there.get(k)!r} -> {here.get(k)!r}" for k in changed if k in RESUMABLE_WITHIN_ROUNDING]
-    differ = [k for k in changed if not _resumable(k) and k not in RESUMABLE_WITHIN_ROUNDING]
+    unused = unread_by(stage, cfg)
+    differ = [k for k in changed if not _resumable(k) and k not in RESUMABLE_WITHIN_ROUNDING
+              and not k.startswith(unused)]
     if "run.steps" in changed and cfg.optim.schedule != "constant":
         # a linear or cosine schedule is laid out over run.steps: another total changes every later step's rate
         differ.insert(0, "run.steps")
@@ -415,6 +417,14 @@ def check_resume(cfg, stage: str, checkpoint: Path) -> list[str]:
                               f"{shown}{more}. Resume it with its own settings, give another run.out_dir, or set "
                               "run.resume=false to start over there")
     return rounding
+
+
+def unread_by(stage: str, cfg) -> tuple[str, ...]:
+    """Key prefixes a stage never reads: SFT no rollout, GRPO or MR-SP setting, GRPO no sft one, and a run on shards
+    no synthetic-task key. A change there changes nothing of a resumed run, so it is not refused: one config file
+    serves both stages (a resumed SFT run refused over a grpo.beta its GRPO stage was to use)."""
+    unread = ("rollout.", "grpo.", "mrsp.") if stage == "sft" else ("sft.",)
+    return unread + (("data.synthetic_",) if cfg.data.source == "shards" else ())
 
 
 def check_start_over(cfg) -> None:
