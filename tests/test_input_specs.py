@@ -65,3 +65,18 @@ def test_relative_inputs_are_recorded_as_absolute_paths(tmp_path, copy_video, ca
         rc, err = _curate(capsys, spec, "--out", f"out{n}")
         assert rc == 0, err
         assert read_table(str(tmp_path / f"out{n}"), "videos").column("uri").to_pylist() == [str(video)]
+
+
+def test_a_damaged_video_is_an_undecodable_reject_not_a_permission_error(tmp_path):
+    """Zeroed bytes at the end of an MP4 made the demuxer's seek fail with EPERM: the reject read "PermissionError:
+    Operation not permitted" of a readable file."""
+    from longreel.pipelines.media.probe import ProbeError, probe_file
+
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pipelines", "sample_data",
+                       "example-movie.mp4")
+    data = open(src, "rb").read()
+    damaged = tmp_path / "t.mp4"
+    damaged.write_bytes(data[:-20000] + b"\0" * 20000)
+    with pytest.raises(ProbeError) as e:
+        probe_file(str(damaged))
+    assert e.value.reason == "undecodable", e.value

@@ -52,6 +52,15 @@ def probe_file(path: str) -> dict:
     """
     import av  # imported here: the worker imports it once; the pipeline process never needs it
 
+    try:
+        return _probe(av, path)
+    except av.error.FFmpegError as e:
+        # a decoder or demuxer failing part way (a seek into zeroed bytes gave EPERM): the reject said
+        # "PermissionError: Operation not permitted" of a file that was readable and damaged
+        raise ProbeError("undecodable", f"the demuxer failed on it: {e}") from None
+
+
+def _probe(av, path: str) -> dict:
     with _open(av, path) as container:
         if not container.streams.video:
             kinds = sorted({s.type for s in container.streams})
