@@ -28,9 +28,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Override one value of the cost config, e.g. --set scale.videos=1000 (repeatable).")
     p.add_argument("--stats", metavar="RUN_DIR_OR_STATS_JSON",
                    help="Take the tokens per call from a run's stats.json (its compute counts) where it called a model.")
-    p.add_argument("--videos", type=int, help="Videos in the run to project (scale.videos).")
+    p.add_argument("--videos", type=int, help="Videos in the run to project (scale.videos; the questions scale "
+                                              "with them, per video as configured, unless --questions is given).")
     p.add_argument("--mean-duration-s", type=float, help="Mean video duration in seconds (scale.mean_duration_s).")
-    p.add_argument("--questions", type=int, help="Questions generated, before the filters (scale.questions_generated).")
+    p.add_argument("--questions", type=int, help="Questions generated, before the filters "
+                                                 "(scale.questions_generated; the released ones keep their share).")
     p.add_argument("--json", dest="as_json", action="store_true", help="Print the projection as JSON.")
 
 
@@ -57,11 +59,10 @@ def main(args, extra: list[str]) -> int:
         print(f"longreel cost: {problem}", file=sys.stderr)
         return 2
     overrides = list(args.overrides)
-    for flag, key in (("videos", "scale.videos"), ("mean_duration_s", "scale.mean_duration_s"),
-                      ("questions", "scale.questions_generated")):
-        if getattr(args, flag) is not None:
-            overrides.append(f"{key}={getattr(args, flag)}")
-    cfg = cost.load(args.config, overrides)
+    if args.mean_duration_s is not None:
+        overrides.append(f"scale.mean_duration_s={args.mean_duration_s}")
+    cfg = cost.rescale(cost.load(args.config, overrides), videos=args.videos, questions=args.questions)
+    cost.check(cfg)
     measured: list[str] = []
     if args.stats:
         cfg, measured = cost.workload_from_stats(cfg, _read_stats(args.stats))

@@ -53,6 +53,24 @@ def load(path: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -
     return cfg
 
 
+def rescale(cfg: dict, *, videos: int | None = None, questions: int | None = None) -> dict:
+    """``cfg`` at another corpus size, keeping the config's ratios for what is not given: ``videos`` alone scales
+    the questions generated and released with it (per video as configured), ``questions`` (generated) scales the
+    released ones (the same share kept). Set one by one, the projection mixed scales: ``--videos 500`` made 4,000
+    QRA calls refine 208,000 questions, and ``--questions 4000`` said "(104,000 released)"."""
+    s = dict(cfg["scale"])
+    if videos is not None:
+        per_video = s["questions_generated"] / s["videos"]
+        s["videos"] = videos
+        if questions is None:
+            s["questions_released"] = round(s["questions_released"] * videos * per_video / s["questions_generated"])
+            s["questions_generated"] = round(videos * per_video)
+    if questions is not None:
+        s["questions_released"] = round(s["questions_released"] * questions / s["questions_generated"])
+        s["questions_generated"] = questions
+    return {**cfg, "scale": s}
+
+
 def check(cfg: dict) -> None:
     """Every model has positive throughput; every workload and scale number is a non-negative number."""
     for section in ("models", "workload", "scale"):

@@ -99,3 +99,21 @@ def test_the_command(tmp_path):
     assert text.returncode == 0 and "measured by the run for caption" in text.stdout
     bad = subprocess.run(run + ["--set", "scale.videos=-1"], capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "scale.videos" in bad.stderr
+
+
+def test_the_corpus_size_flags_keep_the_configs_ratios():
+    """``--videos 500`` made 4,000 QRA calls refine the config's 208,000 questions, and ``--questions 4000`` said
+    "(104,000 released)": each flag set one number of a scale the others still described."""
+    base = cost.load()["scale"]
+    per_video = base["questions_generated"] / base["videos"]
+    share = base["questions_released"] / base["questions_generated"]
+    s = cost.rescale(cost.load(), videos=500)["scale"]
+    assert s["videos"] == 500 and s["questions_generated"] == round(500 * per_video)
+    assert s["questions_released"] == round(500 * per_video * share)
+    s = cost.rescale(cost.load(), questions=4000)["scale"]
+    assert (s["videos"], s["questions_generated"], s["questions_released"]) == (base["videos"], 4000,
+                                                                               round(4000 * share))
+    s = cost.rescale(cost.load(), videos=500, questions=4000)["scale"]
+    assert (s["videos"], s["questions_generated"], s["questions_released"]) == (500, 4000, round(4000 * share))
+    rows = {r["stage"]: r for r in cost.stage_rows(cost.rescale(cost.load(), videos=500))}
+    assert rows["refine"]["calls"] == round(500 * per_video)
