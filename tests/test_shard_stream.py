@@ -154,12 +154,23 @@ def test_training_from_a_stream_resumes_bitwise(data, tmp_path, stage):
 @pytest.mark.parametrize("sets, message", [
     (["data.source=synthetic"], "data.stream needs data.source=shards"),
     (["run.steps=0"], "data.stream needs run.steps > 0"),
-    (["sft.max_items=4"], "data.stream cannot take the first sft.max_items"),
     (["data.shuffle_buffer=0"], "data.shuffle_buffer must be >= 1"),
 ])
 def test_stream_settings_that_cannot_work_are_config_errors(sets, message):
     with pytest.raises(ConfigError, match=message):
         load_yaml(TrainConfig, None, ["data.stream=true", "data.train_urls=[a.tar]", *sets]).check()
+
+
+def test_stream_with_sft_max_items_is_refused_for_sft_only():
+    """A GRPO run never reads sft.max_items: refusing it there broke the one config file both stages share."""
+    from longreel.trainer.preflight import InputCheckError, check_topology
+
+    cfg = load_yaml(TrainConfig, None, ["data.stream=true", "data.train_urls=[a.tar]", "sft.max_items=4"])
+    with pytest.raises(InputCheckError, match="data.stream cannot take the first sft.max_items"):
+        check_topology(cfg, "sft", 1)
+    check_topology(cfg, "grpo", 1)
+    with pytest.raises(ConfigError, match="run.out_dir must name a directory"):
+        load_yaml(TrainConfig, None, ["run.out_dir="])
 
 
 def test_remote_shards_that_would_not_fit_in_the_cache_stop_the_run_before_it_starts(data, tmp_path, capsys):

@@ -452,8 +452,9 @@ def clear_checkpoints(ckpt_root: str | os.PathLike) -> int:
         return 0
     steps = sorted(p for p in root.glob("step-*") if p.is_dir())
     if steps:
-        log.warning("run.resume=false: removing the %d checkpoints of the earlier run in %s (%s ... %s)", len(steps),
-                    root, steps[0].name, steps[-1].name)
+        which = steps[0].name if len(steps) == 1 else f"{steps[0].name} ... {steps[-1].name}"
+        log.warning("run.resume=false: removing the earlier run's %s in %s (%s)",
+                    "checkpoint" if len(steps) == 1 else f"{len(steps)} checkpoints", root, which)
     for p in steps:
         shutil.rmtree(p)
     (root / LATEST).unlink(missing_ok=True)

@@ -280,14 +280,14 @@ class TrainConfig(ConfigModel):
                 raise ConfigError(msg)
 
         need(self.data.batch_size >= 1, "data.batch_size must be >= 1")
+        need(self.run.out_dir.strip() != "", "run.out_dir must name a directory ('' wrote the run into the current "
+                                            "one)")
         need(self.dist.timeout_s > 0, "dist.timeout_s must be > 0")
         need(self.data.shuffle_buffer >= 1, "data.shuffle_buffer must be >= 1")
         need(self.data.fetch_retries >= 0, "data.fetch_retries must be >= 0")
         need(not self.data.stream or self.data.source == "shards", "data.stream needs data.source=shards")
         need(not self.data.stream or self.run.steps > 0,
              "data.stream needs run.steps > 0 (the number of items is not known before the shards are read)")
-        need(not self.data.stream or not self.sft.max_items,
-             "data.stream cannot take the first sft.max_items items (they are not known before the shards are read)")
         need(self.optim.grad_accum >= 1, "optim.grad_accum must be >= 1")
         need(self.optim.lr >= 0, "optim.lr must be >= 0")
         need(self.optim.warmup_steps >= 0, "optim.warmup_steps must be >= 0")

@@ -371,6 +371,9 @@ def check_topology(cfg, stage: str, world: int) -> None:
     """The launch must fit the config: sequence-parallel groups cut the world evenly (GRPO with MR-SP), and the
     global batch splits evenly over the data-parallel replicas (``torchrun`` sets ``WORLD_SIZE``). And a GRPO group
     has two rollouts at least: its advantages are the rollouts' rewards against their own mean."""
+    if stage == "sft" and cfg.data.stream and cfg.sft.max_items:  # a GRPO run never reads sft.max_items
+        raise InputCheckError("data.stream cannot take the first sft.max_items items (they are not known before the "
+                              "shards are read)")
     if stage == "grpo" and cfg.rollout.n < 2:
         raise InputCheckError(f"rollout.n={cfg.rollout.n}: GRPO compares the rollouts of a prompt with each other, so "
                               "one alone has advantage 0 and the run could never learn; use 2 or more (8 is usual)")
@@ -454,14 +457,20 @@ def check_sharding(cfg, checkpoint: Path, world: int) -> None:
                               "run (full weights): resume it without dist.strategy=fsdp")
 
 
+_SAID_MOVED: set[tuple] = set()
+
+
 def _model_path_kept(there, here, state: dict) -> bool:
     """``model.path`` names the run's model still: the same directory written another way, or the directory moved
     with its content unchanged (by the fingerprint the checkpoint keeps)."""
     if _same_dir(there, here):
         return True
     if _same_model(state.get("model_fingerprint"), here):
-        log.info("model.path %r is where the run's model (%s) was, as %r: the same weights and config", here,
-                 state["model_fingerprint"], there)
+        said = (here, there)
+        if said not in _SAID_MOVED:  # the launch's checks and the session's both look: one line
+            _SAID_MOVED.add(said)
+            log.info("model.path %r is where the run's model (%s) was, as %r: the same weights and config", here,
+                     state["model_fingerprint"], there)
         return True
     return False
 
