@@ -194,6 +194,8 @@ def test_a_training_runs_missing_model_or_shards_is_a_usage_error(tmp_path, caps
         (["eval", "--model", str(tmp_path / "nope"), "--set", "data.source=synthetic"], "is not a local directory"),
         (["eval", "--model", str(trained / "checkpoints" / "step-8")], f"is not a local directory; {kept}"),
         (["eval", "--model", str(trained)], f"holds no config.json: not a model directory; {kept}"),
+        (["train", "export", str(trained), "--out", str(tmp_path / "x")], f"not a step checkpoint of a longreel run; "
+                                                                           f"{kept}"),
         (["eval", "--model", str(lacking["no-chat"])], "holds no chat template (chat_template.jinja, "),
         (["train", "grpo", "--set", f"model.path={lacking['no-tok']}"], "holds no tokenizer (tokenizer.json, "),
         (["train", "sft", "--set", f"model.path={lacking['no-proc']}"], "holds no image processor config"),

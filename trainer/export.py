@@ -31,12 +31,18 @@ def export_checkpoint(step_dir: str | os.PathLike, out_dir: str | os.PathLike, *
                       trust_remote_code: bool = False) -> Path:
     """Write the policy of ``step_dir`` (a run's ``checkpoints/step-N``, sharded or not) to ``out_dir``, which must
     not exist; written beside it and renamed into place."""
+    from longreel.trainer.preflight import run_models_near
+
     src, out = Path(step_dir), Path(out_dir)
     if not src.is_dir():
-        raise ValueError(f"{src} is not a directory (a run's checkpoints/step-N)")
+        near = run_models_near(str(src))
+        raise ValueError(f"{src} is not a directory" + (f"; the run's models are {near}" if near else
+                                                        " (a run's checkpoints/step-N)"))
     if not (src / "config.json").is_file():
-        raise ValueError(f"{src} holds no config.json: not a step checkpoint of a longreel run (checkpoints written "
-                         "before config files were saved with them cannot be exported)")
+        near = run_models_near(str(src))
+        raise ValueError(f"{src} holds no config.json: not a step checkpoint of a longreel run" + (
+            f"; the run's models are {near}" if near else " (checkpoints written before config files were saved "
+                                                          "with them cannot be exported)"))
     if not (src / "model.safetensors").is_file() and not (src / SHARDED).is_dir():
         raise ValueError(f"{src} holds neither model.safetensors nor {SHARDED}/: not a step checkpoint")
     if out.exists():

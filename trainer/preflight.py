@@ -53,12 +53,12 @@ def check_model_dir(path: str, key: str = "model.path") -> None:
     if not path:
         raise InputCheckError(f"{key} is required (a local model directory)")
     if not os.path.isdir(path):
-        near = _run_models_near(path)
+        near = run_models_near(path)
         raise InputCheckError(f"{key} {path!r} is not a local directory" + (
             f"; the run's models are {near}" if near else
             " (hub ids are not downloaded here: download the model first)"))
     if not os.path.isfile(os.path.join(path, "config.json")):
-        near = _run_models_near(path)
+        near = run_models_near(path)
         raise InputCheckError(f"{key} {path!r} holds no config.json: not a model directory" + (
             f"; the run's models are {near}" if near else " (a run's final/ or checkpoints/step-N/ is one)"))
     if not any(os.path.isfile(os.path.join(path, f)) for f in WEIGHT_FILES):
@@ -109,7 +109,7 @@ def _processor_files_problem(path: str) -> str | None:
     return None
 
 
-def _run_models_near(path: str, limit: int = 5) -> str:
+def run_models_near(path: str, limit: int = 5) -> str:
     """The model directories of the training run ``path`` is in or names (``RUN``, ``RUN/checkpoints``, a pruned or
     mistyped ``RUN/checkpoints/step-6``), newest first, for an error message; "" when it is in no run. Steps are
     named ``step-000006``, which a user types as ``step-6``, and a run keeps only its newest few."""
