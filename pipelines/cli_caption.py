@@ -122,6 +122,9 @@ def main(args, beam_args: list[str]) -> int:
     except (ConfigError, OSError) as e:
         print(f"longreel caption: bad config: {e}", file=sys.stderr)
         return 2
+    if args.model and cfg.backend == "facts":  # accepted, recorded in config_caption.yaml, and never read
+        log.warning("caption: --model %s is not used by the facts backend (weight-free); give --backend "
+                    "transformers, openai or vllm to caption with a model", args.model)
     check_model_paths(stage_models("caption", cfg), beam_args)  # a missing path: exit 2, nothing written
     try:
         stats = run_caption(args.clips_dir, cfg, beam_args, command=command_line(args, "caption"))

@@ -113,3 +113,19 @@ def test_judge_alone_judges_with_the_model_the_runs_judge_followed(tmp_path, mon
                                                                              "http://llm:8000/v1")
     _main(["judge", "--out", str(out), "--model", "judge-llm"])
     assert (seen["cfg"].backend, seen["cfg"].model) == ("openai", "judge-llm")
+
+
+def test_caption_says_when_its_model_goes_unused(tmp_path, monkeypatch, caplog):
+    """``longreel caption --model DIR`` with the facts backend was accepted silently: the model is never read."""
+    import longreel.pipelines.cli_caption as cli_caption
+
+    _capture(monkeypatch, cli_caption, "run_caption")
+    monkeypatch.setattr(cli_caption, "check_model_paths", lambda *a, **k: None)
+    out = _run_dir(tmp_path, [])
+    with caplog.at_level("WARNING", logger="longreel"):
+        _main(["caption", "--clips-dir", str(out), "--model", "/models/vlm"])
+    assert "--model /models/vlm is not used by the facts backend" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="longreel"):
+        _main(["caption", "--clips-dir", str(out), "--model", "/models/vlm", "--backend", "transformers"])
+    assert "is not used" not in caplog.text
