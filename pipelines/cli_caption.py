@@ -82,11 +82,12 @@ def _run_caption(session, clips_dir: str, cfg: CaptionConfig, beam_args, handler
     from longreel.pipelines.provenance import code_version
     from longreel.pipelines.runner import make_pipeline
     from longreel.pipelines.stages.caption import CAPTION_STAGES, CAPTION_UNITS, add_caption_stage
-    from longreel.pipelines.stage_rerun import write_rerun_outputs
+    from longreel.pipelines.stage_rerun import check_videos_reachable, write_rerun_outputs
     from longreel.pipelines.stats import read_json
 
     videos = read_table(clips_dir, "videos").to_pylist()
     clips = read_table(clips_dir, "clips").to_pylist()
+    check_videos_reachable(videos, clips_dir, "caption", "captions")
     session.begin_writes()
     with FileSystems.create(FileSystems.join(clips_dir, "config_caption.yaml")) as fh:
         fh.write(dump_yaml(cfg).encode())
@@ -129,7 +130,10 @@ def main(args, beam_args: list[str]) -> int:
     try:
         stats = run_caption(args.clips_dir, cfg, beam_args, command=command_line(args, "caption"))
     except FileNotFoundError as e:
-        print(f"longreel caption: {e} (run `longreel curate --out {args.clips_dir}` first)", file=sys.stderr)
+        from longreel.pipelines.stage_rerun import VideosNotFound
+
+        hint = "" if isinstance(e, VideosNotFound) else f" (run `longreel curate --out {args.clips_dir}` first)"
+        print(f"longreel caption: {e}{hint}", file=sys.stderr)
         return 2
     by = {s["stage"]: s for s in stats["stages"]}
     print(json.dumps({s: {k: by[s][k] for k in ("in", "out", "rejected", "balanced")} for s in

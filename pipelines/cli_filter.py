@@ -98,8 +98,11 @@ def _run_filter(session, out_dir: str, cfg: FilterConfig, beam_args, qra_table: 
 
         urls = [spec.url for spec in resolve_shards(shards)]
     else:
+        from longreel.pipelines.stage_rerun import check_videos_reachable
+
         videos = read_table(out_dir, "videos").to_pylist()
         qras = read_table(out_dir, qra_table).to_pylist()
+        check_videos_reachable(videos, out_dir, "filter", "pass_rate")
     session.begin_writes()
     with FileSystems.create(FileSystems.join(out_dir, "filter_config.yaml")) as fh:
         fh.write(dump_yaml(cfg).encode())
