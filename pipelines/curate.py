@@ -269,7 +269,8 @@ def run_curate(items: InputPlan | list[dict], out_dir: str, cfg: CurateConfig, b
     or not; ``overwrite``: remove the previous run's files first), and ``_SUCCESS.json`` is written last. The CLI's
     default is ``error``; a caller of this function names its directory, so the default here is ``overwrite``.
     """
-    from longreel.pipelines.io.run_dir import FileDigests, RunIdentity, RunLock, digest_inputs, prepare, write_marker
+    from longreel.pipelines.io.run_dir import (FileDigests, RunIdentity, RunLock, digest_inputs, prepare, write_inputs,
+                                               write_marker)
     from longreel.schemas.config import to_dict
 
     if isinstance(items, InputPlan):  # the inputs are listed by the job: their count is known after it
@@ -280,6 +281,7 @@ def run_curate(items: InputPlan | list[dict], out_dir: str, cfg: CurateConfig, b
                         inputs_digest=digest, n_inputs=count)
     with _undo_on_input_error(out_dir), RunLock(out_dir, command), FileDigests(out_dir) as digests:
         action, old = prepare(out_dir, ident, if_exists)
+        write_inputs(out_dir, ident)
         with _undo_on_input_error(out_dir, fresh=action == "fresh"):
             stats = _run_locked(items, out_dir, cfg, beam_args, command, handlers, workers, in_process, digests)
         ident.n_inputs = stats["inputs"]

