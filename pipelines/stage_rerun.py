@@ -22,9 +22,12 @@ class VideosNotFound(FileNotFoundError):
 
 
 def _exists(uri: str) -> bool:
-    if "://" in uri:
+    if "://" not in uri:
+        return os.path.isfile(uri)
+    try:
         return FileSystems.exists(uri)
-    return os.path.isfile(uri)
+    except ValueError:  # http(s): not a Beam filesystem; the stage's own fetch says whether it is there
+        return True
 
 
 def check_videos_reachable(videos: list[dict], out_dir: str, stage: str, table: str) -> None:
