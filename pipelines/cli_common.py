@@ -46,7 +46,10 @@ def beam_args_error(beam_args: list[str], own_options=(), positional_for: str | 
     try:
         known, rest = parser.parse_known_args(args)
     except argparse.ArgumentError as e:  # a Beam option with a bad value: one line, not Beam's whole usage
-        return f"bad Beam option: {e}"
+        # `longreel curate --runner DataflowRunner VIDEOS ...`: the subcommand's parser, which does not know
+        # --runner, hands "DataflowRunner" to INPUT, and Beam's parser then sees the option without its value
+        return (f"bad Beam option: {e} (a value written after a Beam option that comes before INPUT or OUT is "
+                "taken as INPUT/OUT: write Beam options as --name=VALUE, or after the command's paths)")
     if known.runner and _import_runner(known.runner):  # a runner module may add its own options class
         known, rest = _beam_parser().parse_known_args(args)
     options = [a for a in rest if a.startswith("-")]

@@ -104,3 +104,13 @@ def test_a_remote_path_without_its_client_is_one_line(argv, path, extra, tmp_pat
     assert rc == 2 and f"{path}: {path.split(':')[0]}:// paths need Beam's {extra} extra" in err, err
     assert f"pip install 'longreel[{extra}]'" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert not any(tmp_path.iterdir())
+
+
+def test_a_beam_option_before_the_paths_says_where_its_value_went(tmp_path, capsys):
+    """`curate --runner DirectRunner VIDEOS --out O`: argparse gives "DirectRunner" to INPUT; the one line must
+    say so, not only "expected one argument", which reads as if the command line lacked the value."""
+    out = tmp_path / "out"
+    rc = main(["curate", "--runner", "DirectRunner", str(tmp_path / "videos"), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "expected one argument" in err and "--name=VALUE" in err, err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()
