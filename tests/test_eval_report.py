@@ -153,3 +153,17 @@ def test_unreadable_held_out_shards_stop_the_run_before_its_first_step(tiny, tmp
     with pytest.raises(InputCheckError, match="truncated"):
         run_sft(cfg)
     assert not (out / "metrics.jsonl").exists() or (out / "metrics.jsonl").read_text() == ""
+
+
+def test_eval_show_config_lists_the_keys_eval_reads(capsys):
+    """`longreel eval` takes the trainer's config: --show-config lists the part of it eval reads (it had none)."""
+    from longreel.schemas.config import describe
+    from longreel.trainer.cli_eval import EVAL_KEYS
+    from longreel.trainer.config import TrainConfig
+
+    assert main(["eval", "--show-config"]) == 0
+    shown = [line.split(" = ")[0] for line in capsys.readouterr().out.splitlines() if " = " in line]
+    assert set(shown) == EVAL_KEYS  # each one a real key: a renamed key fails here
+    assert {"data.eval_urls", "model.path", "eval.max_items"} <= set(shown)
+    assert "data.train_urls" not in shown and "optim.lr" not in shown
+    assert len(shown) < len(list(describe(TrainConfig)))

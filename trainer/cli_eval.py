@@ -40,6 +40,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Override a config key, e.g. --set eval.max_items=200 (repeatable).")
     p.add_argument("--out", help="Write the result JSON here (default: print it).")
     p.add_argument("--outputs", action="store_true", help="Include every model output in the JSON.")
+    p.add_argument("--show-config", action="store_true",
+                   help="Print every config key eval reads, with default and help; exit.")
+
+
+#: the config keys ``longreel eval`` reads (of the TrainConfig ``longreel train`` uses): what --show-config lists
+EVAL_KEYS = frozenset({
+    "model.path", "model.dtype", "model.attn_implementation", "model.vision_attention", "model.packed_row_attention",
+    "model.trust_remote_code", "data.source", "data.eval_urls", "data.synthetic_eval", "data.synthetic_seed",
+    "data.synthetic_kinds", "data.on_error", "data.cache_remote", "data.cache_dir", "data.fetch_retries",
+    "eval.max_new_tokens", "eval.max_items", "eval.batch_size", "run.device", "run.threads", "run.progress",
+    "dist.backend", "dist.timeout_s"})
+
+
+def show_config() -> int:
+    from longreel.schemas.config import describe
+    from longreel.trainer.config import TrainConfig
+
+    for key, default, help_text in describe(TrainConfig):
+        if key in EVAL_KEYS:
+            print(f"{key} = {default}\n    {help_text}")
+    return 0
 
 
 def main(args, extra: list[str]) -> int:
@@ -48,6 +69,8 @@ def main(args, extra: list[str]) -> int:
                                        positional_for=None if args.model else "--model")
         print(f"longreel eval: {problem}", file=sys.stderr)
         return 2
+    if args.show_config:
+        return show_config()
     from longreel.trainer.config import TrainConfig
 
     try:
