@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tarfile
@@ -112,6 +113,18 @@ def test_remote_shards_are_cached_as_the_stream_reaches_them(data, tmp_path):
     for (_, r), (_, x) in zip(got, local):
         assert torch.equal(r["frames"], x["frames"])
         assert r["shard"] == f"{base}/{os.path.basename(x['shard'])}"  # the URL given, not the cache file
+
+
+def test_the_stream_names_the_cache_only_for_remote_shards(data, tmp_path, caplog):
+    """Local shards are read where they are: the log said they were "cached in" the remote-shard cache."""
+    with caplog.at_level(logging.INFO, logger="longreel"):
+        ShardItemStream([data["index"]], seed=3, cache_dir=str(tmp_path / "cache")).close()
+        with file_server(data["dir"]) as (base, _):
+            ShardItemStream([f"{base}/{os.path.basename(data['index'])}"], seed=3,
+                            cache_dir=str(tmp_path / "cache")).close()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("data.stream:")]
+    assert len(lines) == 2 and "cached" not in lines[0]
+    assert "5 remote shard(s) cached in" in lines[1]
 
 
 def _train_cfg(data, out: Path, stage: str, *extra: str) -> TrainConfig:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 
-from longreel.trainer.data import ShardDataset, ShardError, resolve_shards
+from longreel.trainer.data import ShardDataset, ShardError, local_path, resolve_shards
 from longreel.trainer.preflight import InputCheckError
 
 log = logging.getLogger("longreel.trainer")
@@ -47,9 +47,11 @@ class ShardItemStream:
         self.ds = ShardDataset(resolve_shards(list(urls)), shuffle=shuffle, seed=seed, epochs=1, rank=0,
                                world_size=1, on_error=on_error, shuffle_buffer=shuffle_buffer, fetch=self.fetcher,
                                retries=0 if cache_dir else retries)
+        remote = sum(1 for spec in self.ds.shards if local_path(spec.url) is None)
         log.info("data.stream: %d shard(s) read as a stream (seed %d, shuffle %s, buffer %d videos)%s",
                  len(self.ds.shards), seed, shuffle, shuffle_buffer,
-                 f"; remote shards cached in {cache_dir} as they are reached" if cache_dir else "")
+                 f"; {remote} remote shard(s) cached in {cache_dir} as they are reached" if cache_dir and remote
+                 else "")
         self.epoch = 0
         self.drawn = 0  # items drawn so far: the index of the next one
         self._it = None
