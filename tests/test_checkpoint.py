@@ -310,6 +310,42 @@ def test_a_run_relaunched_from_its_config_yaml_resumes_it(tiny, tmp_path, caplog
     assert (out / "final" / "model.safetensors").is_file() and (out / "checkpoints" / "step-000006").is_dir()
 
 
+def test_a_run_with_relative_paths_relaunched_from_inside_it_resumes_it(tiny, tmp_path, monkeypatch, caplog):
+    """Paths as typed went into RUN/config.yaml: `cd RUN && longreel train sft --config config.yaml --set
+    run.steps=N` then read run.out_dir 'runs/sft' from inside the run and trained a new run there from step 1
+    (exit 0). The command's paths are now made absolute before the run records them."""
+    import shutil
+
+    from longreel.cli import main
+
+    shutil.copytree(tiny, tmp_path / "tiny")
+    monkeypatch.chdir(tmp_path)
+    argv = [f"{k}={v}" for k, v in (o.split("=", 1) for o in _overrides(tiny, tmp_path))
+            if k not in ("model.path", "run.out_dir")]
+    sets = [x for o in ["model.path=tiny", "run.out_dir=runs/sft", "run.stop_after=3", *argv] for x in ("--set", o)]
+    assert main(["train", "sft", *sets]) == 0
+    recorded = load_yaml(TrainConfig, str(tmp_path / "runs/sft/config.yaml"))
+    assert (recorded.model.path, recorded.run.out_dir) == (str(tmp_path / "tiny"), str(tmp_path / "runs/sft"))
+    monkeypatch.chdir(tmp_path / "runs" / "sft")
+    with caplog.at_level("INFO", logger="longreel.trainer"):
+        assert main(["train", "sft", "--config", "config.yaml", "--set", "run.stop_after=0"]) == 0
+    assert "resumed sft from" in caplog.text
+    assert [r["step"] for r in read_metrics(tmp_path / "runs/sft/metrics.jsonl")] == [1, 2, 3, 4, 5, 6]
+    assert not (tmp_path / "runs/sft/runs").exists()
+
+
+def test_a_run_recorded_with_relative_train_urls_still_resumes(tmp_path, monkeypatch):
+    """A checkpoint of a run from before the paths were made absolute holds data.train_urls as typed: relaunched
+    from the same directory, the same shards are not "another configuration"."""
+    from longreel.trainer.preflight import _same_paths
+
+    monkeypatch.chdir(tmp_path)
+    assert _same_paths(["shards/a.json", "gs://b/x.tar"], [str(tmp_path / "shards/a.json"), "gs://b/x.tar"])
+    assert not _same_paths(["shards/a.json"], [str(tmp_path / "other/a.json")])
+    assert not _same_paths(["shards/a.json"], [str(tmp_path / "shards/a.json"), "b.json"])
+    assert not _same_paths(["gs://b/x.tar"], ["gs://b/y.tar"])
+
+
 def test_a_run_without_final_still_saves_its_last_step_and_stop_after_is_kept(tiny, tmp_path, caplog):
     """``run.save_every=0`` ("only at the end") with ``run.save_final=false`` saved nothing, so a relaunch started
     over; resumed at ``run.stop_after``'s step, the same command trained one step more each time; a ``run.steps``

@@ -80,7 +80,7 @@ def main(args, extra: list[str]) -> int:
     if extra:
         print(f"longreel train: {unexpected_arguments(extra, getattr(args, '_options', ()))}", file=sys.stderr)
         return 2
-    from longreel.trainer.config import TrainConfig
+    from longreel.trainer.config import TrainConfig, with_absolute_paths
 
     if args.show_config:
         for key, default, help_text in describe(TrainConfig):
@@ -99,7 +99,7 @@ def main(args, extra: list[str]) -> int:
               file=sys.stderr)
         return 2
     try:
-        cfg = load_yaml(TrainConfig, args.config, args.overrides)
+        cfg = with_absolute_paths(load_yaml(TrainConfig, args.config, args.overrides))
     except (ConfigError, OSError) as e:
         print(f"longreel train: bad config: {e}", file=sys.stderr)
         return 2

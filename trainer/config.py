@@ -6,6 +6,9 @@ sections it needs. Load with ``longreel.schemas.config.load_yaml(TrainConfig, pa
 """
 from __future__ import annotations
 
+import os
+import re
+
 from longreel.schemas.config import ConfigError, ConfigModel, cfg
 from longreel.trainer.stop_signals import parse_signal
 
@@ -331,3 +334,30 @@ class TrainConfig(ConfigModel):
              "mrsp.vision=frozen trains no vision tower: set model.freeze_vision=true too (or use deferred)")
         need(not (self.mrsp.vision in ("deferred", "recompute") and self.model.freeze_vision),
              f"mrsp.vision={self.mrsp.vision} trains the vision tower but model.freeze_vision=true: use auto or frozen")
+
+
+_SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
+
+
+def absolute_path(path: str) -> str:
+    """A local path made absolute against the working directory; a URL, a ``pipe:`` command and '' unchanged."""
+    if not path or _SCHEME.match(path) or path.startswith("pipe:"):
+        return path
+    return os.path.abspath(path)
+
+
+def with_absolute_paths(config: TrainConfig) -> TrainConfig:
+    """``config`` with its local paths absolute, as the command meant them from its working directory.
+
+    Why: a run records its config (``RUN/config.yaml``, and each checkpoint's state). With the paths as typed, a
+    relaunch from that file in another directory (``cd RUN && longreel train sft --config config.yaml --set
+    run.steps=N``, meant to extend the run) read them from there: a relative ``run.out_dir`` started a new run
+    inside the old one, from step 1, exit 0."""
+    out = config.model_copy(deep=True)
+    out.model.path = absolute_path(out.model.path)
+    out.run.out_dir = absolute_path(out.run.out_dir)
+    out.data.train_urls = [absolute_path(u) for u in out.data.train_urls]
+    out.data.eval_urls = [absolute_path(u) for u in out.data.eval_urls]
+    out.data.cache_dir = absolute_path(out.data.cache_dir)
+    out.mrsp.frozen_feature_dir = absolute_path(out.mrsp.frozen_feature_dir)
+    return out

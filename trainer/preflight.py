@@ -16,6 +16,7 @@ from pathlib import Path
 
 from longreel.schemas.config import to_dict
 from longreel.task.shard_reader import local_path, resolve_shards
+from longreel.trainer.config import absolute_path
 
 log = logging.getLogger("longreel")
 
@@ -186,6 +187,13 @@ def _flat(d: dict, prefix: str = "") -> dict:
 
 def _resumable(key: str) -> bool:
     return any(key == r or (r.endswith(".") and key.startswith(r)) for r in RESUMABLE)
+
+
+def _same_paths(there, here) -> bool:
+    """The same training data written two ways: a run from before the trainer made its paths absolute recorded them
+    as typed (relative to the directory it was launched in, which a resume from there resolves alike)."""
+    return isinstance(there, list) and isinstance(here, list) and len(there) == len(here) and all(
+        isinstance(a, str) and isinstance(b, str) and absolute_path(a) == absolute_path(b) for a, b in zip(there, here))
 
 
 def _same_dir(a, b) -> bool:
@@ -403,7 +411,8 @@ def check_resume(cfg, stage: str, checkpoint: Path) -> list[str]:
         return []
     there, here = _flat(saved), _flat(config_record(cfg))
     changed = [k for k in sorted(set(there) | set(here)) if there.get(k) != here.get(k)
-               and not (k == "model.path" and _model_path_kept(there.get(k), here.get(k), state))]
+               and not (k == "model.path" and _model_path_kept(there.get(k), here.get(k), state))
+               and not (k == "data.train_urls" and _same_paths(there.get(k), here.get(k)))]
     rounding = [f"{k}: {there.get(k)!r} -> {here.get(k)!r}" for k in changed if k in RESUMABLE_WITHIN_ROUNDING]
     unused = unread_by(stage, cfg)
     differ = [k for k in changed if not _resumable(k) and k not in RESUMABLE_WITHIN_ROUNDING
