@@ -43,35 +43,35 @@ BASE_UNITS = {"ingest": "video", "dedup": "video", "segment": "video"}
 VIDEO_STAGES = ("ingest", "dedup", "segment")
 
 
-def stage_layout(cfg: CurateConfig) -> tuple[list[str], dict[str, str]]:
-    """The funnel's stage order and units for the stages this config runs."""
+def stage_layout(stages: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The funnel's stage order and units for ``stages`` (a config's ``stages``)."""
     order, units = list(BASE_STAGES), dict(BASE_UNITS)
-    if "caption" in cfg.stages:
+    if "caption" in stages:
         from longreel.pipelines.stages.caption import CAPTION_STAGES, CAPTION_UNITS
         order += CAPTION_STAGES
         units.update(CAPTION_UNITS)
     for s in ("align", "clip_dedup"):
-        if s in cfg.stages:
+        if s in stages:
             order.append(s)
             units[s] = "clip"
-    if "qra" in cfg.stages:
+    if "qra" in stages:
         from longreel.pipelines.stages.qra import QRA_STAGES, QRA_UNITS
         order += QRA_STAGES
         units.update(QRA_UNITS)
-    if "question_dedup" in cfg.stages:
+    if "question_dedup" in stages:
         order.append("question_dedup")
         units["question_dedup"] = "question"
-    if "judge" in cfg.stages:
+    if "judge" in stages:
         order.append("judge")
         units["judge"] = "question"
-    if "blind" in cfg.stages:
+    if "blind" in stages:
         order.append("blind")
         units["blind"] = "question"
-    if "filter" in cfg.stages:
+    if "filter" in stages:
         from longreel.pipelines.stages.passrate import STAGE as FILTER_STAGE
         order.append(FILTER_STAGE)
         units[FILTER_STAGE] = "question"
-    if "pack" in cfg.stages:
+    if "pack" in stages:
         from longreel.pipelines.stages.pack import STAGE_ORDER as PACK_STAGES, STAGE_UNITS as PACK_UNITS
         order += PACK_STAGES
         units.update(PACK_UNITS)
@@ -235,7 +235,7 @@ def build_curate(p: beam.Pipeline, items: InputPlan | list[dict], out_dir: str, 
     write_table(all_rejects, "WriteRejects", out_dir, "rejects", "reject", shards, sink)
     sink.write()
 
-    order, units = stage_layout(cfg)
+    order, units = stage_layout(cfg.stages)
     # "inputs" keeps its place in the document; its value is ingest's count, which is known only once the
     # workers have listed the inputs (every listed input, repeats included, enters ingest)
     meta = {"config_hash": chash, "code_version": code_version(), "inputs": None}

@@ -53,11 +53,15 @@ def check_videos_reachable(videos: list[dict], out_dir: str, stage: str, table: 
 
 
 def _stage_order(old: list[str], stages: list[str]) -> list[str]:
-    """The funnel's stage order after re-running ``stages``: where they stood (a caption re-run stays before qra, so
-    the funnel and exit 3's "what the stages before rejected" read in pipeline order), or at the end when new."""
-    at = next((i for i, s in enumerate(old) if s in stages), len(old))
-    return ([s for s in old[:at] if s not in stages] + list(stages)
-            + [s for s in old[at:] if s not in stages])
+    """The funnel's stage order after re-running ``stages``: pipeline order, as ``curate`` with every stage lays it
+    out (a caption re-run stays before qra, a filter run after curate goes before pack), so the funnel and exit
+    3's "what the stages before rejected" read as the data flowed; a stage no pipeline knows goes last."""
+    from longreel.pipelines.config import OPTIONAL_STAGES
+    from longreel.pipelines.curate import stage_layout
+
+    canonical = {s: i for i, s in enumerate(stage_layout(list(OPTIONAL_STAGES))[0])}
+    merged = [s for s in old if s not in stages] + list(stages)
+    return sorted(merged, key=lambda s: canonical.get(s, len(canonical)))
 
 
 def write_rerun_outputs(p, out_dir: str, stages: list[str], units: dict[str, str], rejects, counts, meta: dict,

@@ -266,3 +266,31 @@ def test_questions_the_filter_rejected_are_not_pack_inputs(tmp_path_factory, tab
     keys = [r["key"] for r in rej if r["key"] in set(dropped) | set(failed)]
     assert sorted(keys) == sorted(dropped + failed)  # once each, by the filter
     assert any(r["stage"] == "qra" for r in rej)
+
+
+def test_a_pack_removes_the_splits_it_no_longer_writes(tmp_path_factory, tables, tiny_dir):
+    """Pack (train), then the pass-rate filter, then pack again: the unfiltered train shards stayed beside sft and
+    rl, and the card counted every question twice, rejected ones included. A pack that kept nothing left them all
+    and exited 0 on the earlier pack's numbers. Another dataset's files in the directory are never touched."""
+    from longreel.pipelines.stats import nothing_survived
+
+    no_filter = {k: v for k, v in tables.items() if k != "pass_rate"}
+    out = _fresh(tmp_path_factory, no_filter, "resplit")
+    shards = os.path.join(out, "shards")
+    run_pack(out, _cfg(tiny_dir))
+    run_pack(out, _cfg(tiny_dir, dataset="t-v2"))  # a name that starts with the first one's
+    assert {f for f in os.listdir(shards) if f.endswith(".index.json")} == {"t-train.index.json",
+                                                                             "t-v2-train.index.json"}
+    other = {f: d for f, d in _digests(shards).items() if f.startswith("t-v2-")}
+    write_tables(out, {"pass_rate": tables["pass_rate"]})
+    run_pack(out, _cfg(tiny_dir))
+    mine = sorted(f for f in os.listdir(shards) if not f.startswith("t-v2-"))
+    assert mine and not [f for f in mine if f.startswith("t-train")]
+    assert {f.split("-")[1].split(".")[0] for f in mine} == {"rl", "sft"}
+    assert {f: d for f, d in _digests(shards).items() if f.startswith("t-v2-")} == other
+    drop = [dict(r, split="drop", label="hard") for r in tables["pass_rate"][1]]
+    write_tables(out, {"pass_rate": ("pass_rate", drop)})
+    stats = run_pack(out, _cfg(tiny_dir))
+    assert sorted(os.listdir(shards)) == sorted(other)
+    by = {s["stage"]: s for s in stats["stages"]}
+    assert by["pack_write"]["out"] == 0 and nothing_survived(stats, ["pack_write"]) is not None

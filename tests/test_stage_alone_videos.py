@@ -80,5 +80,7 @@ def test_caption_alone_with_some_videos_gone_says_so_and_runs(run_dir, tmp_path,
 def test_a_rerun_stage_keeps_its_place_in_the_funnel():
     old = ["ingest", "segment", "clip_facts", "caption", "qra", "pack_write"]
     assert _stage_order(old, ["clip_facts", "caption"]) == old
-    assert _stage_order(old, ["passrate"]) == old + ["passrate"]
+    assert _stage_order(old, ["passrate"]) == ["ingest", "segment", "clip_facts", "caption", "qra", "passrate",
+                                              "pack_write"]
+    assert _stage_order(old, ["mine"]) == old + ["mine"]
     assert _stage_order([], ["caption"]) == ["caption"]

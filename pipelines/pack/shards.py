@@ -22,7 +22,10 @@ their sha256 checked on the way; small ones travel inline (``text``).
    renamed; a duplicate key is an error;
 4. ``WriteIndex``: one ``{dataset}-{split}.index.json`` per split in the wids format
    (``__kind__: wids-shard-index-v1``, ``shardlist: [{url, nsamples, bytes, sha256}]``), URLs relative
-   to the index; shards of the split left by an earlier run with another count are removed.
+   to the index; shards of the split left by an earlier run with another count are removed;
+5. ``RemoveOtherSplits``: the shards and index of a split of this dataset that this run did not write (a pack
+   after the pass-rate filter writes ``sft``/``rl``; the unfiltered ``train`` of the pack before would otherwise
+   stay beside them, and a card or a trainer globbing the directory would take rejected questions for data).
 
 A retried bundle or a re-run rewrites the same bytes, so two runs (or a killed run and its re-run)
 give sha256-identical shards and index.
@@ -35,6 +38,8 @@ import json
 import math
 import os
 import posixpath
+
+import logging
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -85,6 +90,43 @@ def _write_index(split_infos, shards_dir: str, dataset: str, extra: dict | None)
     return {"split": split, "index": path, "doc": doc}
 
 
+log = logging.getLogger("longreel")
+
+
+def _remove_other_splits(written: list[str], shards_dir: str, dataset: str) -> list[str]:
+    """Delete the index and shards of every split of ``dataset`` in ``shards_dir`` but ``written``; return the
+    splits removed. A split is ours by its index's own record (``longreel.dataset``), not by its file name: the
+    name of another dataset can start with this one's (``ds`` and ``ds-v2``)."""
+    removed = []
+    for r in FileSystems.match([FileSystems.join(shards_dir, index_name(dataset, "*"))]):
+        for m in r.metadata_list:
+            try:
+                with FileSystems.open(m.path) as fh:
+                    own = json.loads(fh.read()).get("longreel") or {}
+            except (OSError, ValueError, AttributeError):
+                continue  # not an index this writer made: not ours to remove
+            split = own.get("split")
+            if own.get("dataset") != dataset or not isinstance(split, str) or split in written:
+                continue
+            tars = [t.path for t in FileSystems.match([FileSystems.join(shards_dir, f"{dataset}-{split}-*.tar")])[0]
+                    .metadata_list if posixpath.basename(t.path) == shard_name_of(t.path, dataset, split)]
+            FileSystems.delete(sorted(tars) + [m.path])
+            removed.append(split)
+    if removed:
+        log.warning("pack: removed the shards and index of split(s) %s of %s in %s, which this run did not write "
+                    "(it wrote %s)", ", ".join(sorted(removed)), dataset, shards_dir,
+                    ", ".join(sorted(written)) or "none")
+    return sorted(removed)
+
+
+def shard_name_of(path: str, dataset: str, split: str) -> str:
+    """``path``'s file name when it is exactly :func:`shard_name`'s of ``dataset``'s ``split`` (a number after the
+    split), else '': the glob ``ds-train-*.tar`` also matches ``ds-train-extra-000000.tar``, another dataset's."""
+    name = posixpath.basename(path)
+    rest = name[len(f"{dataset}-{split}-"):]
+    return name if name.startswith(f"{dataset}-{split}-") and rest[:-4].isdigit() and rest.endswith(".tar") else ""
+
+
 class WriteWebDatasetShards(beam.PTransform):
     """sample descriptors -> shards + one index per split; outputs ``{"shards": infos, "indexes": docs}``.
 
@@ -120,6 +162,9 @@ class WriteWebDatasetShards(beam.PTransform):
                    | "BySplit" >> beam.Map(lambda i: (i["split"], i))
                    | "GroupSplits" >> beam.GroupByKey()
                    | "WriteIndex" >> beam.Map(_write_index, self.shards_dir, self.dataset, self.index_extra))
+        # after every index is written; ToList gives [] when no split was, so a pack that kept nothing removes all
+        _ = (indexes | "WrittenSplits" >> beam.Map(lambda r: r["split"]) | "AllWritten" >> beam.combiners.ToList()
+             | "RemoveOtherSplits" >> beam.Map(_remove_other_splits, self.shards_dir, self.dataset))
         return {"shards": infos, "indexes": indexes}
 
 

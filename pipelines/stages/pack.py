@@ -35,7 +35,7 @@ from longreel.pipelines.pack.frame_cache import CacheError, FrameCache, FramePar
 from longreel.pipelines.pack.shards import WriteWebDatasetShards, ensure_dir, sample_bytes
 from longreel.task.shard_format import SAMPLE_LAYOUT
 from longreel.pipelines.stages.base import Progress
-from longreel.pipelines.stats import run_count
+from longreel.pipelines.stats import one_element, run_count
 from longreel.schemas import reject
 from longreel.pipelines.tmp_dirs import make_tmpdir
 
@@ -326,7 +326,11 @@ def add_pack_stage(p, videos_pcoll, qras_pcoll, passrate_pcoll_or_none, out_dir:
                    (("pack_write", "shards"), 1), (("pack_write", "shard_bytes"), s["bytes"])])
     rejects = (selected[REJECTS], built[REJECTS]) | "PackAllRejects" >> beam.Flatten()
     reject_counts = rejects | "PackRejectCounts" >> beam.Map(lambda r: ((r["stage"], "rejected:" + r["reason"]), 1))
-    counts = (selected[COUNTS], built[COUNTS], write_counts, reject_counts) | "PackAllCounts" >> beam.Flatten()
+    # a zero pair per stage marks each as counted by this run, also when nothing reached it: a pack that kept
+    # nothing replaces the earlier pack's numbers with zeros (and exits 3) instead of keeping them
+    present = one_element(p) | "PackPresent" >> beam.FlatMap(lambda _: [((s, "in"), 0) for s in STAGE_ORDER])
+    counts = ((selected[COUNTS], built[COUNTS], write_counts, reject_counts, present)
+              | "PackAllCounts" >> beam.Flatten())
     shard_list = written["shards"] | "PackShardList" >> beam.combiners.ToList()
     frame_list = built["frames"] | "PackFrameList" >> beam.combiners.ToList()
     summary = (shard_list | "PackSummary" >> beam.Map(
