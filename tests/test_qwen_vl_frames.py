@@ -130,3 +130,20 @@ def test_the_pipeline_path_imports_neither_transformers_nor_torchvision():
     got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     # 12 s at 2 fps: 24 frames; 640x360 fits the 200,704-pixel cap at 588x336 (multiples of 28)
     assert got.strip() == "24 (4, 336, 588, 3) []"
+
+
+def test_a_budget_below_the_processors_minimum_is_kept():
+    """pack.max_pixels under Qwen2-VL's default minimum (100,352) with no min_pixels: smart-resize scaled a small
+    frame up to the minimum, so the demo's 50,176 budget gave 176x144 frames at 364x308 (112,112 pixels)."""
+    from longreel.pipelines.media.qwen_vl_frames import pixel_budget
+
+    assert pixel_budget({"shortest_edge": 100352, "longest_edge": 602112}, None, 50176, 28) == \
+        {"shortest_edge": 784, "longest_edge": 50176}
+    assert pixel_budget({"shortest_edge": 100352, "longest_edge": 602112}, 3136, 50176, 28)["shortest_edge"] == 3136
+    assert pixel_budget({"shortest_edge": 3136, "longest_edge": 602112}, None, 50176, 28)["shortest_edge"] == 3136
+    frames = np.zeros((2, 144, 176, 3), dtype=np.uint8)
+    for vp in (frame_processor(None, max_pixels=50176), load_video_processor(None, max_pixels=50176)):
+        out = processor_resize(vp, frames)
+        assert out.shape[1] * out.shape[2] <= 50176, out.shape
+    assert processor_params(frame_processor(None, max_pixels=50176)) == \
+        processor_params(load_video_processor(None, max_pixels=50176))

@@ -80,6 +80,23 @@ def resize_uint8(frames, height: int, width: int):
                                            align_corners=False, antialias=True)
 
 
+def pixel_budget(size: dict, min_pixels: int | None, max_pixels: int | None, factor: int) -> dict:
+    """A processor's ``size`` (``shortest_edge``/``longest_edge``: per-frame minimum and maximum pixels) with the
+    given ones put in. A maximum below the processor's own minimum drops that minimum to one ``factor`` x ``factor``
+    cell: smart-resize scales a frame under the minimum up to it (and rounds up), so Qwen2-VL's default minimum
+    (100,352) under a 50,176 budget made every small frame about twice the budget (the demo's 176x144 frames became
+    364x308); with the floor at one cell, a frame is only rounded to the grid, and a frame over the budget scaled
+    down, as the maximum means."""
+    size = dict(size)
+    if min_pixels is not None:
+        size["shortest_edge"] = int(min_pixels)
+    if max_pixels is not None:
+        size["longest_edge"] = int(max_pixels)
+        if min_pixels is None and int(size.get("shortest_edge") or 0) > int(max_pixels):
+            size["shortest_edge"] = int(factor) * int(factor)
+    return size
+
+
 class Qwen2VLFrames:
     """The default Qwen2-VL video processor's attributes and frame rules, for the frame cache (see the module
     docstring). It has the attributes :func:`~longreel.pipelines.pack.frame_cache.processor_params` reads, under the
@@ -91,11 +108,7 @@ class Qwen2VLFrames:
         d = DEFAULTS
         self.patch_size, self.merge_size = d["patch_size"], d["merge_size"]
         self.temporal_patch_size = d["temporal_patch_size"]
-        self.size = dict(d["size"])
-        if min_pixels is not None:
-            self.size["shortest_edge"] = int(min_pixels)
-        if max_pixels is not None:
-            self.size["longest_edge"] = int(max_pixels)
+        self.size = pixel_budget(d["size"], min_pixels, max_pixels, self.patch_size * self.merge_size)
         self.resample = d["resample"]
         self.cap_pixels_per_frame = d["cap_pixels_per_frame"]
         self.max_video_tokens = d["max_video_tokens"]

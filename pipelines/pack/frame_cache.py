@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
-from longreel.pipelines.media.qwen_vl_frames import Qwen2VLFrames
+from longreel.pipelines.media.qwen_vl_frames import Qwen2VLFrames, pixel_budget
 from longreel.schemas.atomic import write_atomic
 
 #: bump when what an entry holds changes for the same parameters (sampling, resize call, layout)
@@ -87,15 +87,10 @@ def load_video_processor(processor: str | None = None, *, min_pixels: int | None
         vp = AutoVideoProcessor.from_pretrained(processor, local_files_only=True)
     else:
         vp = Qwen2VLVideoProcessor(cap_pixels_per_frame=True)
-    size = dict(vp.size)
-    if min_pixels is not None:
-        size["shortest_edge"] = int(min_pixels)
-    if max_pixels is not None:
-        size["longest_edge"] = int(max_pixels)
-    vp.size = size
     for attr in ("patch_size", "merge_size", "temporal_patch_size"):
         if not getattr(vp, attr, None):
             raise ValueError(f"{type(vp).__name__} has no {attr}: not a Qwen2-VL-family video processor")
+    vp.size = pixel_budget(dict(vp.size), min_pixels, max_pixels, vp.patch_size * vp.merge_size)
     return vp
 
 
