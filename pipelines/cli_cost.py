@@ -25,7 +25,9 @@ answering, prefix caching of the QRA context, the blind filter before the VLM fi
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="Cost config YAML (default: pipelines/configs/cost.yaml, shipped with longreel).")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="Override one value of the cost config, e.g. --set scale.videos=1000 (repeatable).")
+                   help="Override one value of the cost config, e.g. --set scale.videos=1000 (repeatable; scale.videos and "
+                        "scale.questions_generated act as --videos and --questions unless scale.questions_released "
+                        "is set too).")
     p.add_argument("--stats", metavar="RUN_DIR_OR_STATS_JSON",
                    help="Take the tokens per call from a run's stats.json (its compute counts) where it called a model.")
     p.add_argument("--videos", type=int, help="Videos in the run to project (scale.videos; the questions scale "
@@ -50,6 +52,34 @@ def _read_stats(path: str) -> dict:
         raise ConfigError(f"--stats: {path} is not JSON ({e})") from None
 
 
+def _scale_overrides(overrides: list[str], videos: int | None, questions: int | None):
+    """``--set scale.videos=N`` (the --help example) and ``--set scale.questions_generated=N`` taken as --videos and
+    --questions, which keep the config's ratios: set alone, they projected 1,000 videos' QRA calls refining the
+    default scale's 208,000 questions. A ``--set`` of the scale's other numbers keeps every value as given."""
+    own = {"scale.questions_released"}
+    if any(o.split("=", 1)[0].strip() in own for o in overrides):
+        return overrides, videos, questions
+    rest = []
+    for o in overrides:
+        key, _, value = o.partition("=")
+        if key.strip() == "scale.videos" and videos is None:
+            videos = _count(value, key)
+        elif key.strip() == "scale.questions_generated" and questions is None:
+            questions = _count(value, key)
+        else:
+            rest.append(o)
+    return rest, videos, questions
+
+
+def _count(value: str, key: str) -> int:
+    from longreel.schemas.config import ConfigError
+
+    try:
+        return int(value.strip())
+    except ValueError:
+        raise ConfigError(f"{key}: expected a whole number, got {value.strip()!r}") from None
+
+
 def main(args, extra: list[str]) -> int:
     from longreel.pipelines import cost
 
@@ -58,10 +88,10 @@ def main(args, extra: list[str]) -> int:
                                        positional_for=None if args.stats else "--stats")
         print(f"longreel cost: {problem}", file=sys.stderr)
         return 2
-    overrides = list(args.overrides)
+    overrides, videos, questions = _scale_overrides(list(args.overrides), args.videos, args.questions)
     if args.mean_duration_s is not None:
         overrides.append(f"scale.mean_duration_s={args.mean_duration_s}")
-    cfg = cost.rescale(cost.load(args.config, overrides), videos=args.videos, questions=args.questions)
+    cfg = cost.rescale(cost.load(args.config, overrides), videos=videos, questions=questions)
     cost.check(cfg)
     measured: list[str] = []
     if args.stats:

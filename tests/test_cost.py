@@ -117,3 +117,18 @@ def test_the_corpus_size_flags_keep_the_configs_ratios():
     assert (s["videos"], s["questions_generated"], s["questions_released"]) == (500, 4000, round(4000 * share))
     rows = {r["stage"]: r for r in cost.stage_rows(cost.rescale(cost.load(), videos=500))}
     assert rows["refine"]["calls"] == round(500 * per_video)
+
+
+def test_set_scale_videos_keeps_the_ratios_as_videos_does():
+    """`cost --help`'s own example, `--set scale.videos=1000`, projected 1,000 videos' QRA calls refining the default
+    scale's 208,000 questions (349.7 GPU-hours against 37.9 with --videos 1000)."""
+    from longreel.pipelines.cli_cost import _scale_overrides
+
+    assert _scale_overrides(["scale.videos=1000", "gpu=H100"], None, None) == (["gpu=H100"], 1000, None)
+    assert _scale_overrides(["scale.questions_generated=800"], None, None) == ([], None, 800)
+    kept = ["scale.videos=1000", "scale.questions_released=10"]  # every scale number given: taken as given
+    assert _scale_overrides(kept, None, None) == (kept, None, None)
+    run = [sys.executable, "-m", "longreel", "cost", "--json"]
+    by_set = json.loads(subprocess.run(run + ["--set", "scale.videos=1000"], capture_output=True, text=True).stdout)
+    by_flag = json.loads(subprocess.run(run + ["--videos", "1000"], capture_output=True, text=True).stdout)
+    assert by_set["scale"] == by_flag["scale"] and by_set["total_gpu_hours"] == by_flag["total_gpu_hours"]
