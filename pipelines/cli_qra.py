@@ -84,6 +84,11 @@ def _run_qra(session, out_dir: str, cfg: QRAConfig, beam_args, backend_factory) 
     from longreel.pipelines.stats import read_json
 
     videos = read_table(out_dir, "videos").to_pylist()
+    try:  # the videos segment kept, as curate gives them (see curate.videos_with_clips)
+        cut = set(read_table(out_dir, "clips").column("video_id").to_pylist())
+        videos = [v for v in videos if v["video_id"] in cut]
+    except FileNotFoundError:
+        pass
     captions = read_table(out_dir, "captions").to_pylist()
     try:
         facts = read_table(out_dir, "clip_facts").to_pylist()

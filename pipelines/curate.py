@@ -90,6 +90,16 @@ def add_totals(doc: dict) -> dict:
     return doc
 
 
+def videos_with_clips(videos, clips):
+    """The videos segment kept (it rejects a video it cuts no clip from). Stages counted per video take these: given
+    every video, qra_context rejected a video segment had rejected (too_short) a second time, as "no captions", so
+    its funnel did not follow segment's and the rejects table listed the video twice."""
+    keyed = videos | "KeyVideosForClips" >> beam.Map(lambda v: (v["video_id"], v))
+    cut = clips | "ClipVideoIds" >> beam.Map(lambda c: (c["video_id"], 1)) | "ClipsPerVideo" >> beam.CombinePerKey(sum)
+    return ({"video": keyed, "clips": cut} | "JoinVideoClips" >> beam.CoGroupByKey()
+            | "VideosWithClips" >> beam.FlatMap(lambda kv: list(kv[1]["video"]) if list(kv[1]["clips"]) else []))
+
+
 def spread(pcoll, label: str):
     """A fusion break before work that costs more per element than what produced it (one video fans out into
     clips, one clip into model calls): without it the runner fuses the expensive step into the cheap one and
@@ -175,8 +185,9 @@ def build_curate(p: beam.Pipeline, items: InputPlan | list[dict], out_dir: str, 
             cached_videos = videos | "AfterFrameCache" >> beam.transforms.util.WaitOn(cap["cache_ready"])
     if "qra" in cfg.stages:
         from longreel.pipelines.stages.qra import add_qra_stage
-        qra = add_qra_stage(p, spread(tables["captions"], "Captions"), tables["clip_facts"], videos, out_dir,
-                            cfg.qra, backend_factory=handlers.get("qra"), tables=sink)
+        qra = add_qra_stage(p, spread(tables["captions"], "Captions"), tables["clip_facts"],
+                            videos_with_clips(videos, clips), out_dir, cfg.qra, backend_factory=handlers.get("qra"),
+                            tables=sink)
         rejects.append(qra["rejects"])
         counts.append(qra["counts"])
         tables["qras"] = qra["qras"]

