@@ -12,7 +12,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from longreel.pipelines.io.parquet_sink import WriteSortedParquet, read_table
-from longreel.pipelines.stats import WriteStats, read_json
+from longreel.pipelines.stats import PIPELINE_ORDER, WriteStats, read_json
 
 log = logging.getLogger("longreel")
 
@@ -56,10 +56,7 @@ def _stage_order(old: list[str], stages: list[str]) -> list[str]:
     """The funnel's stage order after re-running ``stages``: pipeline order, as ``curate`` with every stage lays it
     out (a caption re-run stays before qra, a filter run after curate goes before pack), so the funnel and exit
     3's "what the stages before rejected" read as the data flowed; a stage no pipeline knows goes last."""
-    from longreel.pipelines.config import OPTIONAL_STAGES
-    from longreel.pipelines.curate import stage_layout
-
-    canonical = {s: i for i, s in enumerate(stage_layout(list(OPTIONAL_STAGES))[0])}
+    canonical = {s: i for i, s in enumerate(PIPELINE_ORDER)}
     merged = [s for s in old if s not in stages] + list(stages)
     return sorted(merged, key=lambda s: canonical.get(s, len(canonical)))
 

@@ -261,6 +261,13 @@ class WriteStats(beam.PTransform):
                 | "Write" >> beam.Map(fold, *side))
 
 
+#: every funnel stage in pipeline order (``curate``'s layout with every optional stage; a test holds them equal): where
+#: a stage run alone puts a stage new to a run's funnel
+PIPELINE_ORDER = ("ingest", "dedup", "segment", "clip_facts", "clip_filter", "caption", "align", "clip_dedup",
+                  "qra_context", "qra", "qra_refine", "qra_balance", "question_dedup", "judge", "blind", "passrate",
+                  "pack_select", "frame_cache", "pack_write")
+
+
 # What a stage hands on, for the "nothing survived" check: (stage, what its ``out`` counts).
 PRODUCTS = {"segment": "videos with clips", "caption": "captions", "qra": "questions",
             "blind": "questions kept by the blind filter", "passrate": "questions kept by the pass-rate filter",

@@ -78,6 +78,11 @@ def test_caption_alone_with_some_videos_gone_says_so_and_runs(run_dir, tmp_path,
 
 
 def test_a_rerun_stage_keeps_its_place_in_the_funnel():
+    from longreel.pipelines.config import OPTIONAL_STAGES
+    from longreel.pipelines.curate import stage_layout
+    from longreel.pipelines.stats import PIPELINE_ORDER
+
+    assert list(PIPELINE_ORDER) == stage_layout(list(OPTIONAL_STAGES))[0]
     old = ["ingest", "segment", "clip_facts", "caption", "qra", "pack_write"]
     assert _stage_order(old, ["clip_facts", "caption"]) == old
     assert _stage_order(old, ["passrate"]) == ["ingest", "segment", "clip_facts", "caption", "qra", "passrate",
