@@ -28,7 +28,8 @@ Data cards.
       re-renders README.md from card.json, and prints claim / card / recomputed / ok. Exits 1 on any
       mismatch. With --run, every claim is also recomputed from the run's outputs (tables, stats).
       The run's completion marker (_SUCCESS.json: every file with size and sha256) is checked
-      when the card sits in the run directory, or that of --run, or --marker RUN_DIR.
+      when the card sits in the run directory, or that of --run, or --marker RUN_DIR; a missing
+      marker there fails (the run did not finish).
 """
 
 
@@ -38,14 +39,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     b.add_argument("run_dir", metavar="RUN_DIR", help="The pipeline's output directory (has stats.json).")
     b.add_argument("--out", required=True, help="Card directory to write (README.md, card.json, *.png).")
     b.add_argument("--shards", help="Shards directory or an index file; default RUN_DIR/shards when it exists.")
-    b.add_argument("--name", help="Dataset name (default: the shards' dataset name, else 'longreel').")
+    b.add_argument("--name", help="The dataset's name in the card's title (default: the shards' dataset name, else "
+                                  "'longreel'). The card names the shard files, and data_files matches them, as the "
+                                  "pack wrote them (pack.dataset); without shards it is also the dataset's name.")
     b.add_argument("--pretty-name", help="The card's title.")
     b.add_argument("--command", dest="run_command",
                    help="The exact command that produced the run (default: what stats.json recorded).")
     b.add_argument("--data-prefix", default="data/",
-                   help="Path of the shards relative to the card when published (configs.data_files).")
+                   help="Directory of the shards relative to the card when published (configs.data_files; "
+                        "'data' and 'data/' are the same).")
     b.add_argument("--tables-prefix", default="tables/",
-                   help="Path of the stage tables relative to the card when published.")
+                   help="Directory of the stage tables relative to the card when published.")
     v = sub.add_parser("verify", help="Recompute the card's claims from the shards; exit 1 on any mismatch.")
     v.add_argument("card_dir", metavar="CARD_DIR")
     v.add_argument("shards", metavar="SHARDS_OR_INDEX", nargs="+",
@@ -55,7 +59,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Also recompute every claim from the run's outputs (stats.json, config.yaml, tables).")
     v.add_argument("--marker", metavar="RUN_DIR",
                    help="Check the run's _SUCCESS.json: every file it lists, size and sha256 (default: the marker of "
-                        "--run, or of the card's parent directory, when there is one).")
+                        "--run, or of the card's parent directory when that is a run directory; a missing marker "
+                        "fails).")
     v.add_argument("--no-loader", action="store_true",
                    help="Skip the second read of every split through the trainer's shard loader.")
     v.add_argument("--failures-only", action="store_true", help="Print only the rows that do not match.")
@@ -86,6 +91,42 @@ def _card_session(args):
         yield s
 
 
+def _check_out(out: str) -> None:
+    """``--out`` must be (or become) a directory: a file there made a FileExistsError traceback after the run's
+    marker was already removed. Checked before anything is written or removed."""
+    if "://" in out:
+        return
+    path = os.path.abspath(out)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        what = f"--out {out}" if path == os.path.abspath(out) else f"--out {out}: {path}"
+        raise ValueError(f"{what} is a file, not a directory")
+
+
+def _check_shards(shards: str | None) -> None:
+    """A ``--shards`` given must hold an index: a directory without one made a "No shards" card, exit 0, over the
+    run's good one. A local path is looked at here; an URL's index is read (what its reader says is the error)."""
+    if shards is None:
+        return
+    from longreel.pipelines.card.shardread import INDEX_SUFFIX, as_local, list_indexes, read_index
+
+    local = as_local(shards)
+    if "://" not in local and not os.path.exists(local):
+        raise FileNotFoundError(f"--shards {shards}: no such shards directory or {INDEX_SUFFIX} file")
+    try:
+        found = list_indexes(local)
+        if not found:
+            raise ValueError(f"--shards {shards}: no *{INDEX_SUFFIX} in it (a run without shards: leave --shards out)")
+        if "://" in local:
+            for path in found:
+                read_index(path)
+    except OSError as e:  # an URL that cannot be read (FileNotFoundError, the user's mistake, stays as it is)
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise ValueError(f"--shards {shards}: cannot read it: {e}") from None
+
+
 def _build(args, session) -> dict:
     from longreel.pipelines.card.build import build_card
 
@@ -104,6 +145,8 @@ def main(args, extra: list[str]) -> int:
         return 2
     if args.card_command == "build":
         try:
+            _check_out(args.out)
+            _check_shards(args.shards)
             with _card_session(args) as session:
                 card = _build(args, session)
         except (FileNotFoundError, ValueError) as e:
@@ -112,10 +155,10 @@ def main(args, extra: list[str]) -> int:
         print(f"card: {args.out}/README.md ({len(card['claims'])} claims in card.json)")
         return 0
     if args.card_command == "verify":
-        from longreel.pipelines.card.verify import verify
+        from longreel.pipelines.card.verify import default_marker_dir, verify
         try:
             rep = verify(args.card_dir, args.shards, loader=not args.no_loader, run_dir=args.run_dir,
-                         marker=args.marker)
+                         marker=args.marker or default_marker_dir(args.card_dir, args.run_dir))
         except (FileNotFoundError, ValueError) as e:
             print(f"longreel card verify: {e}", file=sys.stderr)
             return 2

@@ -336,6 +336,8 @@ def test_card_renders_with_front_matter_sections_and_plots(card_dir, run):
     assert "| facts | facts | v1 | null | pppppppppppppppp | {} | 12 |" in text  # caption model provenance
     assert "| template | none | null | 0000000000000000 |" in text  # question generator provenance
     assert "`select.policy` | `\"medium\"`" in text  # stage parameters from config.yaml
+    # the pass-rate filter ran: the prose says so (a card of a run without it must not, tests/test_card_defects.py)
+    assert "filtered by how often" in text and "(`sft` split)" in text and "Why a pass-rate filter" in text
     for png in ("funnel.png", "category_balance.png", "pass_count.png", "duration.png"):
         with open(os.path.join(card_dir, png), "rb") as fh:
             assert fh.read(8) == b"\x89PNG\r\n\x1a\n"

@@ -176,6 +176,18 @@ class ShardSamples:
             self._samples[url] = read_shard(url, hashes=False)["samples"]
         return self._samples[url]
 
+    def keys(self, url: str) -> set[str]:
+        """The shard's sample keys: from the samples when already read, else from its tar headers alone."""
+        import tarfile
+
+        from longreel.pipelines.card.shardread import sample_keys
+        if url not in self._samples:
+            try:
+                return sample_keys(url)
+            except tarfile.TarError:  # a damaged shard: the tolerant reader keeps the whole samples before the break
+                pass
+        return {s["key"] for s in self(url)}
+
 
 def _released_from_shards(indexes: list[tuple[str, dict]], samples_of: ShardSamples) -> list[dict]:
     """Sample descriptors (JSON members + cached frames from the npy header) read back from the shards."""
@@ -244,16 +256,20 @@ def collect(run_dir: str, shards: str | None = None, *, name: str | None = None,
     of claims, in the order the card lists them."""
     stats, config, tables = _load_run(run_dir)
     indexes = _load_indexes(_shards_of(run_dir, config, shards))
-    dataset = name or next((d.get("longreel", {}).get("dataset") for _, d in indexes), None) or "longreel"
+    data_prefix, tables_prefix = dir_prefix(data_prefix), dir_prefix(tables_prefix)
+    # The dataset is named as its shard files are (the card's file list and data_files name them so); ``name``
+    # only titles the card then: a name of its own made data_files match no shard.
+    dataset = next((d.get("longreel", {}).get("dataset") for _, d in indexes), None) or name or "longreel"
     samples_of = ShardSamples()
     dist, dist_source = _distributions(stats, tables, indexes, samples_of)
     videos = sorted(tables["videos"], key=lambda v: v["video_id"])
     c = Claims()
-    _identity_claims(c, dataset, pretty_name, dist, tables, videos)
+    _identity_claims(c, dataset, pretty_name or (f"{name}: long-video reasoning questions" if name else None), dist,
+                     tables, videos)
     _reproduction_claims(c, stats, command, config)
     stage_names = _funnel_claims(c, stats)
     _reject_claims(c, tables, stage_names)
-    _source_claims(c, videos)
+    _source_claims(c, videos, _released_video_ids(indexes, samples_of), tables, stage_names)
     _model_claims(c, tables)
     _compute_claims(c, stats)
     _quality_claims(c, stats, dist)
@@ -286,12 +302,21 @@ def _shards_of(run_dir: str, config: dict, shards: str | None) -> str:
     said "No shards", exit 0, over the run's good one); else where the run's pack wrote them (``pack.shards_dir``
     of its config.yaml, or ``RUN/shards``), where a run without shards has none."""
     if shards is not None:
+        from longreel.pipelines.card.shardread import as_local
+        shards = as_local(shards)
         local = "://" not in shards
         if local and not (os.path.isdir(shards) or (shards.endswith(".index.json") and os.path.isfile(shards))):
             raise FileNotFoundError(f"--shards {shards}: no such shards directory or .index.json file")
         return shards
     pack = (config or {}).get("pack") if isinstance(config, dict) else None
     return (pack or {}).get("shards_dir") or os.path.join(run_dir, "shards")
+
+
+def dir_prefix(prefix: str | None) -> str:
+    """A published path prefix (``--data-prefix``, ``--tables-prefix``) as a directory: ``shards`` is ``shards/``
+    (joined as it was given, it made ``shardslongreel_demo-train-*.tar``); empty stays empty (beside the card)."""
+    prefix = prefix or ""
+    return prefix if not prefix or prefix.endswith("/") else prefix + "/"
 
 
 def _load_indexes(shards: str) -> list[tuple[str, dict]]:
@@ -402,8 +427,52 @@ def _reject_claims(c: Claims, tables: dict, stage_names: list[str]) -> None:
           source="rejects tables")
 
 
-def _source_claims(c: Claims, videos: list) -> None:
-    """The source videos: count, hours, licences and one line each."""
+def _released_video_ids(indexes: list, samples_of: ShardSamples) -> set[str] | None:
+    """The videos with a sample in the shards (a sample's key is its video id); None without shards, or when a
+    shard does not hold the samples its index counts (damaged: ``card verify`` says so), so that no released video
+    is called unreleased."""
+    if not indexes:
+        return None
+    from longreel.pipelines.card.shardread import join
+    released = set()
+    for path, doc in indexes:
+        for sh in doc["shardlist"]:
+            keys = samples_of.keys(join(path, sh["url"]))
+            if len(keys) != sh["nsamples"]:
+                log.warning("card: shard %s holds %d samples, its index says %d: the source videos are listed "
+                            "whole", sh["url"], len(keys), sh["nsamples"])
+                return None
+            released |= keys
+    return released
+
+
+def _not_released(videos: list, tables: dict, stage_names: list[str]) -> list[dict]:
+    """Videos of the run with no sample in the shards, each with its video-level rejects in run order (the first
+    one stopped it)."""
+    why: dict[str, set] = {}
+    for t in REJECT_TABLES:
+        for r in tables.get(t, []):
+            if r.get("video_id") and r["key"] == r["video_id"]:
+                why.setdefault(r["video_id"], set()).add((r["stage"], r["reason"]))
+
+    def order(sr):
+        return (stage_names.index(sr[0]) if sr[0] in stage_names else len(stage_names), sr)
+
+    return [{"video_id": v["video_id"], "file": _basename(v["uri"]),
+             "reasons": [f"{st}: {reason}" for st, reason in sorted(why.get(v["video_id"], ()), key=order)]
+             or ["no question of it released"]} for v in videos]
+
+
+def _source_claims(c: Claims, videos: list, released: set[str] | None = None, tables: dict | None = None,
+                   stage_names: list[str] | None = None) -> None:
+    """The source videos: count, hours, licences and one line each. With shards, those of the released samples
+    (a video rejected before release was listed beside "licences travel with every sample"); the others are
+    ``sources/not_released``, a claim only where there are some (cards of fully released runs keep their bytes)."""
+    if released is not None:
+        dropped = [v for v in videos if v["video_id"] not in released]
+        videos = [v for v in videos if v["video_id"] in released]
+    else:
+        dropped = []
     total_ms = sum(D._ms(v["duration_s"]) for v in videos)
     c.add("sources/videos", len(videos), source="videos table")
     c.add("sources/duration_s", round(total_ms / 1000, 3), source="videos table")
@@ -416,6 +485,9 @@ def _source_claims(c: Claims, videos: list) -> None:
                             "attribution": v.get("attribution"), "duration_s": round(float(v["duration_s"]), 3),
                             "width": v["width"], "height": v["height"], "sha256": v["sha256"]} for v in videos],
           source="videos table")
+    if dropped:
+        c.add("sources/not_released", _not_released(dropped, tables or {}, stage_names or []),
+              source="videos and rejects tables")
 
 
 def _model_claims(c: Claims, tables: dict) -> None:
@@ -525,7 +597,8 @@ def _hf_claims(c: Claims, tables: dict, indexes: list, splits: list[str], datase
     configs = []
     if indexes:
         configs.append({"config_name": "default",
-                        "data_files": [{"split": sp, "path": f"{data_prefix}{dataset}-{sp}-*.tar"} for sp in splits],
+                        "data_files": [{"split": sp, "path": _data_files(doc, data_prefix)}
+                                       for sp, (_, doc) in zip(splits, indexes)],
                         "features": shard_features(indexes, samples_of=samples_of) if features else None,
                         "splits": [{"name": sp, "num_bytes": claims_split(c, sp)["bytes"],
                                     "num_examples": claims_split(c, sp)["samples"]} for sp in splits]})
@@ -544,6 +617,20 @@ def _hf_claims(c: Claims, tables: dict, indexes: list, splits: list[str], datase
                             "splits": [{"name": "train", "num_bytes": to_table(t["kind"], tables[t["table"]]).nbytes,
                                         "num_examples": t["rows"]}]})
     c.add("hf/configs", configs)
+
+
+_SHARD_NAME = re.compile(r"(?P<stem>[^/]+)-\d+\.tar")
+
+
+def _data_files(doc: dict, data_prefix: str) -> str | list[str]:
+    """A split's ``data_files``: the glob of its shard files' own names (``{stem}-*.tar``), or the names one by one
+    when they share no such stem. From the index, not from the dataset's name: ``--name`` once made a pattern that
+    matched no shard, and ``datasets`` found no data."""
+    urls = [sh["url"] for sh in doc["shardlist"]]
+    stems = {m["stem"] if m else None for m in map(_SHARD_NAME.fullmatch, urls)}
+    if len(stems) == 1 and None not in stems:
+        return f"{data_prefix}{stems.pop()}-*.tar"
+    return [f"{data_prefix}{_basename(u)}" for u in urls]
 
 
 def claims_split(c: Claims, split: str) -> dict:

@@ -26,8 +26,15 @@ def is_url(path: str) -> bool:
     return "://" in path
 
 
+def as_local(path: str) -> str:
+    """A ``file://`` URL as the local path it names (the trainer reads them so; Beam's FileSystems has no ``file``
+    scheme and refused them); anything else as given."""
+    return shard_reader.local_path(path) if path.startswith("file://") else path
+
+
 def open_bytes(path: str):
     """A readable binary stream for a local path or URL."""
+    path = as_local(path)
     if path.startswith(("http://", "https://")):
         return urllib.request.urlopen(path, timeout=120)  # noqa: S310 - the user names the URL
     if is_url(path):
@@ -49,6 +56,7 @@ def join(base: str, rel: str) -> str:
 
 def list_indexes(shards: str) -> list[str]:
     """Index files for ``shards``: an index file/URL itself, or every ``*.index.json`` in a local/FS directory."""
+    shards = as_local(shards)
     if shards.endswith(INDEX_SUFFIX):
         return [shards]
     if shards.startswith(("http://", "https://")):
@@ -119,6 +127,22 @@ def read_shard(url: str, *, hashes: bool = True) -> dict:
             pass
     return {"url": url, "bytes": counted.n, "sha256": counted.h.hexdigest() if hashes else None, "samples": samples,
             "errors": errors}
+
+
+def sample_keys(url: str) -> set[str]:
+    """The keys of a shard's samples from its member names (webdataset's rule: the key ends at the first dot of the
+    basename). A local shard is read by its tar headers only, its data skipped: the card lists the released videos
+    without reading every frame of a large dataset."""
+    import tarfile
+
+    keys = set()
+    with open_bytes(url) as fh, tarfile.open(fileobj=fh, mode="r|" if is_url(url) else "r:") as tf:
+        for m in tf:
+            d, _, base = m.name.rpartition("/")
+            key = base.partition(".")[0]
+            if key:
+                keys.add(f"{d}/{key}" if d else key)
+    return keys
 
 
 def _describe(raw, hashes: bool = True) -> dict:

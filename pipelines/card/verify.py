@@ -354,6 +354,19 @@ def find_marker_dir(card_dir: str, run_dir: str | None = None) -> str | None:
     return None
 
 
+def default_marker_dir(card_dir: str, run_dir: str | None = None) -> str | None:
+    """The run directory whose marker ``card verify`` must find, present or not: ``--run``'s, else the card's parent
+    when that is a run directory (it holds stats.json: a card built into its run). Where :func:`find_marker_dir`
+    looks only for a marker that is there, a missing one passed ("59 of 59 claims match" of a run that never
+    finished) while ``--marker`` failed it. None for a card away from any run, or a remote run."""
+    from longreel.schemas.run_marker import MARKER_NAME
+    if run_dir:
+        return run_dir if "://" not in run_dir else None
+    parent = os.path.dirname(os.path.abspath(card_dir))
+    is_run = any(os.path.isfile(os.path.join(parent, n)) for n in ("stats.json", MARKER_NAME))
+    return parent if "://" not in card_dir and is_run else None
+
+
 def check_marker(marker_dir: str, rep: Report) -> None:
     """Every file the run's completion marker lists is there with its size and sha256 (see schemas.run_marker)."""
     from longreel.schemas.run_marker import MARKER_NAME, check_run_marker
