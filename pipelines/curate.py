@@ -229,6 +229,7 @@ def build_curate(p: beam.Pipeline, items: InputPlan | list[dict], out_dir: str, 
         tables["pass_rate"] = passrates
         k, prov = cfg.filter.k, flt["provenance"]
         finishers.append(lambda d: finish_filter_stats(d, k, prov))
+    extras = {}
     if "pack" in cfg.stages:
         from longreel.pipelines.stages.pack import add_pack_stage
         pack = add_pack_stage(p, cached_videos, tables["qras"], passrates, out_dir, cfg.pack, standalone=False,
@@ -236,6 +237,7 @@ def build_curate(p: beam.Pipeline, items: InputPlan | list[dict], out_dir: str, 
         rejects.append(pack["rejects"])
         counts.append(pack["counts"])
         tables.update(pack_samples=pack["samples"], shards=pack["shards"])
+        extras["pack"] = pack["summary"]  # as `longreel pack` alone writes it (docs/SHARDS.md)
 
     from longreel.pipelines.distributions import add_distributions
     counts.append(add_distributions({k: v for k, v in tables.items() if k != "clip_facts"}))
@@ -261,7 +263,7 @@ def build_curate(p: beam.Pipeline, items: InputPlan | list[dict], out_dir: str, 
         return doc
 
     tuple(counts) | "AllCounts" >> beam.Flatten() | "WriteStats" >> WriteStats(
-        FileSystems.join(out_dir, "stats.json"), order, units, meta, finish=finish)
+        FileSystems.join(out_dir, "stats.json"), order, units, meta, finish=finish, extras=extras or None)
     return {**tables, "rejects": all_rejects}
 
 

@@ -89,3 +89,12 @@ def test_a_rerun_stage_keeps_its_place_in_the_funnel():
                                               "pack_write"]
     assert _stage_order(old, ["mine"]) == old + ["mine"]
     assert _stage_order([], ["caption"]) == ["caption"]
+
+
+def test_curate_records_the_pack_summary_as_pack_alone_does(run_dir, capsys):
+    """docs/SHARDS.md's stats["pack"] (shards per split, frames per video) was written by `longreel pack` alone only."""
+    summary = json.loads((run_dir / "stats.json").read_text())["pack"]
+    assert summary["splits"]["train"]["shards"] and summary["frames_per_video"]["videos"] == 2
+    rc, err = _main(capsys, ["pack", str(run_dir)])
+    assert rc == 0, err
+    assert json.loads((run_dir / "stats.json").read_text())["pack"] == summary
