@@ -69,12 +69,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         % {"default_n": default_workers()})
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--resume", action="store_true",
-                      help="Continue an unfinished run in --out (no _SUCCESS.json) with the same config.")
+                      help="Continue an unfinished run in --out (no _SUCCESS.json) with the same config and inputs.")
     mode.add_argument("--overwrite", action="store_true",
                       help="Remove the run already in --out first: the files its _SUCCESS.json lists and longreel's "
-                           "own output names (tables, stats.json, config.yaml and the stage commands' "
+                           "own output names (tables, stats.json, config.yaml, _INPUTS.json and the stage commands' "
                            "config_caption.yaml, config_qra.yaml, filter_config.yaml, blind_config.yaml, "
-                           "judge_config.yaml, clips/, frame_cache/, shards/, card/); other files are left alone.")
+                           "judge_config.yaml, config_pack.yaml, clips/, frame_cache/, shards/, card/); other files "
+                           "are left alone.")
 
 
 def main(args, beam_args: list[str]) -> int:

@@ -282,8 +282,8 @@ def run_curate(items: InputPlan | list[dict], out_dir: str, cfg: CurateConfig, b
     or not; ``overwrite``: remove the previous run's files first), and ``_SUCCESS.json`` is written last. The CLI's
     default is ``error``; a caller of this function names its directory, so the default here is ``overwrite``.
     """
-    from longreel.pipelines.io.run_dir import (FileDigests, RunIdentity, RunLock, digest_inputs, prepare, write_inputs,
-                                               write_marker)
+    from longreel.pipelines.io.run_dir import (FileDigests, RunIdentity, RunLock, digest_inputs, prepare,
+                                               remove_stage_configs, write_inputs, write_marker)
     from longreel.schemas.config import to_dict
 
     if isinstance(items, InputPlan):  # the inputs are listed by the job: their count is known after it
@@ -295,6 +295,7 @@ def run_curate(items: InputPlan | list[dict], out_dir: str, cfg: CurateConfig, b
     with _undo_on_input_error(out_dir), RunLock(out_dir, command), FileDigests(out_dir) as digests:
         action, old = prepare(out_dir, ident, if_exists)
         write_inputs(out_dir, ident)
+        remove_stage_configs(out_dir, cfg.stages)
         with _undo_on_input_error(out_dir, fresh=action == "fresh"):
             stats = _run_locked(items, out_dir, cfg, beam_args, command, handlers, workers, in_process, digests)
         ident.n_inputs = stats["inputs"]

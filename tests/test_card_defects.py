@@ -167,3 +167,19 @@ def test_source_videos_are_the_released_ones(one_rejected, capsys):
     assert "openshot__hardware-example.mp4 |" not in text.split("## Source videos", 1)[1].split("##", 1)[0]
     assert main(["card", "verify", card, os.path.join(one_rejected, "shards"), "--run", one_rejected]) == 0
     assert "MISMATCH" not in capsys.readouterr().out
+
+
+def test_the_card_states_the_settings_a_stage_run_alone_used(run, capsys):
+    """`longreel pack RUN --set max_frames=8` then `card build`: the card said `pack.max_frames` 16 (config.yaml,
+    curate's) beside "Frames: max_frames 8"; pack alone recorded no config of its own. A curate run again over the
+    directory re-runs the stage with config.yaml's settings and drops what the stage alone recorded."""
+    assert main(["pack", run, "--set", "max_frames=8"]) == 0, capsys.readouterr().err
+    assert os.path.isfile(os.path.join(run, "config_pack.yaml"))
+    card = os.path.join(run, "card")
+    assert main(["card", "build", run, "--out", card]) == 0
+    text = _read(os.path.join(card, "README.md")).decode()
+    assert "| `pack.max_frames` | `8` |" in text and "| `pack.max_frames` | `16` |" not in text
+    assert main(["card", "verify", card, os.path.join(run, "shards"), "--run", run, "--no-loader"]) == 0
+    assert main(["curate", "--demo", "--out", run]) == 0  # the same run again, in place
+    assert not os.path.exists(os.path.join(run, "config_pack.yaml"))
+    assert "| `pack.max_frames` | `16` |" in _read(os.path.join(card, "README.md")).decode()

@@ -291,10 +291,27 @@ def _load_run(run_dir: str) -> tuple[dict, dict, dict]:
     if os.path.exists(cfg_path):
         with open(cfg_path, encoding="utf-8") as fh:
             config = yaml.safe_load(fh) or {}
+    config = _with_stage_configs(run_dir, config)
     tables = _read_tables(run_dir)
     if "videos" not in tables:
         raise FileNotFoundError(f"{run_dir}: no videos table")
     return stats, config, tables
+
+
+def _with_stage_configs(run_dir: str, config: dict) -> dict:
+    """``config`` with the sections a stage run alone recorded since (``longreel qra --set per_category=1``: the
+    qras table is that run's, so the card states its settings; it stated config.yaml's, curate's, instead)."""
+    from longreel.pipelines.io.run_dir import STAGE_CONFIG_FILES
+
+    config = dict(config)
+    for section, name in STAGE_CONFIG_FILES.items():
+        path = os.path.join(run_dir, name)
+        if "://" not in run_dir and os.path.isfile(path):
+            with open(path, encoding="utf-8") as fh:
+                recorded = yaml.safe_load(fh)
+            if isinstance(recorded, dict):
+                config[section] = recorded
+    return config
 
 
 def _shards_of(run_dir: str, config: dict, shards: str | None) -> str:

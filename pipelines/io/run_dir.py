@@ -32,7 +32,7 @@ rewrite the marker (with their step and files) when they finish, if the director
 
 "The run's files", the only ones ever removed: the files the old marker lists, plus longreel's own output names:
 at the top level ``<table>-NNNNN-of-NNNNN.parquet``, ``stats.json``, ``config.yaml``, ``_INPUTS.json``,
-``config_caption.yaml``,
+``config_pack.yaml``, ``config_caption.yaml``,
 ``config_qra.yaml``, ``filter_config.yaml``, ``blind_config.yaml``, ``judge_config.yaml``, ``_SUCCESS.json`` and the
 temporary names of their atomic writes; and
 the directories ``clips/``, ``frame_cache/``, ``shards/`` and ``card/``, which belong to longreel whole. Any other
@@ -70,8 +70,10 @@ STALE_AFTER_S = 300.0
 IF_EXISTS = ("error", "resume", "overwrite")
 OWNED_DIRS = ("clips", "frame_cache", "shards", "card")
 INPUTS_NAME = "_INPUTS.json"
-OWNED_FILES = frozenset({"stats.json", "config.yaml", "config_caption.yaml", "config_qra.yaml", "filter_config.yaml",
-                         "blind_config.yaml", "judge_config.yaml", MARKER_NAME, INPUTS_NAME})
+#: the resolved config a stage run alone records (its section of config.yaml as that run used it)
+STAGE_CONFIG_FILES = {"caption": "config_caption.yaml", "qra": "config_qra.yaml", "filter": "filter_config.yaml",
+                      "blind": "blind_config.yaml", "judge": "judge_config.yaml", "pack": "config_pack.yaml"}
+OWNED_FILES = frozenset({"stats.json", "config.yaml", MARKER_NAME, INPUTS_NAME, *STAGE_CONFIG_FILES.values()})
 _TABLE = re.compile(r"[a-z][a-z0-9_]*-\d{5}-of-\d{5}\.parquet")
 # schemas.atomic's temporary names, and the ones older versions left (stats.json.tmp, _SUCCESS.json.tmp)
 _TEMP = re.compile(rf"{TEMP_RE.pattern}|(stats\.json|_SUCCESS\.json)\.tmp")
@@ -545,6 +547,14 @@ def write_inputs(out_dir: str, ident: RunIdentity) -> None:
     without it ``--resume`` continued a crashed run with other inputs, mixing two input sets in one directory."""
     doc = {"sha256": ident.inputs_digest, "count": ident.n_inputs}
     write_atomic(_join(out_dir, INPUTS_NAME), json.dumps(doc, indent=1) + "\n")
+
+
+def remove_stage_configs(out_dir: str, stages) -> None:
+    """A ``curate`` run re-runs ``stages`` with config.yaml's sections: what a stage run alone recorded of them
+    before would describe outputs that are gone (and the card would state it)."""
+    for stage in stages:
+        if stage in STAGE_CONFIG_FILES:
+            _delete_quiet(_join(out_dir, STAGE_CONFIG_FILES[stage]))
 
 
 def _inputs_diff(out_dir: str, ident: RunIdentity) -> list[str]:

@@ -382,6 +382,11 @@ def _run_pack(session, out_dir: str, cfg: PackConfig, beam_args) -> dict:
         frej = p | "FilterRejects" >> beam.Create(earlier)
     add_pack_stage(p, v, q, pr, out_dir, cfg, filter_rejects=frej)
     session.begin_writes()
+    from longreel.pipelines.io.run_dir import STAGE_CONFIG_FILES
+    from longreel.schemas.config import dump_yaml
+
+    with FileSystems.create(FileSystems.join(out_dir, STAGE_CONFIG_FILES["pack"])) as fh:
+        fh.write(dump_yaml(cfg).encode())  # what the card states of this pack (config.yaml keeps curate's)
     p.run().wait_until_finish()
     stats = read_json(FileSystems.join(out_dir, "stats.json"))
     session.finish()
