@@ -1,4 +1,5 @@
-"""What a stage run alone on an existing output directory writes besides its own tables.
+"""What a stage run alone on an existing output directory writes besides its own tables, and the check that it has
+videos to read before it replaces any.
 
 Its rejects replace that stage's earlier rejects (other stages' rows are kept, so re-runs are
 idempotent) and its funnel entries are merged into ``stats.json`` after the stages already there.

@@ -294,3 +294,21 @@ def test_a_pack_removes_the_splits_it_no_longer_writes(tmp_path_factory, tables,
     assert sorted(os.listdir(shards)) == sorted(other)
     by = {s["stage"]: s for s in stats["stages"]}
     assert by["pack_write"]["out"] == 0 and nothing_survived(stats, ["pack_write"]) is not None
+
+
+def test_a_shared_shards_dir_keeps_the_splits_another_run_wrote(tmp_path_factory, tables, tiny_dir, caplog):
+    """pack.shards_dir may be shared (a held-out run packing `test` beside the training run's `train`, one dataset
+    name): there a split this run did not write is named in a warning, never removed."""
+    import logging
+
+    shared = str(tmp_path_factory.mktemp("shared-shards"))
+    no_filter = {k: v for k, v in tables.items() if k != "pass_rate"}
+    run_pack(_fresh(tmp_path_factory, no_filter, "train-run"), _cfg(tiny_dir, shards_dir=shared))
+    before = _digests(shared)
+    with caplog.at_level(logging.WARNING, logger="longreel"):
+        run_pack(_fresh(tmp_path_factory, no_filter, "test-run"), _cfg(tiny_dir, shards_dir=shared,
+                                                                         default_split="test"))
+    after = _digests(shared)
+    assert {f: d for f, d in after.items() if f.startswith("t-train")} == before
+    assert any(f.startswith("t-test") for f in after)
+    assert any("also holds split(s) train of t" in r.getMessage() for r in caplog.records)

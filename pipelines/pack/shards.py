@@ -23,9 +23,11 @@ their sha256 checked on the way; small ones travel inline (``text``).
 4. ``WriteIndex``: one ``{dataset}-{split}.index.json`` per split in the wids format
    (``__kind__: wids-shard-index-v1``, ``shardlist: [{url, nsamples, bytes, sha256}]``), URLs relative
    to the index; shards of the split left by an earlier run with another count are removed;
-5. ``RemoveOtherSplits``: the shards and index of a split of this dataset that this run did not write (a pack
-   after the pass-rate filter writes ``sft``/``rl``; the unfiltered ``train`` of the pack before would otherwise
-   stay beside them, and a card or a trainer globbing the directory would take rejected questions for data).
+5. ``OtherSplits``: the shards and index of a split of this dataset that this run did not write (a pack after the
+   pass-rate filter writes ``sft``/``rl``; the unfiltered ``train`` of the pack before would otherwise stay beside
+   them, and a card or a trainer globbing the directory would take rejected questions for data) are removed from a
+   directory the run owns (``OUT/shards``), and named in a warning in one it shares (``pack.shards_dir``, where
+   another run's split of the same dataset may be).
 
 A retried bundle or a re-run rewrites the same bytes, so two runs (or a killed run and its re-run)
 give sha256-identical shards and index.
@@ -36,16 +38,17 @@ import bisect
 import hashlib
 import json
 import math
+import logging
 import os
 import posixpath
-
-import logging
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from longreel.schemas.atomic import temp_target, write_atomic
 from longreel.task.shard_format import build_index, index_name, shard_name, tar_member_bytes, write_shard_atomic
+
+log = logging.getLogger("longreel")
 
 
 class _WriteShard(beam.DoFn):
@@ -90,33 +93,46 @@ def _write_index(split_infos, shards_dir: str, dataset: str, extra: dict | None)
     return {"split": split, "index": path, "doc": doc}
 
 
-log = logging.getLogger("longreel")
-
-
-def _remove_other_splits(written: list[str], shards_dir: str, dataset: str) -> list[str]:
-    """Delete the index and shards of every split of ``dataset`` in ``shards_dir`` but ``written``; return the
-    splits removed. A split is ours by its index's own record (``longreel.dataset``), not by its file name: the
-    name of another dataset can start with this one's (``ds`` and ``ds-v2``)."""
+def _other_splits(written: list[str], shards_dir: str, dataset: str, remove: bool) -> list[str]:
+    """The splits of ``dataset`` in ``shards_dir`` other than ``written``, their index and shards deleted when
+    ``remove`` (else only named in a warning); returns them. A split is the dataset's by its index's own record
+    (``longreel.dataset``), not by its file name: the name of another dataset can start with this one's (``ds`` and
+    ``ds-v2``)."""
+    if not remove:
+        others = _other_splits_found(written, shards_dir, dataset)
+        if others:
+            log.warning("pack: %s also holds split(s) %s of %s, which this run did not write (it wrote %s); left "
+                        "alone, as pack.shards_dir may be shared: remove them if they are an earlier pack's",
+                        shards_dir, ", ".join(sorted(s for s, _ in others)), dataset,
+                        ", ".join(sorted(written)) or "none")
+        return sorted(s for s, _ in others)
     removed = []
+    for split, index_path in _other_splits_found(written, shards_dir, dataset):
+        tars = [t.path for t in FileSystems.match([FileSystems.join(shards_dir, f"{dataset}-{split}-*.tar")])[0]
+                .metadata_list if posixpath.basename(t.path) == shard_name_of(t.path, dataset, split)]
+        FileSystems.delete(sorted(tars) + [index_path])
+        removed.append(split)
+    if removed:
+        log.warning("pack: removed the shards and index of split(s) %s of %s in %s, which this run did not write "
+                    "(it wrote %s)", ", ".join(sorted(removed)), dataset, shards_dir,
+                    ", ".join(sorted(written)) or "none")
+    return sorted(removed)
+
+
+def _other_splits_found(written: list[str], shards_dir: str, dataset: str) -> list[tuple[str, str]]:
+    """(split, index path) of each index in ``shards_dir`` that records ``dataset`` and a split not in ``written``."""
+    found = []
     for r in FileSystems.match([FileSystems.join(shards_dir, index_name(dataset, "*"))]):
         for m in r.metadata_list:
             try:
                 with FileSystems.open(m.path) as fh:
                     own = json.loads(fh.read()).get("longreel") or {}
             except (OSError, ValueError, AttributeError):
-                continue  # not an index this writer made: not ours to remove
+                continue  # not an index this writer made: not the dataset's
             split = own.get("split")
-            if own.get("dataset") != dataset or not isinstance(split, str) or split in written:
-                continue
-            tars = [t.path for t in FileSystems.match([FileSystems.join(shards_dir, f"{dataset}-{split}-*.tar")])[0]
-                    .metadata_list if posixpath.basename(t.path) == shard_name_of(t.path, dataset, split)]
-            FileSystems.delete(sorted(tars) + [m.path])
-            removed.append(split)
-    if removed:
-        log.warning("pack: removed the shards and index of split(s) %s of %s in %s, which this run did not write "
-                    "(it wrote %s)", ", ".join(sorted(removed)), dataset, shards_dir,
-                    ", ".join(sorted(written)) or "none")
-    return sorted(removed)
+            if own.get("dataset") == dataset and isinstance(split, str) and split not in written:
+                found.append((split, m.path))
+    return found
 
 
 def shard_name_of(path: str, dataset: str, split: str) -> str:
@@ -134,12 +150,13 @@ class WriteWebDatasetShards(beam.PTransform):
     written (the pack stage's: it loads the video processor, which the process building the graph need not import).
     """
 
-    def __init__(self, shards_dir: str, dataset: str, target_shard_bytes: int, index_extra: dict | None = None):
+    def __init__(self, shards_dir: str, dataset: str, target_shard_bytes: int, index_extra: dict | None = None,
+                 remove_other_splits: bool = True):
         super().__init__()
         if target_shard_bytes < 1:
             raise ValueError("target_shard_bytes must be >= 1")
         self.shards_dir, self.dataset, self.target = shards_dir, dataset, int(target_shard_bytes)
-        self.index_extra = index_extra
+        self.index_extra, self.remove_other_splits = index_extra, remove_other_splits
 
     def expand(self, samples):
         target = self.target
@@ -164,7 +181,7 @@ class WriteWebDatasetShards(beam.PTransform):
                    | "WriteIndex" >> beam.Map(_write_index, self.shards_dir, self.dataset, self.index_extra))
         # after every index is written; ToList gives [] when no split was, so a pack that kept nothing removes all
         _ = (indexes | "WrittenSplits" >> beam.Map(lambda r: r["split"]) | "AllWritten" >> beam.combiners.ToList()
-             | "RemoveOtherSplits" >> beam.Map(_remove_other_splits, self.shards_dir, self.dataset))
+             | "OtherSplits" >> beam.Map(_other_splits, self.shards_dir, self.dataset, self.remove_other_splits))
         return {"shards": infos, "indexes": indexes}
 
 

@@ -318,9 +318,11 @@ def add_pack_stage(p, videos_pcoll, qras_pcoll, passrate_pcoll_or_none, out_dir:
     built = ({"video": vids, "qra": selected.main} | "PackJoinVideos" >> beam.CoGroupByKey()
              | "PackCacheFrames" >> beam.ParDo(_CacheAndBuild(cfg, cache_dir)).with_outputs(
                  COUNTS, REJECTS, "frames", main="samples"))
+    # the run's own OUT/shards is longreel's whole; a pack.shards_dir may hold another run's split of the dataset
     written = built.samples | "PackWriteShards" >> WriteWebDatasetShards(shards_dir, cfg.dataset,
                                                                          cfg.target_shard_bytes,
-                                                                         functools.partial(index_extra, cfg))
+                                                                         functools.partial(index_extra, cfg),
+                                                                         remove_other_splits=cfg.shards_dir is None)
     write_counts = written["shards"] | "PackShardCounts" >> beam.FlatMap(
         lambda s: [(("pack_write", "out"), s["nquestions"]), (("pack_write", "samples"), s["nsamples"]),
                    (("pack_write", "shards"), 1), (("pack_write", "shard_bytes"), s["bytes"])])
