@@ -25,9 +25,9 @@ answering, prefix caching of the QRA context, the blind filter before the VLM fi
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="Cost config YAML (default: pipelines/configs/cost.yaml, shipped with longreel).")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="Override one value of the cost config, e.g. --set scale.videos=1000 (repeatable; scale.videos and "
-                        "scale.questions_generated act as --videos and --questions unless scale.questions_released "
-                        "is set too).")
+                   help="Override one value of the cost config, e.g. --set scale.videos=1000 (repeatable; "
+                        "scale.videos and scale.questions_generated act as --videos and --questions unless "
+                        "scale.questions_released is set too).")
     p.add_argument("--stats", metavar="RUN_DIR_OR_STATS_JSON",
                    help="Take the tokens per call from a run's stats.json (its compute counts) where it called a model.")
     p.add_argument("--videos", type=int, help="Videos in the run to project (scale.videos; the questions scale "

@@ -19,7 +19,8 @@ class PackConfig(ConfigModel):
     max_pixels: int | None = cfg(448 * 448, "Per-frame pixel budget (the processor's size.longest_edge); null keeps "
                                             "the processor's own.")
     min_pixels: int | None = cfg(None, "Per-frame minimum pixels (size.shortest_edge); null keeps the processor's, "
-                                       "dropped to one 28x28 cell when max_pixels is below it (a budget is never exceeded).")
+                                       "dropped to one 28x28 cell when max_pixels is below it (a budget is never "
+                                       "exceeded).")
     cache_dir: str | None = cfg(None, "Frame cache directory (shareable between runs and datasets); null: "
                                       "<out>/frame_cache.")
     cache_verify: str = cfg("sha256", "How an existing cache entry is checked before reuse: size only, or size and "
