@@ -7,9 +7,9 @@ sections it needs. Load with ``longreel.schemas.config.load_yaml(TrainConfig, pa
 from __future__ import annotations
 
 import os
-import re
 
 from longreel.schemas.config import ConfigError, ConfigModel, cfg
+from longreel.task.shard_reader import local_path
 from longreel.trainer.stop_signals import parse_signal
 
 __all__ = [
@@ -336,12 +336,9 @@ class TrainConfig(ConfigModel):
              f"mrsp.vision={self.mrsp.vision} trains the vision tower but model.freeze_vision=true: use auto or frozen")
 
 
-_SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
-
-
 def absolute_path(path: str) -> str:
     """A local path made absolute against the working directory; a URL, a ``pipe:`` command and '' unchanged."""
-    if not path or _SCHEME.match(path) or path.startswith("pipe:"):
+    if not path or local_path(path) != path:
         return path
     return os.path.abspath(path)
 

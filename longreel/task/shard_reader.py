@@ -73,16 +73,17 @@ class ShardSpec:
     nsamples: int | None = None
 
 
-def _is_url(s: str) -> bool:
+def is_url(s: str) -> bool:
+    """Whether ``s`` names a scheme (``http://``, ``gs://``, ``file://``, ...) rather than a local path."""
     return bool(re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", s))
 
 
 def _join(base: str, rel: str) -> str:
-    if _is_url(rel) or rel.startswith(("/", "pipe:")):
+    if is_url(rel) or rel.startswith(("/", "pipe:")):
         return rel
     if base.startswith(("http://", "https://")):
         return urllib.parse.urljoin(base, rel)
-    if _is_url(base):
+    if is_url(base):
         return base.rsplit("/", 1)[0] + "/" + rel
     return os.path.join(os.path.dirname(base), rel)
 
@@ -119,7 +120,7 @@ def local_path(url: str) -> str | None:
     """The filesystem path of a local path or ``file://`` URL; None for anything read over a network or a pipe."""
     if url.startswith("file://"):
         return urllib.parse.urlparse(url).path
-    if _is_url(url) or url.startswith("pipe:"):
+    if is_url(url) or url.startswith("pipe:"):
         return None
     return url
 
@@ -129,7 +130,7 @@ def _glob(pattern: str) -> list[str]:
     URLs pass untouched: ``?`` there starts a query."""
     if pattern.startswith(("http://", "https://", "pipe:")) or not glob.has_magic(pattern):
         return [pattern]
-    if _is_url(pattern) and not pattern.startswith("file://"):
+    if is_url(pattern) and not pattern.startswith("file://"):
         raise ValueError(f"{pattern}: globs are expanded for local paths only; for a URL give a brace pattern "
                          "(ds-rl-{000000..000031}.tar) or the shard index (.json)")
     local = local_path(pattern)
@@ -372,7 +373,7 @@ class _TarReader:
             if ti.isreg():
                 data = self._read_data(size)
                 if len(data) < size or not self._skip_padding(size):
-                    raise ShardError(self.url, _key_of(ti.name), f"member {ti.name!r} is truncated "
+                    raise ShardError(self.url, member_key(ti.name), f"member {ti.name!r} is truncated "
                                                                  f"({len(data)} of {size} bytes)")
                 yield ti, data
             else:
@@ -475,7 +476,8 @@ def _grouped(members, url: str) -> Iterator[RawSample | ShardError]:
         yield cur
 
 
-def _key_of(name: str) -> str | None:
+def member_key(name: str) -> str | None:
+    """The sample key of a tar member's name (webdataset's rule, :func:`_split_name`); None for a name without one."""
     try:
         return _split_name(name)[0]
     except ValueError:

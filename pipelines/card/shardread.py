@@ -130,19 +130,14 @@ def read_shard(url: str, *, hashes: bool = True) -> dict:
 
 
 def sample_keys(url: str) -> set[str]:
-    """The keys of a shard's samples from its member names (webdataset's rule: the key ends at the first dot of the
-    basename). A local shard is read by its tar headers only, its data skipped: the card lists the released videos
-    without reading every frame of a large dataset."""
+    """The keys of a shard's samples from its member names, by the loader's own rule
+    (:func:`longreel.task.shard_reader.member_key`). A local shard is read by its tar headers only, its data
+    skipped: the card lists the released videos without reading every frame of a large dataset, which
+    :func:`read_shard` (the loader's reader, every member's bytes) would."""
     import tarfile
 
-    keys = set()
     with open_bytes(url) as fh, tarfile.open(fileobj=fh, mode="r|" if is_url(url) else "r:") as tf:
-        for m in tf:
-            d, _, base = m.name.rpartition("/")
-            key = base.partition(".")[0]
-            if key:
-                keys.add(f"{d}/{key}" if d else key)
-    return keys
+        return {k for k in (shard_reader.member_key(m.name) for m in tf) if k}
 
 
 def _describe(raw, hashes: bool = True) -> dict:
