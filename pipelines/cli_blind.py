@@ -47,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run_blind(out_dir: str, cfg: BlindConfig, beam_args: list[str] | None = None, qra_table: str = "qras",
               engine_factory=None, command: str | None = None) -> dict:
     """Run the blind filter on ``out_dir``'s questions (holding its lock); return the merged stats document."""
-    from longreel.pipelines.io.run_dir import StageSession
+    from longreel.pipelines.stage_session import StageSession
 
     cfg.check()
     with StageSession(out_dir, "blind", config_hash(cfg), command) as session:

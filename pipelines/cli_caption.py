@@ -68,7 +68,7 @@ def load_config(args) -> CaptionConfig:
 def run_caption(clips_dir: str, cfg: CaptionConfig, beam_args: list[str] | None = None, handler=None,
                 command: str | None = None) -> dict:
     """Caption ``clips_dir`` in place (holding its lock; see :mod:`longreel.pipelines.io.run_dir`); return the merged stats."""
-    from longreel.pipelines.io.run_dir import StageSession
+    from longreel.pipelines.stage_session import StageSession
 
     with StageSession(clips_dir, "caption", config_hash(cfg), command) as session:
         return _run_caption(session, clips_dir, cfg, beam_args, handler)

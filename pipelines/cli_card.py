@@ -82,7 +82,7 @@ def _card_session(args):
     if "://" in args.run_dir or "://" in args.out or not _inside(args.out, args.run_dir):
         yield None
         return
-    from longreel.pipelines.io.run_dir import StageSession
+    from longreel.pipelines.stage_session import StageSession
 
     options = {k: getattr(args, k) for k in ("shards", "name", "pretty_name", "run_command", "data_prefix",
                                               "tables_prefix")}

@@ -72,7 +72,8 @@ def run_filter(out_dir: str, cfg: FilterConfig, beam_args: list[str] | None = No
                handler=None, command: str | None = None, shards: list[str] | None = None) -> dict:
     """Run the filter on ``out_dir``'s tables, or on packed ``shards`` (holding ``out_dir``'s lock; see
     :mod:`longreel.pipelines.io.run_dir`); return the merged stats document."""
-    from longreel.pipelines.io.run_dir import StageSession, ensure_dir
+    from longreel.pipelines.io.run_dir import ensure_dir
+    from longreel.pipelines.stage_session import StageSession
 
     cfg.check()
     if shards:

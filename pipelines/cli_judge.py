@@ -49,7 +49,7 @@ def run_judge(out_dir: str, cfg: JudgeConfig, beam_args: list[str] | None = None
     from apache_beam.io.filesystems import FileSystems
 
     from longreel.pipelines.io.parquet_sink import WriteSortedParquet, read_table
-    from longreel.pipelines.io.run_dir import StageSession
+    from longreel.pipelines.stage_session import StageSession
     from longreel.pipelines.runner import make_pipeline
     from longreel.pipelines.stage_rerun import write_rerun_outputs
     from longreel.pipelines.stages.judge import STAGE, JudgeQRAs, finish_judge_stats

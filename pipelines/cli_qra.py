@@ -65,7 +65,7 @@ def run_qra(out_dir: str, cfg: QRAConfig, beam_args: list[str] | None = None, ba
             command: str | None = None) -> dict:
     """Generate QRAs for ``out_dir`` in place (holding its lock; see :mod:`longreel.pipelines.io.run_dir`); return the merged
     stats document."""
-    from longreel.pipelines.io.run_dir import StageSession
+    from longreel.pipelines.stage_session import StageSession
 
     with StageSession(out_dir, "qra", config_hash(cfg), command) as session:
         return _run_qra(session, out_dir, cfg, beam_args, backend_factory)

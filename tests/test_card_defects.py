@@ -183,3 +183,25 @@ def test_the_card_states_the_settings_a_stage_run_alone_used(run, capsys):
     assert main(["curate", "--demo", "--out", run]) == 0  # the same run again, in place
     assert not os.path.exists(os.path.join(run, "config_pack.yaml"))
     assert "| `pack.max_frames` | `16` |" in _read(os.path.join(card, "README.md")).decode()
+
+
+def test_a_stage_run_alone_rebuilds_the_run_card_and_records_its_command(run, capsys):
+    """`longreel pack RUN --set max_frames=8` left RUN/card as curate built it (16 frames, curate's command, the old
+    shards' sizes) and wrote a marker that vouched for it. The stage now rebuilds the card with the title and
+    prefixes it was built with, and its command follows curate's in stats.json and the card's Reproduction."""
+    card = os.path.join(run, "card")
+    assert main(["card", "build", run, "--out", card, "--pretty-name", "Street scenes", "--data-prefix", "files"]) == 0
+    before = _claims(card)
+    assert main(["pack", run, "--set", "max_frames=8"]) == 0, capsys.readouterr().err
+    after = _claims(card)
+    assert ["pack.max_frames", 8] in [[r["key"], r["value"]] for r in after["config"]]
+    assert after["dataset/pretty_name"] == "Street scenes" and after["hf/data_prefix"] == "files/"
+    lines = after["reproduction/command"].splitlines()
+    assert lines[0] == before["reproduction/command"] and "longreel curate" in lines[0]
+    assert lines[1:] == [f"longreel pack {run} --set max_frames=8"]
+    assert main(["pack", run, "--set", "max_frames=8"]) == 0  # the same stage again replaces its own entry
+    stats = json.loads(_read(os.path.join(run, "stats.json")))
+    assert stats["stage_commands"] == [{"step": "pack", "command": f"longreel pack {run} --set max_frames=8"}]
+    capsys.readouterr()
+    assert main(["card", "verify", card, os.path.join(run, "shards"), "--run", run, "--no-loader"]) == 0
+    assert "MISMATCH" not in capsys.readouterr().out

@@ -332,7 +332,8 @@ def test_marker_digests_catch_an_atomic_rewrite_of_equal_size(tmp_path):
 
 
 def test_a_stage_run_alone_on_an_unfinished_run_says_so(tmp_path, caplog):
-    from longreel.pipelines.io.run_dir import MARKER_NAME, RunIdentity, StageSession, write_marker
+    from longreel.pipelines.io.run_dir import MARKER_NAME, RunIdentity, write_marker
+    from longreel.pipelines.stage_session import StageSession
 
     run, plain = tmp_path / "run", tmp_path / "plain"
     run.mkdir()

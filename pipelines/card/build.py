@@ -399,12 +399,19 @@ def _reproduction_claims(c: Claims, stats: dict, command: str | None, config: di
     c.add("reproduction/stats_schema", stats.get("schema_version"), source="stats.json")
     c.add("reproduction/distributions_schema",
           (stats.get("distributions") or {}).get("schema_version", D.DISTRIBUTIONS_VERSION), source="stats.json")
-    c.add("reproduction/command", command or stats.get("command") or "", source="stats.json or --command")
+    c.add("reproduction/command", command or _commands(stats), source="stats.json or --command")
     others = {k: stats[k] for k in sorted(stats) if k.endswith("config_hash") and k != "config_hash"}
     if "passrate" in stats and stats["passrate"].get("config_hash"):
         others["filter_config_hash"] = stats["passrate"]["config_hash"]
     c.add("reproduction/other_config_hashes", others, source="stats.json")
     c.add("config", [{"key": k, "value": v} for k, v in _flatten_config(config)], source="config.yaml")
+
+
+def _commands(stats: dict) -> str:
+    """The run's command, then each stage command run alone on it since, one a line (stats.json records both)."""
+    lines = [stats.get("command") or ""] if stats.get("command") else []
+    lines += [e["command"] for e in stats.get("stage_commands") or [] if isinstance(e, dict) and e.get("command")]
+    return "\n".join(lines)
 
 
 def _funnel_claims(c: Claims, stats: dict) -> list[str]:

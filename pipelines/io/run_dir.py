@@ -624,7 +624,7 @@ def run_settings(out_dir: str, section: str) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def _looks_like_run(out_dir: str) -> bool:
+def looks_like_run(out_dir: str) -> bool:
     try:
         with _open_read(_join(out_dir, "stats.json")) as fh:
             if json.loads(fh.read()).get("kind") == "longreel-funnel":
@@ -673,7 +673,7 @@ def prepare(out_dir: str, ident: RunIdentity, if_exists: str = "error") -> tuple
         return "fresh", None
     how = (f"Re-run with --overwrite to remove that run's files first (those its {MARKER_NAME} lists and longreel's "
            f"own output names, nothing else), or choose another --out.")
-    if old is None and bad_marker is None and not _looks_like_run(out_dir):
+    if old is None and bad_marker is None and not looks_like_run(out_dir):
         shown = ", ".join(present[:5]) + (" ..." if len(present) > 5 else "")
         raise RunDirConflict(f"{out_dir} holds files with the names a run writes ({shown}) but no sign of a longreel "
                              f"run (no {MARKER_NAME}, no longreel stats.json or config.yaml); longreel will not touch "
@@ -712,47 +712,3 @@ def prepare(out_dir: str, ident: RunIdentity, if_exists: str = "error") -> tuple
     raise RunDirConflict(f"{out_dir} holds {state} with {what}:\n  " + "\n  ".join(diff)
                          + ("\n--resume continues a run only with its own configuration and inputs; "
                             if if_exists == "resume" else "\n") + how)
-
-
-class StageSession:
-    """The contract for a stage run alone on an existing run directory (``longreel caption/qra/filter/pack``):
-    the lock for the whole command; :meth:`begin_writes` removes the marker before the first write; :meth:`finish`
-    writes it again, with this step and the directory's files, when the directory had one."""
-
-    def __init__(self, out_dir: str, step: str, config_hash: str, command: str | None = None):
-        self.out_dir, self.step, self.config_hash = out_dir, step, config_hash
-        self.lock = RunLock(out_dir, command or f"longreel {step}", create=False)
-        self.marker: dict | None = None
-
-    def __enter__(self) -> "StageSession":
-        self.lock.acquire()
-        try:
-            self.marker = read_marker(self.out_dir)
-        except IncompleteRun as e:
-            log.warning("%s: ignoring a damaged marker: %s", self.out_dir, e)
-            self.marker = None
-        if self.marker is None and _looks_like_run(self.out_dir):
-            # said up front: the stage's tables are complete, yet the directory stays unfinished, which card verify
-            # and a trainer's check of the marker then refuse
-            log.warning("%s: no %s: the run that wrote it did not finish (crashed, killed, or a stage run alone was "
-                        "interrupted); %s runs on what is there and the directory stays unfinished: finish it with "
-                        "`longreel curate ... --resume` (same inputs and config)", self.out_dir, MARKER_NAME,
-                        self.step)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.lock.release()
-
-    def begin_writes(self) -> None:
-        if self.marker is not None:
-            remove_marker(self.out_dir)
-
-    def finish(self) -> None:
-        if self.marker is None:
-            return
-        m = self.marker
-        ident = RunIdentity(config=m.get("config") or {}, config_hash=m.get("config_hash"),
-                            stages=list(m.get("stages") or []), inputs_digest=(m.get("inputs") or {}).get("sha256"),
-                            n_inputs=(m.get("inputs") or {}).get("count"))
-        steps = [s for s in m.get("steps") or [] if s.get("step") != self.step]
-        write_marker(self.out_dir, ident, steps + [{"step": self.step, "config_hash": self.config_hash}])

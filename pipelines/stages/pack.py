@@ -349,7 +349,7 @@ def add_pack_stage(p, videos_pcoll, qras_pcoll, passrate_pcoll_or_none, out_dir:
 def run_pack(out_dir: str, cfg: PackConfig, beam_args: list[str] | None = None, command: str | None = None) -> dict:
     """Read ``out_dir``'s videos / qra (/ pass_rate) tables, pack them (holding the directory's lock; see
     :mod:`longreel.pipelines.io.run_dir`); return the stats document."""
-    from longreel.pipelines.io.run_dir import StageSession
+    from longreel.pipelines.stage_session import StageSession
     from longreel.schemas.config import config_hash
 
     with StageSession(out_dir, "pack", config_hash(cfg), command) as session:
