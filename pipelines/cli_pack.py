@@ -30,6 +30,8 @@ OUT/stats.json; rejects are merged into OUT/rejects-*.parquet. See docs/SHARDS.m
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("out", nargs="?", metavar="OUT", help="Output directory of a curate run (local or gs://, s3://).")
+    p.add_argument("--out", dest="out_option", metavar="OUT",
+                   help="The same as OUT (the other stage commands take --out).")
     p.add_argument("--config",
                    help="YAML config file over the run's own pack settings (OUT/config.yaml); see --show-config "
                         "for every key.")
@@ -43,6 +45,10 @@ def main(args, beam_args: list[str]) -> int:
         for key, default, help_text in describe(PackConfig):
             print(f"{key} = {default}\n    {help_text}")
         return 0
+    if args.out and args.out_option and args.out != args.out_option:
+        print(f"longreel pack: OUT {args.out} and --out {args.out_option} differ: give one", file=sys.stderr)
+        return 2
+    args.out = args.out or args.out_option
     if not args.out:
         print("longreel pack: OUT is required", file=sys.stderr)
         return 2

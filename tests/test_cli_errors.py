@@ -588,3 +588,13 @@ def test_verbose_and_quiet_work_after_the_command_too(argv, verbose, quiet):
 
     args, extra = build_parser().parse_known_args(argv)
     assert (args.verbose, args.quiet, extra) == (verbose, quiet, [])
+
+
+def test_pack_takes_out_as_the_other_stage_commands_do(tmp_path, capsys):
+    """`longreel pack --out RUN` (as `qra`, `filter`, `blind` and `judge` are called) was "unknown option --out";
+    it names the same directory as the positional OUT, and two different ones are refused."""
+    missing = str(tmp_path / "missing")
+    rc, _, err = _run(capsys, ["pack", "--out", missing])
+    assert rc == 2 and f"{missing}: no such directory" in err and "unknown option" not in err
+    rc, _, err = _run(capsys, ["pack", missing, "--out", str(tmp_path)])
+    assert rc == 2 and "differ" in err
