@@ -205,3 +205,17 @@ def test_a_stage_run_alone_rebuilds_the_run_card_and_records_its_command(run, ca
     capsys.readouterr()
     assert main(["card", "verify", card, os.path.join(run, "shards"), "--run", run, "--no-loader"]) == 0
     assert "MISMATCH" not in capsys.readouterr().out
+
+
+def test_a_pack_under_another_dataset_name_describes_its_own_dataset(run, capsys, caplog):
+    """`longreel pack RUN --set dataset=renamed` left the first pack's `longreel_demo` shards beside the new ones (not
+    this pack's to remove), and rebuilding the run's card met two `train` indexes: exit 1, a traceback, no marker,
+    and every later stage command on the directory failed the same way. The card now describes the run's own
+    dataset, and pack names the other one in a warning."""
+    before = _claims(os.path.join(run, "card"))["dataset/name"]
+    with caplog.at_level("WARNING", logger="longreel"):
+        assert main(["pack", run, "--set", "dataset=renamed"]) == 0, capsys.readouterr().err
+    assert f"also holds dataset(s) {before}" in caplog.text
+    assert _claims(os.path.join(run, "card"))["dataset/name"] == "renamed"
+    assert os.path.isfile(os.path.join(run, MARKER))
+    assert main(["pack", run]) == 0  # and the directory stays usable (config_pack.yaml keeps the new name)

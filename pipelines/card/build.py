@@ -256,6 +256,8 @@ def collect(run_dir: str, shards: str | None = None, *, name: str | None = None,
     of claims, in the order the card lists them."""
     stats, config, tables = _load_run(run_dir)
     indexes = _load_indexes(_shards_of(run_dir, config, shards))
+    if shards is None:
+        indexes = _own_dataset(indexes, config)
     data_prefix, tables_prefix = dir_prefix(data_prefix), dir_prefix(tables_prefix)
     # The dataset is named as its shard files are (the card's file list and data_files name them so); ``name``
     # only titles the card then: a name of its own made data_files match no shard.
@@ -345,6 +347,19 @@ def _load_indexes(shards: str) -> list[tuple[str, dict]]:
         indexes = [(p, read_index(p)) for p in list_indexes(shards)]
     indexes.sort(key=lambda pd: pd[1]["name"])
     return indexes
+
+
+def _own_dataset(indexes: list[tuple[str, dict]], config: dict) -> list[tuple[str, dict]]:
+    """The indexes of the run's own dataset (``pack.dataset``, as the index records it) when the run's shards
+    directory holds others too: a ``pack.shards_dir`` shared by several runs, or an earlier pack under another
+    name. Two datasets' splits made one card, which refused them ("two indexes of split 'train'") after the run had
+    written everything: curate exited 1. Indexes that record no dataset (older packs) are all kept, as before."""
+    pack = (config or {}).get("pack") if isinstance(config, dict) else None
+    dataset = (pack or {}).get("dataset")
+    recorded = [(p, d) for p, d in indexes if (d.get("longreel") or {}).get("dataset")]
+    if not dataset or not recorded:
+        return indexes
+    return [(p, d) for p, d in indexes if (d.get("longreel") or {}).get("dataset") in (None, dataset)]
 
 
 def _distributions(stats: dict, tables: dict, indexes: list, samples_of: ShardSamples) -> tuple[dict, dict]:

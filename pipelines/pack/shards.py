@@ -106,6 +106,7 @@ def _other_splits(written: list[str], shards_dir: str, dataset: str, remove: boo
                         shards_dir, ", ".join(sorted(s for s, _ in others)), dataset,
                         ", ".join(sorted(written)) or "none")
         return sorted(s for s, _ in others)
+    _warn_other_datasets(shards_dir, dataset)
     removed = []
     for split, index_path in _other_splits_found(written, shards_dir, dataset):
         tars = [t.path for t in FileSystems.match([FileSystems.join(shards_dir, f"{dataset}-{split}-*.tar")])[0]
@@ -117,6 +118,25 @@ def _other_splits(written: list[str], shards_dir: str, dataset: str, remove: boo
                     "(it wrote %s)", ", ".join(sorted(removed)), dataset, shards_dir,
                     ", ".join(sorted(written)) or "none")
     return sorted(removed)
+
+
+def _warn_other_datasets(shards_dir: str, dataset: str) -> None:
+    """Name the indexes of other datasets in the run's own shards directory (an earlier pack with another
+    ``pack.dataset``): they are not this pack's to remove, but a reader given the directory reads them too."""
+    others = set()
+    for r in FileSystems.match([FileSystems.join(shards_dir, "*.index.json")]):
+        for m in r.metadata_list:
+            try:
+                with FileSystems.open(m.path) as fh:
+                    other = (json.loads(fh.read()).get("longreel") or {}).get("dataset")
+            except (OSError, ValueError, AttributeError):
+                continue
+            if isinstance(other, str) and other != dataset:
+                others.add(other)
+    if others:
+        log.warning("pack: %s also holds dataset(s) %s (an earlier pack with another pack.dataset?): the card "
+                    "describes %s only, but a reader given the directory reads them all; remove them, or point "
+                    "readers at %s", shards_dir, ", ".join(sorted(others)), dataset, index_name(dataset, "SPLIT"))
 
 
 def _other_splits_found(written: list[str], shards_dir: str, dataset: str) -> list[tuple[str, str]]:
