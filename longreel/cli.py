@@ -149,8 +149,12 @@ def _chain(exc: BaseException):
 
 
 def environment_error(exc: BaseException) -> str | None:
-    """``strerror: filename`` when ``exc`` is (or wraps, as Beam's runners do) an OSError of the machine."""
+    """``strerror: filename`` when ``exc`` is (or wraps, as Beam's runners do) an OSError of the machine; or the
+    runner's job service not answering (``--job_endpoint`` mistyped or not started): gRPC's timeout has no text."""
     for e in _chain(exc):
+        if type(e).__name__ == "FutureTimeoutError" and type(e).__module__.startswith("grpc"):
+            return ("the Beam job service did not answer in time (is the --job_endpoint right, and is its job "
+                    "server running?)")
         if isinstance(e, OSError) and e.errno in _ENVIRONMENT_ERRNOS:
             return f"{e.strerror}: {e.filename}" if e.filename else str(e.strerror)
     # A runner that moves the failure between processes keeps only its text.

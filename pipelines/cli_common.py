@@ -100,6 +100,9 @@ def refuse_beam_args(name: str, args, beam_args: list[str] | None) -> bool:
     if error is None:  # a gs:// or s3:// path this environment has no client for: before anything is read
         paths = [getattr(args, a, None) for a in ("out", "clips_dir")] + list(getattr(args, "inputs", None) or [])
         error = missing_filesystem([p for p in paths if isinstance(p, str)])
+    if error is None:  # the named runner's own checks, which Beam makes only once the output is being written
+        from longreel.pipelines.runner import runner_options_error
+        error = runner_options_error(beam_args)
     if error is not None:
         print(f"longreel {name}: {error}", file=sys.stderr)
     return error is not None

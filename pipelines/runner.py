@@ -49,6 +49,31 @@ def names_runner(beam_args: list[str] | None) -> bool:
     return PipelineOptions(list(beam_args or [])).view_as(StandardOptions).runner is not None
 
 
+def runner_options_error(beam_args: list[str] | None) -> str | None:
+    """Why the runner the Beam arguments name cannot take them, or None (no runner named, or it can).
+
+    Beam checks a runner's options (Dataflow's project, region, GCS paths) only when the pipeline object is made,
+    after the command has claimed and started writing its output directory: ``--project P`` from an example became
+    an internal-error traceback (exit 1), and the corrected command was then refused for the unfinished run it left.
+    The same checks run here first, so that such a mistake is a usage error with nothing written."""
+    options = PipelineOptions(list(beam_args or []))
+    name = options.view_as(StandardOptions).runner
+    if name is None:
+        return None
+    from apache_beam.options.pipeline_options_validator import PipelineOptionsValidator
+    from apache_beam.runners import create_runner
+
+    try:
+        runner = create_runner(name)
+    except ImportError as e:
+        hint = " (install longreel's gcp extra: pip install 'longreel[gcp]')" if "dataflow" in name.lower() else ""
+        return f"--runner {name}: {str(e).splitlines()[0]}{hint}"
+    except ValueError as e:
+        return f"--runner {name}: {str(e).splitlines()[0]}"
+    errors = [e.strip() for e in PipelineOptionsValidator(options, runner).validate() if e.strip()]
+    return f"--runner {name}: " + "; ".join(errors) if errors else None
+
+
 def make_pipeline(beam_args: list[str] | None = None, workers: int = 1, preload: tuple[str, ...] = (),
                   in_process: bool = True) -> beam.Pipeline:
     """A pipeline on the user's ``--runner``, or on the local FnApiRunner with ``workers`` processes.

@@ -114,3 +114,22 @@ def test_a_beam_option_before_the_paths_says_where_its_value_went(tmp_path, caps
     err = capsys.readouterr().err
     assert rc == 2 and "expected one argument" in err and "--name=VALUE" in err, err
     assert len(err.strip().splitlines()) == 1 and not out.exists()
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--runner", "DataflowRunner", "--project", "P", "--region", "R", "--temp_location", "gs://bucket/tmp"],
+     "--runner DataflowRunner: Invalid Project ID (P)"),
+    (["--runner", "DataflowRunner"], "Missing required option: project"),
+    (["--runner", "FooRunner"], "--runner FooRunner: Unexpected pipeline runner: FooRunner"),
+])
+def test_the_runners_own_checks_come_before_anything_is_written(argv, says, tmp_path, capsys):
+    """Beam checks a runner's options when the pipeline object is made, which was after curate had claimed --out:
+    the README's `--project P` was an internal-error traceback (exit 1) that left `_INPUTS.json` and `config.yaml`,
+    and the corrected command was then refused for the unfinished run."""
+    video = tmp_path / "a.mp4"
+    video.write_bytes(b"\0")
+    out = tmp_path / "out"
+    assert main(["curate", str(video), "--out", str(out), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and "Traceback" not in err and err.count("longreel curate:") == 1, err
+    assert not out.exists()

@@ -598,3 +598,20 @@ def test_pack_takes_out_as_the_other_stage_commands_do(tmp_path, capsys):
     assert rc == 2 and f"{missing}: no such directory" in err and "unknown option" not in err
     rc, _, err = _run(capsys, ["pack", missing, "--out", str(tmp_path)])
     assert rc == 2 and "differ" in err
+
+
+def test_a_job_service_that_does_not_answer_is_named():
+    """`--runner PortableRunner --job_endpoint HOST:PORT` with nothing listening ended, after gRPC's wait, in
+    "internal error (FutureTimeoutError): this is a bug" (the timeout carries no text); it is the machine's, exit 1."""
+    import grpc
+
+    from longreel.cli import environment_error
+
+    try:
+        try:
+            raise grpc.FutureTimeoutError()
+        except grpc.FutureTimeoutError as inner:
+            raise RuntimeError("Pipeline construction environment and pipeline runtime environment") from inner
+    except RuntimeError as wrapped:
+        assert "job service did not answer" in environment_error(wrapped)
+    assert environment_error(RuntimeError("something else")) is None
