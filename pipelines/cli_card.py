@@ -27,6 +27,8 @@ Data cards.
       shard sizes and sha256 against the index and each sample's members against its sums.json,
       re-renders README.md from card.json, and prints claim / card / recomputed / ok. Exits 1 on any
       mismatch. With --run, every claim is also recomputed from the run's outputs (tables, stats).
+      With --run, or a card in its run directory, every question in the shards must be a row of the
+      run's qras table (a table rewritten by a stage run alone fails: run `longreel pack RUN`).
       The run's completion marker (_SUCCESS.json: every file with size and sha256) is checked
       when the card sits in the run directory, or that of --run, or --marker RUN_DIR; a missing
       marker there fails (the run did not finish).
@@ -159,7 +161,7 @@ def main(args, extra: list[str]) -> int:
         try:
             rep = verify(args.card_dir, args.shards, loader=not args.no_loader, run_dir=args.run_dir,
                          marker=args.marker or default_marker_dir(args.card_dir, args.run_dir))
-        except (FileNotFoundError, ValueError) as e:
+        except (OSError, ValueError) as e:  # OSError: an index URL that answers an error status or cannot be reached
             print(f"longreel card verify: {e}", file=sys.stderr)
             return 2
         if args.as_json:

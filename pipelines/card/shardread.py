@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import posixpath
+import urllib.error
 import urllib.parse
 import urllib.request
 
@@ -36,11 +37,25 @@ def open_bytes(path: str):
     """A readable binary stream for a local path or URL."""
     path = as_local(path)
     if path.startswith(("http://", "https://")):
-        return urllib.request.urlopen(path, timeout=120)  # noqa: S310 - the user names the URL
+        return _open_url(path)
     if is_url(path):
         from apache_beam.io.filesystems import FileSystems
         return FileSystems.open(path, compression_type="uncompressed")
     return open(path, "rb")
+
+
+def _open_url(url: str):
+    """``urlopen``, its failures said in one line naming the URL: an error status (404, a missing index, is a
+    FileNotFoundError like a missing local path) or a server that cannot be reached. urllib's own HTTPError reached
+    the CLI as "internal error (HTTPError): this is a bug"."""
+    try:
+        return urllib.request.urlopen(url, timeout=120)  # noqa: S310 - the user names the URL
+    except urllib.error.HTTPError as e:
+        e.close()
+        missing = e.code in (404, 410)
+        raise (FileNotFoundError if missing else OSError)(f"{url}: HTTP {e.code} {e.reason}") from None
+    except OSError as e:  # URLError (refused, unknown host) or a timeout
+        raise OSError(f"{url}: cannot be reached ({getattr(e, 'reason', None) or e})") from None
 
 
 def join(base: str, rel: str) -> str:
@@ -73,7 +88,13 @@ def list_indexes(shards: str) -> list[str]:
 
 def read_index(path: str) -> dict:
     with open_bytes(path) as fh:
-        doc = json.loads(fh.read())
+        text = fh.read()
+    try:
+        doc = json.loads(text)
+    except ValueError as e:  # an HTML error page at the URL, say: the error names the index
+        raise ValueError(f"{path}: not a wids shard index (not JSON: {e})") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: not a wids shard index (a JSON {type(doc).__name__})")
     if doc.get("__kind__") != "wids-shard-index-v1" or not isinstance(doc.get("shardlist"), list):
         raise ValueError(f"{path}: not a wids shard index (__kind__ {doc.get('__kind__')!r})")
     return doc

@@ -22,7 +22,9 @@ parameters, funnel, distributions of the stage tables) are checked against the p
 
 When the card sits in a run directory that has a completion marker (``OUT/card`` beside ``OUT/_SUCCESS.json``),
 or with ``--run RUN_DIR`` / ``--marker RUN_DIR``, every file the marker lists is also checked (size and sha256), so
-a run that did not finish, or whose files changed since, does not pass.
+a run that did not finish, or whose files changed since, does not pass; the card must be one of those files when it
+sits in a run directory (a card built elsewhere is no run's file). When the run is known (``--run``, or the card's
+parent), every question in the shards must also be a row of the run's questions table, the same question and answer.
 
 The result is a table ``claim | card | recomputed | ok``; any mismatch makes the command exit 1.
 """
@@ -398,6 +400,9 @@ def verify(card_dir: str, shards: str | list[str], loader: bool = True, run_dir:
         check_loader(card, data, rep)
     if run_dir is not None:
         check_run(card, run_dir, shards, rep)
+    questions_run = run_dir or default_marker_dir(card_dir)
+    if questions_run is not None:
+        check_shard_questions(questions_run, data, rep)
     marker_dir = marker or find_marker_dir(card_dir, run_dir)
     if marker_dir is not None:
         check_marker(marker_dir, rep)
@@ -420,9 +425,91 @@ def check_marker_lists(marker_dir: str, card_dir: str, data: dict, rep: Report) 
     if not marker:
         return
     listed = {e.get("sha256") for e in marker.get("files", []) if isinstance(e, dict)}
-    ours = [os.path.join(card_dir, "card.json")] + [ix["path"] for ix in data["indexes"] if "://" not in ix["path"]]
+    ours = [ix["path"] for ix in data["indexes"] if "://" not in ix["path"]]
+    if _card_of_a_run(card_dir, marker_dir):
+        ours.insert(0, os.path.join(card_dir, "card.json"))
+    else:
+        rep.add("run marker lists card.json", "not required: the card is not in a run directory", "not required", True)
     for path in ours:
         with open(path, "rb") as fh:
             digest = sha256_of(fh)[1]
         rep.add(f"run marker lists {os.path.basename(path)}", "its sha256 among the marker's files",
                 "listed" if digest in listed else f"not listed ({digest[:12]})", digest in listed)
+
+
+def _card_of_a_run(card_dir: str, marker_dir: str) -> bool:
+    """Whether the card is one of a run's files, which that run's marker must list: it sits in the marker's run
+    directory (``RUN/card``, what curate writes), or its parent is another run's directory (whose card the marker
+    of this one never listed). A card built elsewhere (``card build RUN --out /elsewhere``) is no run's file: no
+    marker can list it, and requiring it failed the documented build-then-verify flow."""
+    from longreel.schemas.run_marker import MARKER_NAME
+
+    here = os.path.realpath(card_dir)
+    run = os.path.realpath(marker_dir)
+    if here == run or here.startswith(run + os.sep):
+        return True
+    parent = os.path.dirname(here)
+    return any(os.path.isfile(os.path.join(parent, n)) for n in ("stats.json", MARKER_NAME))
+
+
+HINT_REPACK = "the shards were packed from another {table} table: run `longreel pack {run}`"
+
+
+def check_shard_questions(run_dir: str, data: dict, rep: Report) -> None:
+    """Every question in the shards is a row of the run's questions table, with the same question and answer. A
+    stage run alone (``longreel qra RUN --set ...``) rewrites the table but not the shards, whose claims all still
+    matched: the released questions were not the run's. The shards may hold fewer questions than the table (a
+    pass-rate filter or the pack's selection drops some); only one absent from the table, or different, fails."""
+    table = _packed_table(run_dir)
+    rows = _read_questions(run_dir, table)
+    shard_qs = [(sh["name"], q) for sh in data["shards"] for s in sh["read"]["samples"]
+                for q in _sample_questions(s)]
+    if rows is None:
+        rep.add(f"run: the {table} table the shards were packed from", f"{len(shard_qs)} shard questions",
+                f"no {table} table in {run_dir}", not shard_qs)
+        return
+    hint = HINT_REPACK.format(table=table, run=run_dir)
+    bad = 0
+    for shard, q in shard_qs:
+        got = rows.get(q.get("qra_id"))
+        have = {"question": q.get("question"), "answer": q.get("answer")}
+        if got != have:
+            bad += 1
+            rep.add(f"run: question {q.get('qra_id')} of {shard} in the {table} table ({hint})", have,
+                    got or f"not in the {table} table", False)
+    rep.add(f"run: the shards' questions are rows of the {table} table", f"{len(shard_qs)} questions",
+            f"{len(shard_qs) - bad} match", not bad)
+
+
+def _sample_questions(sample: dict) -> list[dict]:
+    """A shard sample's questions (its ``qras.json``); a malformed one is check_shards' row already."""
+    qs = sample["json"].get("qras.json")
+    return [q for q in qs if isinstance(q, dict)] if isinstance(qs, list) else []
+
+
+def _packed_table(run_dir: str) -> str:
+    """The table the run's pack read its questions from: ``pack.qra_table`` of the config a pack run alone recorded
+    (config_pack.yaml), else of config.yaml; ``qras`` by default."""
+    import yaml
+
+    from longreel.pipelines.card.build import _with_stage_configs
+
+    config = {}
+    path = os.path.join(run_dir, "config.yaml")
+    if "://" not in run_dir and os.path.isfile(path):
+        with open(path, encoding="utf-8") as fh:
+            config = yaml.safe_load(fh) or {}
+    config = _with_stage_configs(run_dir, config if isinstance(config, dict) else {})
+    pack = config.get("pack")
+    return (pack.get("qra_table") if isinstance(pack, dict) else None) or "qras"
+
+
+def _read_questions(run_dir: str, table: str) -> dict | None:
+    """``{qra_id: {"question", "answer"}}`` of the run's questions table; None when the run has none."""
+    from longreel.pipelines.io.parquet_sink import read_table
+
+    try:
+        rows = read_table(run_dir, table).select(["qra_id", "question", "answer"]).to_pylist()
+    except FileNotFoundError:
+        return None
+    return {r["qra_id"]: {"question": r["question"], "answer": r["answer"]} for r in rows}
