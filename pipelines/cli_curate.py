@@ -31,7 +31,8 @@ stats.json records, per stage, in / out / rejected by reason.
 
 INPUT is a directory (its video files), a glob, a single path, or a manifest (.txt/.lst one
 path or URL per line; .jsonl/.json/.parquet with a `path` column and optional `license`,
-`attribution`). gs:// and s3:// work where Beam's gcp/aws extras are installed.
+`attribution`). gs:// and s3:// work where Beam's gcp/aws extras are installed; an http(s)
+URL is a video, or a .txt/.lst/.jsonl/.json manifest (Parquet: download it first).
 With --demo (or no INPUT) the embedded sample corpus is used. An INPUT path that does not
 exist is an error (exit 2); a manifest entry that does not exist is a `not_found` reject, and
 an input listed twice is a `duplicate_input` reject naming its first listing. Globs,

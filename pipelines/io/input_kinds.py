@@ -18,6 +18,11 @@ def is_remote(uri: str) -> bool:
     return "://" in uri
 
 
+def is_http(uri: str) -> bool:
+    """A URL read with urllib (Beam has no http filesystem): a video is fetched, a manifest read, neither matched."""
+    return uri.lower().startswith(("http://", "https://"))
+
+
 def is_manifest_name(spec: str) -> bool:
     return spec.lower().endswith(MANIFEST_EXTENSIONS)
 

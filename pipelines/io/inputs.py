@@ -6,8 +6,9 @@ starts and the job graph holds the specs, never the videos. :class:`ReadInputs` 
 globs and directories through ``fileio.MatchFiles``, manifests through ``fileio.ReadMatches`` (streamed, one
 entry at a time), then the repeated-listing check and the licence sidecars.
 
-Everything is read through Beam's FileSystems, so ``gs://`` and ``s3://`` work wherever Beam's
-``gcp``/``aws`` extras are installed. A manifest is one path/URL per line (``.txt``/``.lst``,
+Everything but an http(s) URL is read through Beam's FileSystems, so ``gs://`` and ``s3://`` work wherever
+Beam's ``gcp``/``aws`` extras are installed; an http(s) URL is read with urllib (as an INPUT it is one video, or
+a manifest when its path ends as one, but not ``.parquet``). A manifest is one path/URL per line (``.txt``/``.lst``,
 ``#`` comments allowed), or a table (``.jsonl``/``.json``/``.parquet``) with a ``path`` (or
 ``uri``/``url``) column and optional ``license`` and ``attribution`` columns. A licence may
 also come from a sidecar file ``<video>.license`` (first line: licence, rest: attribution).
@@ -21,6 +22,9 @@ import json
 import os
 import posixpath
 import re
+import urllib.error
+import urllib.parse
+import urllib.request
 from dataclasses import asdict, dataclass
 
 import apache_beam as beam
@@ -29,7 +33,11 @@ from apache_beam.io.filesystems import FileSystems
 
 from longreel.pipelines.io.input_kinds import (  # noqa: F401 - the extensions: where callers have found them
     MANIFEST_EXTENSIONS, VIDEO_EXTENSIONS, is_glob, is_manifest_name)
+from longreel.pipelines.io.input_kinds import is_http
 from longreel.pipelines.io.input_kinds import is_remote as _is_remote
+
+#: seconds a read of a manifest over http(s) may wait for the server (per connection and per read)
+URL_TIMEOUT_S = 60
 
 
 class InputError(ValueError):
@@ -69,6 +77,9 @@ class SpecPlan:
     kind: str
     pattern: str
     base: str = ""
+    #: sha256 of what the launcher read of the spec: a manifest's bytes, a single local file's ``.license``
+    #: sidecar ("" when there is none), so that an edited manifest or licence is other inputs
+    content: str = ""
 
     @property
     def where(self) -> str:
@@ -83,8 +94,31 @@ class InputPlan:
     specs: tuple[SpecPlan, ...]
 
     def digest(self) -> str:
-        """Identifies the inputs of a run (its output directory's identity) without listing them."""
-        return hashlib.sha256(json.dumps([asdict(s) for s in self.specs]).encode()).hexdigest()
+        """Identifies the inputs of a run (its output directory's identity) without listing them.
+
+        A local spec counts as its normalised absolute path (``DIR/``, ``DIR`` and ``//DIR`` are one input), a
+        manifest also by its content and a single local file by its ``.license`` sidecar's (:attr:`SpecPlan.content`).
+        Directories and globs count as their patterns only: they are listed by the workers, never by the launcher
+        (a corpus may hold millions of files), so a video added to or removed from a directory, or a sidecar beside
+        a listed video, is not seen here; ``--overwrite`` is the way to re-run such a directory from scratch."""
+        return hashlib.sha256(json.dumps([_identity(s) for s in self.specs]).encode()).hexdigest()
+
+
+def _identity(plan: SpecPlan) -> dict:
+    """What :meth:`InputPlan.digest` hashes of one spec. Without a content it is the dict digests were made of
+    before contents counted, so a run of absolute paths made then is still the same run."""
+    doc = asdict(plan)
+    doc["spec"] = plan.spec if _is_remote(plan.spec) else _local_abs(plan.spec)
+    if not doc["content"]:
+        del doc["content"]
+    return doc
+
+
+def _local_abs(path: str) -> str:
+    """``path`` absolute and normalised: one name per file, however it was typed (``a/../b``, ``DIR/``). POSIX
+    keeps a leading ``//`` (its meaning is left to the system); Linux and macOS read it as ``/``."""
+    path = os.path.abspath(path)
+    return path[1:] if path.startswith("//") and os.sep == "/" else path
 
 
 def _first_video_in(directory: str) -> str | None:
@@ -101,29 +135,81 @@ def _escape_glob(path: str) -> str:
 
 def plan_spec(index: int, spec: str) -> SpecPlan:
     """Classify one spec, with a check that costs O(1) calls (no listing of what it names)."""
+    if is_http(spec):  # Beam has no http(s) filesystem: neither matched nor globbed (a "?" starts its query)
+        return _plan_url(index, spec)
     # a local name that is there is that file or directory, glob characters and all ("Film [1080p].mp4")
     glob = is_glob(spec) and (_is_remote(spec) or not os.path.exists(spec))
     local_dir = not glob and not _is_remote(spec) and os.path.isdir(spec)
     if not glob and is_manifest_name(spec) and not local_dir:
         if not FileSystems.exists(spec):
             raise InputError(f"manifest {spec!r} does not exist")
-        base = posixpath.dirname(spec) if _is_remote(spec) else os.path.dirname(os.path.abspath(spec))
-        plan = SpecPlan(index, spec, "manifest", spec, base)
+        where = spec if _is_remote(spec) else _local_abs(spec)
+        base = posixpath.dirname(spec) if _is_remote(spec) else os.path.dirname(where)
+        plan = SpecPlan(index, spec, "manifest", where, base, _manifest_sha256(spec, where))
         if not _is_remote(spec):
             _check_manifest(plan)
         return plan
     if local_dir:
         if _first_video_in(spec) is None:
             raise InputError(f"directory {spec!r} holds no video files ({', '.join(VIDEO_EXTENSIONS)})")
-        return SpecPlan(index, spec, "directory", os.path.join(_escape_glob(os.path.abspath(spec)), "*"))
+        return SpecPlan(index, spec, "directory", os.path.join(_escape_glob(_local_abs(spec)), "*"))
     if not glob and not _is_remote(spec):
         # A single local path: kept even if missing, so that it turns into a reject with a reason.
-        return SpecPlan(index, spec, "path", os.path.abspath(spec))
+        return SpecPlan(index, spec, "path", _local_abs(spec), content=_sidecar_sha256(_local_abs(spec)))
     if not FileSystems.match([spec], limits=[1])[0].metadata_list:
         raise InputError(f"{spec!r} matches no file")
     # local names are matched as absolute paths: a relative one went into the videos table as typed, and a stage
     # run later from another directory read no video and replaced the run's captions with none
-    return SpecPlan(index, spec, "glob", spec if _is_remote(spec) else os.path.abspath(spec))
+    return SpecPlan(index, spec, "glob", spec if _is_remote(spec) else _local_abs(spec))
+
+
+def _plan_url(index: int, spec: str) -> SpecPlan:
+    """An http(s) URL: a video is one input, not checked here (as a manifest's line: its fetch decides, and a
+    404 is a ``not_found`` reject); a manifest is read now, as a local one is checked, and again by the workers."""
+    if not is_manifest_name(urllib.parse.urlsplit(spec).path):
+        return SpecPlan(index, spec, "path", spec)
+    if urllib.parse.urlsplit(spec).path.lower().endswith(".parquet"):  # read by seeking, which http does not do
+        raise InputError(f"manifest {spec!r}: a Parquet manifest is not read over http(s); download it and give "
+                         "the local file")
+    data = _read_url(spec)
+    plan = SpecPlan(index, spec, "manifest", spec, urllib.parse.urljoin(spec, "."), hashlib.sha256(data).hexdigest())
+    _check_listings(plan, io.BytesIO(data))
+    return plan
+
+
+def _read_url(url: str) -> bytes:
+    """The bytes of a manifest at ``url``; a failure is an :class:`InputError` in one line."""
+    try:
+        with urllib.request.urlopen(url, timeout=URL_TIMEOUT_S) as fh:  # noqa: S310 - the user's own URL
+            return fh.read()
+    except urllib.error.HTTPError as e:
+        e.close()
+        gone = " does not exist" if e.code in (404, 410) else ""
+        raise InputError(f"manifest {url!r}{gone} (HTTP {e.code} {e.reason})") from None
+    except (OSError, ValueError) as e:  # refused, timed out, no such host; a malformed URL
+        raise InputError(f"cannot read manifest {url!r}: {getattr(e, 'reason', None) or e}") from None
+
+
+def _manifest_sha256(spec: str, path: str) -> str:
+    """The manifest's content hash (manifests are lists of names: small next to the videos they name)."""
+    h = hashlib.sha256()
+    try:
+        with FileSystems.open(path, compression_type="uncompressed") as fh:
+            while chunk := fh.read(1 << 20):
+                h.update(chunk)
+    except OSError as e:
+        raise InputError(f"cannot read manifest {spec!r}: {e}") from None
+    return h.hexdigest()
+
+
+def _sidecar_sha256(path: str) -> str:
+    """The content hash of a single local file's ``.license`` sidecar; "" when it has none (or it cannot be
+    read: the workers then read none either)."""
+    try:
+        with open(path + ".license", "rb") as fh:
+            return hashlib.sha256(fh.read()).hexdigest()
+    except OSError:
+        return ""
 
 
 #: entries of a local manifest the launcher reads before the run (the workers list them all)
@@ -137,11 +223,15 @@ def _check_manifest(plan: SpecPlan) -> None:
     before that line. Past them, the workers list the rest as before, so a manifest of any length costs the
     launcher a bounded read. A manifest listing nothing is refused too."""
     with open(plan.pattern, "rb") as fh:
-        listings = manifest_listings(plan, fh)
-        if next(listings, None) is None:
-            raise InputError(f"manifest {plan.spec!r} lists no videos")
-        for _ in itertools.islice(listings, CHECKED_ENTRIES - 1):
-            pass
+        _check_listings(plan, fh)
+
+
+def _check_listings(plan: SpecPlan, fh) -> None:
+    listings = manifest_listings(plan, fh)
+    if next(listings, None) is None:
+        raise InputError(f"manifest {plan.spec!r} lists no videos")
+    for _ in itertools.islice(listings, CHECKED_ENTRIES - 1):
+        pass
 
 
 def plan_inputs(specs: list[str]) -> InputPlan:
@@ -213,7 +303,7 @@ def manifest_listings(plan: SpecPlan, fh):
             if not path or not isinstance(path, str):
                 raise InputError(f"{uri}: entry {n} has no path/uri/url")
             if not _is_remote(path) and not os.path.isabs(path):
-                path = posixpath.join(plan.base, path) if _is_remote(plan.base) else os.path.join(plan.base, path)
+                path = _resolve(plan.base, path)
             where = f"{uri} line {line}" if line is not None else f"{uri} entry {n}"
             for field in ("license", "attribution"):
                 # a number or a list here went on to be probed and then rejected as a schema violation, or dropped
@@ -222,6 +312,30 @@ def manifest_listings(plan: SpecPlan, fh):
             yield _listing(path, plan, n, where, r.get("license") or None, r.get("attribution") or None)
     except (OSError, UnicodeDecodeError) as e:
         raise InputError(f"cannot read manifest {uri!r}: {e}") from None
+
+
+def _resolve(base: str, entry: str) -> str:
+    """A manifest's relative entry against the directory of the manifest (a URL's as a browser would: ``..``)."""
+    if is_http(base):
+        return urllib.parse.urljoin(base, entry)
+    return posixpath.join(base, entry) if _is_remote(base) else os.path.join(base, entry)
+
+
+def open_manifest(uri: str):
+    """``uri`` open for reading in binary: over http(s) with :data:`URL_TIMEOUT_S`, else through FileSystems."""
+    if is_http(uri):
+        return urllib.request.urlopen(uri, timeout=URL_TIMEOUT_S)  # noqa: S310 - the user's own URL
+    return FileSystems.open(uri, compression_type="uncompressed")
+
+
+def _opened_listings(plan: SpecPlan):
+    """The listings of the manifest ``plan`` names, opened here (a URL the launcher read may fail since)."""
+    try:
+        fh = open_manifest(plan.pattern)
+    except (OSError, ValueError) as e:
+        raise InputError(f"cannot read manifest {plan.spec!r}: {getattr(e, 'reason', None) or e}") from None
+    with fh:
+        yield from manifest_listings(plan, fh)
 
 
 def matched_listings(plan: SpecPlan, path: str):
@@ -280,6 +394,9 @@ class _ManifestListings(beam.DoFn):
 
 def _spec_listings(p, plan: SpecPlan):
     label = f"Spec{plan.index}"
+    if plan.kind == "manifest" and is_http(plan.pattern):  # no http filesystem in Beam to match it with
+        return (p | f"{label}Url" >> beam.Create([plan])
+                | f"{label}Read" >> beam.FlatMap(_opened_listings))
     if plan.kind == "manifest":
         return (p | f"{label}Match" >> fileio.MatchFiles(plan.pattern)
                 | f"{label}Open" >> fileio.ReadMatches()
@@ -312,8 +429,7 @@ class ReadInputs(beam.PTransform):
 
 def _local_listings(plan: SpecPlan):
     if plan.kind == "manifest":
-        with FileSystems.open(plan.pattern, compression_type="uncompressed") as fh:
-            yield from manifest_listings(plan, fh)
+        yield from _opened_listings(plan)
     elif plan.kind == "path":
         yield _listing(plan.pattern, plan, 0, plan.where)
     else:

@@ -9,12 +9,15 @@ inputs list twice is probed once: its later listings are ``duplicate_input`` rej
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import os
 import shutil
 import stat
 import tempfile
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 
 import apache_beam as beam
@@ -29,14 +32,100 @@ DEDUP_STAGE = "dedup"
 CHUNK = 1 << 20
 
 
+#: tries of a remote fetch that failed in a way that may pass (refused, reset, timed out, cut short, HTTP 5xx or
+#: 429), and the waits before the second and third: a server restarting or overloaded for a moment cost its videos
+#: for good, while a host that stays down costs each video a few seconds, not the run's time
+FETCH_TRIES = 3
+FETCH_DELAYS_S = (0.5, 1.5)
+
+
 class NotRegularFile(OSError):
     pass
+
+
+class FetchFailed(OSError):
+    """A remote fetch that failed transiently on each of its ``tries``; ``cause`` is the last failure."""
+
+    def __init__(self, uri: str, tries: int, waited_s: float, cause: BaseException):
+        super().__init__(f"{uri}: {_describe(cause)}")
+        self.tries, self.waited_s, self.cause = tries, waited_s, cause
 
 
 def _open(uri: str):
     if uri.startswith(("http://", "https://")):
         return urllib.request.urlopen(uri, timeout=60)  # noqa: S310 - the user's own URL list
     return FileSystems.open(uri, compression_type="uncompressed")
+
+
+def _describe(e: BaseException) -> str:
+    """One line for a fetch failure: urllib wraps the socket's error (``<urlopen error [Errno 111] ...>``)."""
+    if isinstance(e, urllib.error.HTTPError):
+        return f"HTTP {e.code} {e.reason}"
+    if isinstance(e, urllib.error.URLError):
+        return str(e.reason)
+    return str(e) or type(e).__name__
+
+
+def _transient(e: BaseException) -> bool:
+    """A failure another try may not meet: the server's (5xx), its rate limit (429) or the connection's (refused,
+    reset, timed out, cut short)."""
+    if isinstance(e, urllib.error.HTTPError):
+        return e.code >= 500 or e.code == 429
+    if isinstance(e, urllib.error.URLError):
+        e = e.reason
+    return isinstance(e, (ConnectionError, TimeoutError, http.client.IncompleteRead))
+
+
+def _suffix(uri: str) -> str:
+    """The extension of a remote name for its local copy (without a URL's query: ``a.mp4?sig=...``)."""
+    path = urllib.parse.urlsplit(uri).path if "://" in uri else uri
+    return os.path.splitext(path)[1][:8]
+
+
+def _copy(uri: str, local: str) -> tuple[str, int]:
+    """Copy ``uri`` to ``local`` (from the start, over what a failed try left): (sha256, size)."""
+    h = hashlib.sha256()
+    size = 0
+    with open(local, "wb") as out, _open(uri) as fh:
+        while chunk := fh.read(CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+            out.write(chunk)
+        expected = _content_length(fh)
+    if expected is not None and size < expected:  # http.client ends a cut transfer as if it were whole
+        raise http.client.IncompleteRead(b"", expected - size)
+    return h.hexdigest(), size
+
+
+def _content_length(fh) -> int | None:
+    """The length an HTTP answer announced (None for other streams, or when it announced none)."""
+    value = fh.headers.get("Content-Length") if isinstance(fh, http.client.HTTPResponse) else None
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _fetch(uri: str, local: str) -> tuple[str, int]:
+    """:func:`_copy`, tried again after a transient failure (:data:`FETCH_TRIES`, :data:`FETCH_DELAYS_S`); the
+    last one raises :class:`FetchFailed`, any other failure is raised at once (an http.client one as an OSError)."""
+    waited = 0.0
+    for attempt in range(1, max(1, FETCH_TRIES) + 1):
+        try:
+            return _copy(uri, local)
+        except (OSError, http.client.HTTPException) as e:
+            if not _transient(e):
+                if isinstance(e, OSError):
+                    raise
+                raise OSError(_describe(e)) from e
+            if attempt >= FETCH_TRIES:
+                raise FetchFailed(uri, attempt, waited, e) from e
+            if isinstance(e, urllib.error.HTTPError):
+                e.close()
+            delay = FETCH_DELAYS_S[min(attempt, len(FETCH_DELAYS_S)) - 1] if FETCH_DELAYS_S else 0.0
+            time.sleep(delay)
+            waited += delay
+    raise AssertionError("not reached: the last try returns or raises")
 
 
 def hash_and_localize(uri: str, tmpdir: str) -> tuple[str, str, int, bool]:
@@ -54,13 +143,34 @@ def hash_and_localize(uri: str, tmpdir: str) -> tuple[str, str, int, bool]:
                 h.update(chunk)
                 size += len(chunk)
         return uri, h.hexdigest(), size, False
-    fd, local = tempfile.mkstemp(dir=tmpdir, suffix=os.path.splitext(uri)[1][:8])
-    with os.fdopen(fd, "wb") as out, _open(uri) as fh:
-        while chunk := fh.read(CHUNK):
-            h.update(chunk)
-            size += len(chunk)
-            out.write(chunk)
-    return local, h.hexdigest(), size, True
+    fd, local = tempfile.mkstemp(dir=tmpdir, suffix=_suffix(uri))
+    os.close(fd)
+    try:
+        sha, size = _fetch(uri, local)
+    except BaseException:
+        os.unlink(local)  # a failed fetch is a reject: its partial copy would stay till the worker's teardown
+        raise
+    return local, sha, size, True
+
+
+def _http_reject(uri: str, e: urllib.error.HTTPError):
+    """An HTTP error status as the reject a local file would get: gone is ``not_found``, forbidden is
+    ``permission_denied``; any other is ``unreadable``."""
+    e.close()
+    status = f"HTTP {e.code} {e.reason}"
+    if e.code in (404, 410):
+        return rejected(STAGE, uri, "not_found", f"no such file: {uri} ({status})")
+    if e.code in (401, 403):
+        return rejected(STAGE, uri, "permission_denied", f"cannot read {uri}: {status}")
+    return rejected(STAGE, uri, "unreadable", f"cannot read {uri}: {status}")
+
+
+def _retried_reject(uri: str, e: FetchFailed):
+    """A transient failure that lasted through every try: a reject of this run (a later run may read it)."""
+    return rejected(STAGE, uri, "unreadable",
+                    f"cannot fetch {uri}: {_describe(e.cause)} (tried {e.tries} times over {e.waited_s:g} s; the "
+                    "failure may be transient: a later run may read it)",
+                    details=json.dumps({"tries": e.tries, "transient": True}))
 
 
 class ProbeVideo(beam.DoFn):
@@ -91,6 +201,12 @@ class ProbeVideo(beam.DoFn):
         except FileNotFoundError:
             yield rejected(STAGE, uri, "not_found", f"no such file: {uri}")
             return
+        except urllib.error.HTTPError as e:
+            yield _http_reject(uri, e)
+            return
+        except FetchFailed as e:
+            yield _retried_reject(uri, e)
+            return
         except PermissionError as e:
             yield rejected(STAGE, uri, "permission_denied", f"cannot read {uri}: {e}")
             return
@@ -101,7 +217,7 @@ class ProbeVideo(beam.DoFn):
             yield rejected(STAGE, uri, "unreadable", f"{uri} is not a regular file (FIFO, socket or device)")
             return
         except OSError as e:
-            yield rejected(STAGE, uri, "unreadable", f"cannot read {uri}: {e}")
+            yield rejected(STAGE, uri, "unreadable", f"cannot read {uri}: {_describe(e)}")
             return
         try:
             if size == 0:
@@ -110,7 +226,9 @@ class ProbeVideo(beam.DoFn):
             try:
                 info = self.worker.call("probe", path=local)
             except WorkerError as e:
-                yield rejected(STAGE, uri, e.reason, e.message, video_id=sha[:16])
+                # the probe names the file it opened: a remote video's is a temporary copy, gone by now
+                message = e.message.replace(local, uri) if is_temp else e.message
+                yield rejected(STAGE, uri, e.reason, message, video_id=sha[:16])
                 return
             # a few small frames while the file is local (the near-duplicate test of the dedup stage)
             sig = self._signature(local, info) if self.signature_frames else None
