@@ -75,7 +75,7 @@ def run_filter(out_dir: str, cfg: FilterConfig, beam_args: list[str] | None = No
     from longreel.pipelines.io.run_dir import ensure_dir
     from longreel.pipelines.stage_session import StageSession
 
-    cfg.check()
+    cfg.check_runnable()
     if shards:
         check_shard_patterns(shards)
         ensure_dir(out_dir)

@@ -105,6 +105,12 @@ class FilterConfig(ConfigModel):
             raise ConfigError("need 0 <= band_min <= band_max <= 1")
         if not 0 <= self.sft_fraction <= 1 or not 0 <= self.sft_min_pass_rate <= 1:
             raise ConfigError("sft_fraction and sft_min_pass_rate must be in [0, 1]")
+
+    def check_runnable(self):
+        """:meth:`check`, and the model that answering needs. Not part of :meth:`check`: a run that does not filter
+        still writes a resolved ``filter`` section (with no model) into its config.yaml, and that file given back as
+        ``--config`` was refused for it."""
+        self.check()
         if not self.model:
             raise ConfigError(f"backend {self.backend} needs model (a local model directory)")
 

@@ -84,14 +84,23 @@ def test_a_check_hook_message_comes_through_as_written():
 
 
 def test_check_hooks_run_for_the_sections_a_load_builds():
-    # the default FilterConfig has no model, which its check refuses: a section left out is not checked ...
+    # a section left out is not checked; a section given is
     assert load_yaml(CurateConfig, None).filter.model == ""
-    FilterConfig()
-    # ... a section given is
-    assert _error(CurateConfig, ["filter.k=3"]) == "backend transformers needs model (a local model directory)"
-    # and a config built in code is checked on request (the pass-rate stage does it)
+    assert _error(CurateConfig, ["filter.k=0"]) == "k must be >= 1"
+    # the answering model is the filter's to need when it runs: a run without the stage wrote a filter section with
+    # no model into its config.yaml, and that file given back as --config was refused
+    assert load_yaml(CurateConfig, None, ["filter.k=3"]).filter.k == 3
+    assert _error(CurateConfig, ["stages=[caption, qra, filter]"]).startswith("stages: filter needs an answering model")
     with pytest.raises(ConfigError, match="needs model"):
-        FilterConfig().check()
+        FilterConfig().check_runnable()  # what the pass-rate stage and `longreel filter` call
+
+
+def test_a_runs_own_config_yaml_loads_back(tmp_path):
+    from longreel.schemas.config import dump_yaml
+
+    path = tmp_path / "config.yaml"
+    path.write_text(dump_yaml(load_yaml(CurateConfig, None)))
+    assert load_yaml(CurateConfig, str(path)) == load_yaml(CurateConfig, None)
 
 
 #: keys added after the dataclass implementation was replaced: left out, the pinned hashes below still hold

@@ -99,8 +99,8 @@ def test_pass_rate_split_rule():
 
 
 def test_config_validation():
-    with pytest.raises(ConfigError):
-        load_yaml(FilterConfig, None, ["backend=transformers"])  # no model
+    with pytest.raises(ConfigError, match="needs model"):  # no model: refused when the filter is to run
+        load_yaml(FilterConfig, None, ["backend=transformers"]).check_runnable()
     with pytest.raises(ConfigError):
         load_yaml(FilterConfig, None, ["model=m", "temperature=0"])
     with pytest.raises(ConfigError):

@@ -83,7 +83,7 @@ class AnswererHandler(ModelHandler):
 
     def __init__(self, cfg: FilterConfig):
         super().__init__(min_batch_size=1, max_batch_size=cfg.batch_size)
-        cfg.check()
+        cfg.check_runnable()
         self.cfg = cfg
 
     # -- what the rows record -------------------------------------------------------------------------------

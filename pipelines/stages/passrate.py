@@ -360,7 +360,7 @@ class PassRateFilter(beam.PTransform):
 
     def __init__(self, cfg: FilterConfig, handler: AnswererHandler | None = None, frames_dir: str | None = None):
         super().__init__()
-        cfg.check()
+        cfg.check_runnable()
         self.cfg, self.frames_dir = cfg, frames_dir
         self.handler = handler if handler is not None else make_handler(cfg)
 
