@@ -58,6 +58,7 @@ class StageSession:
     def finish(self) -> None:
         if self.step != "card":
             record_stage_command(self.out_dir, self.step, self.command)
+            warn_stale_later_steps(self.out_dir, self.step)
             refresh_card(self.out_dir)
         if self.marker is None:
             return
@@ -88,6 +89,39 @@ def record_stage_command(out_dir: str, step: str, command: str | None) -> None:
         done.pop()
     doc[STAGE_COMMANDS_KEY] = done + [{"step": step, "command": command}]
     write_json(path, doc)
+
+
+#: the stage commands in pipeline order: the funnel stage that shows a step ran, and the command that runs it alone
+STEP_COMMANDS = {"caption": ("clip_facts", "longreel caption --clips-dir {out}"),
+                 "qra": ("qra_context", "longreel qra --out {out}"),
+                 "judge": ("judge", "longreel judge --out {out}"),
+                 "blind": ("blind", "longreel blind --out {out}"),
+                 "filter": ("passrate", "longreel filter --out {out}"),
+                 "pack": ("pack_select", "longreel pack {out}")}
+
+
+def stale_later_steps(stats: dict, step: str) -> list[str]:
+    """The steps after ``step`` whose outputs the run holds (their funnel stages are in ``stats``): they were made
+    from what ``step`` has just replaced."""
+    from longreel.pipelines.stats import PIPELINE_ORDER
+
+    if step not in STEP_COMMANDS:
+        return []
+    ran = {s.get("stage") for s in stats.get("stages") or [] if isinstance(s, dict)}
+    at = PIPELINE_ORDER.index(STEP_COMMANDS[step][0])
+    return [name for name, (stage, _) in STEP_COMMANDS.items() if PIPELINE_ORDER.index(stage) > at and stage in ran]
+
+
+def warn_stale_later_steps(out_dir: str, step: str) -> None:
+    """Say which of the run's later outputs a stage run alone left behind: ``longreel qra`` rewrote the questions,
+    and the shards still held the earlier ones, with no word of it (``card verify`` now fails such shards)."""
+    from longreel.pipelines.stats import read_json
+
+    stale = stale_later_steps(read_json(FileSystems.join(out_dir, "stats.json")) or {}, step)
+    if stale:
+        log.warning("%s: the run's %s outputs were made from the %s outputs this run replaced; run %s to bring them "
+                    "up to date", step, ", ".join(stale), step,
+                    ", then ".join(f"`{STEP_COMMANDS[s][1].format(out=out_dir)}`" for s in stale))
 
 
 def refresh_card(out_dir: str) -> None:

@@ -219,3 +219,16 @@ def test_a_pack_under_another_dataset_name_describes_its_own_dataset(run, capsys
     assert _claims(os.path.join(run, "card"))["dataset/name"] == "renamed"
     assert os.path.isfile(os.path.join(run, MARKER))
     assert main(["pack", run]) == 0  # and the directory stays usable (config_pack.yaml keeps the new name)
+
+
+def test_a_stage_run_alone_names_the_later_outputs_it_left_stale(run, capsys, caplog):
+    """`longreel qra RUN --set ...` rewrote the questions and left the shards holding the earlier ones, with no word
+    of it; it now names pack and the command that brings the shards up to date."""
+    with caplog.at_level("WARNING", logger="longreel"):
+        assert main(["qra", "--out", run, "--set", "categories=[spatial]"]) == 0, capsys.readouterr().err
+    assert f"the run's pack outputs were made from the qra outputs this run replaced; run `longreel pack {run}`" \
+        in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="longreel"):
+        assert main(["pack", run]) == 0
+    assert "were made from" not in caplog.text  # nothing comes after pack
