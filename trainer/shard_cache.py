@@ -9,12 +9,23 @@ webdataset's ``wids`` cache). With ``data.stream`` the shards are fetched one at
 (:class:`ShardFetcher`).
 
 A shard with a known sha256 is stored as ``<sha256>.tar``: content-addressed, so a reused file is the verified one
-(it is renamed into place only after its hash matched). One without is stored under a hash of its URL and is reused
-as long as that file is there: the URL is then trusted to name fixed content, as a brace pattern or a URL list
-does. Nothing checked such a copy but its length against the response's Content-Length, so one that turns out
-unreadable (a truncated or corrupt tar) is removed when the loader meets the break (:func:`forget_unchecked_copy`):
-the next run downloads it again rather than failing on the same bad copy for good. Ranks that share a machine take
-a per-shard ``flock`` so that one of them downloads and the others wait.
+(it is renamed into place only after its hash matched) and is reused without asking the server. One without (a bare
+``http(s)`` URL, a brace pattern, a URL list) is stored under a hash of its URL, and the server's ``ETag``,
+``Last-Modified`` and ``Content-Length`` at its download are recorded beside it (``<name>.http.json``). Before such
+a copy is reused the server is asked again (a ``HEAD``, :func:`_revalidate`): when what it says differs (or, from a
+server that gives neither ``ETag`` nor ``Last-Modified``, the size does), the shard is downloaded again; a server
+that cannot be asked leaves the copy in use, with a warning that it could not be revalidated. A reused copy once
+trusted the URL to name fixed content, and a shard changed on the server was trained and evaluated on from the old
+copy without a word. (``gs://`` and ``s3://`` copies without a sha256 are still reused as they are.) Nothing checked
+such a copy but its length against the response's Content-Length, so one that turns out unreadable (a truncated or
+corrupt tar) is removed when the loader meets the break (:func:`forget_unchecked_copy`): the next run downloads it
+again rather than failing on the same bad copy for good. Ranks that share a machine take a per-shard ``flock`` so
+that one of them downloads and the others wait.
+
+A download whose transfer completed (its Content-Length, or a clean end of the stream) but that does not match the
+index's size or sha256 is the file's, not the network's: it is reported at once ("the server's file is N bytes, the
+index says M: the shard or its index is out of date"), not tried again. URLs with credentials are refused before
+anything is fetched (``remote_read.refuse_credentials``), and what this module prints has userinfo masked.
 
 Beyond such a copy, the cache never deletes on its own: a run that starts should not find its shards evicted by
 another. Each reuse sets the file's mtime, so ``longreel cache prune`` (:func:`prune`) can remove the least recently
@@ -25,6 +36,8 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import http.client
+import json
 import logging
 import os
 import tempfile
@@ -36,6 +49,7 @@ from pathlib import Path
 from longreel.engines.local_models import cache_dir as longreel_cache_dir
 from longreel.task.shard_reader import ShardError, ShardSpec, copy_verified, local_path
 from longreel.task.transfer_stop import StopSignal
+from longreel.trainer.remote_read import redact, refuse_credentials, server_headers
 from longreel.trainer.transfer_retry import backoff_s, pause, refused
 
 log = logging.getLogger("longreel")
@@ -58,9 +72,12 @@ def cached_name(spec: ShardSpec) -> str:
 def cache_remote_shards(specs: list[ShardSpec], cache_dir: str, retries: int = 3) -> list[ShardSpec]:
     """``specs`` with every remote shard replaced by its local copy in ``cache_dir`` (downloaded when missing);
     local shards as they are. A download that fails in transport is tried again up to ``retries`` times (see
-    :func:`_download`). Raises :class:`ShardError` naming the URL when a download fails or its sha256 differs."""
+    :func:`_download`). Raises :class:`ShardError` naming the URL when a download fails or its sha256 differs, and
+    :class:`~longreel.schemas.config.ConfigError` for a URL with credentials (before any download)."""
     out, fetched, nbytes, t0 = [], 0, 0, time.monotonic()
     root = Path(os.path.expanduser(cache_dir))
+    for spec in specs:  # all of them before the first download: not one refused after an hour of downloading
+        refuse_credentials(spec.url)
     for spec in specs:
         local, size = _local_copy(spec, root, retries)
         if size is not None:
@@ -96,8 +113,10 @@ class ShardFetcher:
         self.downloaded = 0  # shards this fetcher downloaded (not found in the cache)
 
     def __call__(self, spec: ShardSpec, upcoming: ShardSpec | None = None) -> ShardSpec:
+        refuse_credentials(spec.url)  # a ConfigError, not a ShardError: data.on_error=skip must not skip it
         local = self._get(spec)
-        if upcoming is not None and local_path(upcoming.url) is None and upcoming.url not in self._ahead:
+        if (upcoming is not None and local_path(upcoming.url) is None and upcoming.url not in self._ahead
+                and "@" not in upcoming.url):  # one with credentials is refused when it is reached, not fetched ahead
             self._ahead[upcoming.url] = self._pool.submit(_local_copy, upcoming, self.root, self.retries,
                                                           self._stop)
         return local
@@ -108,13 +127,16 @@ class ShardFetcher:
         if ahead is not None:
             try:
                 local, size = ahead.result()
+            except _ContentError:  # the server's whole file, not matching the index: another download brings it again
+                raise
             except ShardError as e:
-                log.info("shard cache: the download ahead of %s failed (%s); fetching it again", spec.url, e)
+                log.info("shard cache: the download ahead of %s failed (%s); fetching it again", redact(spec.url),
+                         redact(str(e)))
         if local is None:
             local, size = _local_copy(spec, self.root, self.retries)
         if size is not None:
             self.downloaded += 1
-            log.info("shard cache: downloaded %s (%.1f MB)", spec.url, size / 1e6)
+            log.info("shard cache: downloaded %s (%.1f MB)", redact(spec.url), size / 1e6)
         return local
 
     def close(self) -> None:
@@ -138,25 +160,94 @@ def _local_copy(spec: ShardSpec, root: Path, retries: int = 3,
 
 def _fetch(spec: ShardSpec, root: Path, retries: int = 3,
            stop: threading.Event | None = None) -> tuple[Path, int | None]:
-    """The cached file of ``spec`` and the bytes downloaded (None when the file was already there)."""
+    """The cached file of ``spec`` and the bytes downloaded (None when the file was already there and is reused: a
+    copy without a sha256 only once the server confirmed it, or could not be asked; see :func:`_revalidate`)."""
     dest = root / cached_name(spec)
     try:
         root.mkdir(parents=True, exist_ok=True)
         fd = _open_lock(dest)
     except OSError as e:
-        raise ShardError(spec.url, None, f"cannot use the shard cache {root} ({e.strerror}): set data.cache_dir to a "
-                                         "writable directory, or data.cache_remote=false") from e
+        raise ShardError(redact(spec.url), None, f"cannot use the shard cache {root} ({e.strerror}): set "
+                                                 "data.cache_dir to a writable directory, or data.cache_remote=false"
+                         ) from e
     try:
         _lock(fd, stop)  # another rank on this machine may be downloading it: wait for that one
-        if dest.is_file():
+        # asked before the download, not after: a file changed between the two leaves validators older than the copy,
+        # so the next run downloads it again rather than keeping a stale copy under new validators
+        server = None if spec.sha256 or not spec.url.startswith(("http://", "https://")) else _ask_server(spec.url)
+        if dest.is_file() and _revalidate(spec, dest, server):
             try:
                 os.utime(dest)  # the last use, which `longreel cache prune` evicts by
             except OSError:  # a cache another user owns, or read-only: readable all the same
                 pass
             return dest, None
-        return dest, _download(spec, dest, retries, stop)
+        record = Path(_record_path(dest))
+        record.unlink(missing_ok=True)  # until the new copy is in place, no validators speak for the old one
+        size = _download(spec, dest, retries, stop)
+        if isinstance(server, dict):
+            _write_record(record, server)
+        return dest, size
     finally:
         os.close(fd)
+
+
+def _record_path(shard: Path) -> str:
+    """Where the server's validators at a URL-named copy's download are kept (not ``*.tar``: :func:`scan` skips it)."""
+    return f"{shard}.http.json"
+
+
+def _ask_server(url: str) -> dict | str:
+    """The server's validators of ``url`` (:func:`~longreel.trainer.remote_read.server_headers`), or why it could
+    not be asked."""
+    try:
+        return server_headers(url)
+    except (OSError, http.client.HTTPException, ValueError) as e:
+        return redact(str(e)) or type(e).__name__
+
+
+def _write_record(record: Path, server: dict) -> None:
+    try:
+        tmp = record.with_name(f".{record.name}.tmp")
+        tmp.write_text(json.dumps(server, sort_keys=True))
+        os.replace(tmp, record)
+    except OSError as e:  # a cache another user owns: the next reuse downloads again rather than trust the copy
+        log.warning("shard cache: cannot record the server's validators of %s (%s)", record.name, e.strerror)
+
+
+def _revalidate(spec: ShardSpec, dest: Path, server: dict | str | None) -> bool:
+    """Whether the cached ``dest`` of ``spec`` may be reused. A copy named by the index's sha256 is (it was verified),
+    as is one the server cannot be asked about (``server`` is why: a warning says so) or that is not ``http(s)``
+    (``server`` None). Otherwise the validators recorded at its download must be what the server gives now:
+    ``ETag`` and ``Last-Modified`` where it gives them, and the size always."""
+    if spec.sha256 or server is None:
+        return True
+    url = redact(spec.url)
+    if isinstance(server, str):
+        log.warning("shard cache: the cached copy of %s could not be revalidated with the server (%s): using it as "
+                    "it is", url, server)
+        return True
+    try:
+        recorded = json.loads(Path(_record_path(dest)).read_text())
+    except (OSError, ValueError):
+        recorded = None  # cached before validators were recorded, or the record was lost: only the size can tell
+    size = dest.stat().st_size
+    changed = None
+    if server["length"] is not None and server["length"] != size:
+        changed = f"the server's file is {server['length']} bytes, the cached copy {size}"
+    else:
+        for key, name in (("etag", "ETag"), ("last_modified", "Last-Modified")):
+            if server[key] is not None and (recorded or {}).get(key) != server[key]:
+                changed = (f"its {name} is now {server[key]!r}" + (f", was {recorded.get(key)!r}" if recorded else
+                                                                    ", none recorded with the cached copy"))
+                break
+        else:
+            if server["length"] is None and server["etag"] is None and server["last_modified"] is None:
+                log.warning("shard cache: the cached copy of %s could not be revalidated with the server (it gives no "
+                            "ETag, Last-Modified or Content-Length): using it as it is", url)
+    if changed is None:
+        return True
+    log.info("shard cache: %s changed on the server since it was cached (%s): downloading it again", url, changed)
+    return False
 
 
 def _lock(fd: int, stop: threading.Event | None) -> None:
@@ -186,24 +277,30 @@ def _download(spec: ShardSpec, dest: Path, retries: int = 3, stop: threading.Eve
     """Download ``spec`` into ``dest`` (verified, then renamed into place). A transport failure (a reset connection,
     a timeout, an HTTP 5xx, a truncated transfer, a failing ``gsutil``/``aws`` pipe) is tried again up to
     ``retries`` times after 1, 2, 4, ... seconds, as object stores ask of their clients; a refusal that another try
-    would not change (an HTTP 4xx: missing or forbidden) and a verified copy that does not match the index are not."""
+    would not change (an HTTP 4xx: missing or forbidden) and a complete transfer that does not match the index's size
+    or sha256 (:class:`_ContentError`: the server's file is not the one the index describes) are not."""
     for attempt in range(retries + 1):
         try:
             return _download_once(spec, dest, stop)
         except _Transient as e:
-            cause = getattr(e.__cause__, "detail", e.__cause__)  # a ShardError's own text names the URL again
+            # a ShardError's own text names the URL again
+            cause = redact(getattr(e.__cause__, "detail", e.__cause__))
             if attempt == retries:
-                raise ShardError(spec.url, None, f"cannot download into the shard cache: {cause} (after "
-                                                 f"{retries + 1} tries)") from e.__cause__
+                raise ShardError(redact(spec.url), None, f"cannot download into the shard cache: {cause} (after "
+                                                         f"{retries + 1} tries)") from e.__cause__
             wait = backoff_s(attempt)
-            log.warning("shard cache: download of %s failed (%s); trying again in %.0f s (%d of %d)", spec.url,
-                        cause, wait, attempt + 1, retries)
+            log.warning("shard cache: download of %s failed (%s); trying again in %.0f s (%d of %d)",
+                        redact(spec.url), cause, wait, attempt + 1, retries)
             pause(wait, stop)
     raise AssertionError("unreachable")
 
 
 class _Transient(Exception):
     """A download failure that another try may not meet (its cause is ``__cause__``)."""
+
+
+class _ContentError(ShardError):
+    """A complete transfer that does not match the index: another try would bring the same bytes."""
 
 
 def _download_once(spec: ShardSpec, dest: Path, stop: threading.Event | None = None) -> int:
@@ -215,14 +312,16 @@ def _download_once(spec: ShardSpec, dest: Path, stop: threading.Event | None = N
             except InterruptedError:  # stopped, not failed: no retry
                 raise
             except ShardError as e:
-                # fewer bytes than the index gives: the transfer was cut short (urllib reads a connection closed
-                # early as the end of the body), which another try may not meet; a full-size mismatch is the data's
-                if spec.bytes is not None and out.tell() < spec.bytes:
-                    raise _Transient() from e
-                raise
+                # copy_verified raises a transfer cut short before its Content-Length as a ConnectionError (below:
+                # tried again), so this is a whole file, or a stream that ended cleanly, that is not the index's:
+                # the server's file itself, which another try would bring again (fewer bytes were once taken for a
+                # cut transfer and tried 3 times, saying "trying again", over a shard whose index is out of date)
+                out.flush()
+                raise _content_error(spec, tmp, out.tell()) from e
             except Exception as e:  # noqa: BLE001 - any transport error is this shard's and may pass, but a refusal
                 if refused(e):
-                    raise ShardError(spec.url, None, f"cannot download into the shard cache: {e}") from e
+                    raise ShardError(redact(spec.url), None, f"cannot download into the shard cache: {redact(e)}"
+                                     ) from e
                 raise _Transient() from e
         os.chmod(tmp, 0o644)  # mkstemp's 0600 would keep a shared cache directory's shards from other users
         os.replace(tmp, dest)
@@ -231,6 +330,20 @@ def _download_once(spec: ShardSpec, dest: Path, stop: threading.Event | None = N
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _content_error(spec: ShardSpec, got: str, size: int) -> _ContentError:
+    """The error of a complete download of ``spec`` (``size`` bytes, in the file ``got``) that the index refuses."""
+    if spec.bytes is not None and size != spec.bytes:
+        said = f"the server's file is {size} bytes, the index says {spec.bytes}"
+    else:
+        h = hashlib.sha256()
+        with open(got, "rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+        said = (f"the server's file ({size} bytes) has sha256 {h.hexdigest()}, which does not match the index's "
+                f"{spec.sha256}")
+    return _ContentError(redact(spec.url), None, f"{said}: the shard or its index is out of date")
 
 
 @dataclass(frozen=True)
@@ -290,6 +403,7 @@ def _remove(shard: Path) -> bool:
         except BlockingIOError:
             return False
         shard.unlink(missing_ok=True)
+        Path(_record_path(shard)).unlink(missing_ok=True)
         # A rank that opened this lock file just before the unlink may download the shard again beside one that
         # opens a new lock file: both rename a verified copy into place, so the worst case is one extra download.
         Path(_lock_path(shard)).unlink(missing_ok=True)
