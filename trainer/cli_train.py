@@ -46,7 +46,7 @@ the weights and policy files without the optimizer and trainer state.
 EXIT_CODES = """\
 exit codes:
   0  success: the steps are done (final/ written unless run.save_final=false), or the run stopped at
-     run.stop_after (a checkpoint, no final/); plot and export: written
+     run.stop_after before its last step (a checkpoint, no final/); plot and export: written
   1  the run failed: an internal error (a traceback is printed; please report it), or the machine refused
      (disk full, permission denied: one line, no traceback); the newest whole checkpoint resumes it
   2  usage or config error, or a check before the model loads failed (model.path, the shards, the launch,
@@ -70,10 +70,41 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--print-config", action="store_true", help="sft/grpo: print the resolved config as YAML; exit.")
     p.add_argument("--out", help="plot: output PNG path (default: curves.png in the first RUN_DIR, or beside its "
                                  "metrics.jsonl); export: the new model directory.")
-    p.add_argument("--trust-remote-code", action="store_true",
+    # default None, not False or 1: an option given to a stage that does not read it is refused (_unread_option)
+    p.add_argument("--trust-remote-code", action="store_true", default=None,
                    help="export: allow model code shipped with the checkpoint (model.trust_remote_code). Opt-in.")
     p.add_argument("--keys", help="plot: comma-separated metric names (default: by stage).")
-    p.add_argument("--smooth", type=int, default=1, help="plot: moving-average window (steps, >= 1).")
+    p.add_argument("--smooth", type=int, help="plot: moving-average window (steps, >= 1; default 1).")
+
+
+#: what to use instead of an option that a stage does not read, by option and stage group ("train": sft and grpo)
+_INSTEAD = {
+    ("--out", "train"): "the run's directory is run.out_dir: use --set run.out_dir=DIR",
+    ("--keys", "train"): "it is train plot's: draw the run's curves with `longreel train plot RUN_DIR --keys ...`",
+    ("--smooth", "train"): "it is train plot's: draw the run's curves with `longreel train plot RUN_DIR --smooth N`",
+    ("--trust-remote-code", "train"): "it is train export's: use --set model.trust_remote_code=true",
+    ("--trust-remote-code", "plot"): "it is train export's; plot loads no model",
+    ("--print-config", "plot"): "it is sft's and grpo's; plot reads the runs' metrics.jsonl",
+    ("--config", "plot"): "plot draws the runs' metrics.jsonl as they are; it takes no config",
+    ("--set", "plot"): "plot draws the runs' metrics.jsonl as they are; it takes no config",
+    ("--keys", "export"): "it is train plot's; export draws nothing",
+    ("--smooth", "export"): "it is train plot's; export draws nothing",
+    ("--print-config", "export"): "it is sft's and grpo's; an export's config is the checkpoint's config.json",
+}
+
+
+def _unread_option(args) -> str | None:
+    """The first option given that ``args.stage`` does not read, with what to use instead; None when there is none.
+    Every stage shares one parser, so ``train sft --out DIR`` parsed, and the run went to the default run.out_dir
+    while DIR never existed (exit 0)."""
+    group = "train" if args.stage in ("sft", "grpo") else args.stage
+    given = {"--out": args.out is not None, "--keys": args.keys is not None, "--smooth": args.smooth is not None,
+             "--trust-remote-code": args.trust_remote_code is not None, "--print-config": args.print_config,
+             "--config": args.config is not None, "--set": bool(args.overrides)}
+    for option, instead in ((o, _INSTEAD.get((o, group))) for o, on in given.items() if on):
+        if instead is not None:
+            return f"{option} is not an option of train {args.stage}: {instead}"
+    return None
 
 
 def main(args, extra: list[str]) -> int:
@@ -88,6 +119,10 @@ def main(args, extra: list[str]) -> int:
         return 0
     if args.stage is None:
         print("longreel train: give a stage: sft, grpo, plot or export", file=sys.stderr)
+        return 2
+    unread = _unread_option(args)
+    if unread is not None:
+        print(f"longreel train {args.stage}: {unread}", file=sys.stderr)
         return 2
     if args.stage == "plot":
         return plot(args)
@@ -144,9 +179,9 @@ def plot(args) -> int:
     if not args.runs:
         print("longreel train plot: give at least one RUN_DIR", file=sys.stderr)
         return 2
-    if args.smooth < 1:
-        print(f"longreel train plot: --smooth {args.smooth}: the moving-average window is 1 step or more",
-              file=sys.stderr)
+    smooth = 1 if args.smooth is None else args.smooth
+    if smooth < 1:
+        print(f"longreel train plot: --smooth {smooth}: the moving-average window is 1 step or more", file=sys.stderr)
         return 2
     from longreel.trainer.plot import plot_metrics
 
@@ -155,7 +190,7 @@ def plot(args) -> int:
     out = args.out or os.path.join(os.path.dirname(first) if os.path.isfile(first) else first, "curves.png")
     keys = args.keys.split(",") if args.keys else None
     try:
-        drawn = plot_metrics(args.runs, out, keys=keys, smooth=args.smooth)
+        drawn = plot_metrics(args.runs, out, keys=keys, smooth=smooth)
     except (OSError, ValueError) as e:
         print(f"longreel train plot: {e}", file=sys.stderr)
         return 2
@@ -175,7 +210,7 @@ def export(args) -> int:
     from longreel.trainer.export import export_checkpoint
 
     try:
-        out = export_checkpoint(src, args.out, trust_remote_code=args.trust_remote_code)
+        out = export_checkpoint(src, args.out, trust_remote_code=bool(args.trust_remote_code))
     except (FileExistsError, ValueError) as e:  # what the user gave; a full disk is the CLI's one-line exit 1
         print(f"longreel train export: {e}", file=sys.stderr)
         return 2

@@ -167,7 +167,8 @@ class RunConfig(ConfigModel):
                           "machine.")
     deterministic: bool = cfg(True, "torch.use_deterministic_algorithms (warn-only) for reproducible runs.")
     stop_after: int = cfg(0, "Stop once this step is done (after saving a checkpoint), as if interrupted; 0: run "
-                             "to run.steps. The schedule still follows run.steps, so a resumed run continues it.")
+                             "to run.steps. The schedule still follows run.steps, so a resumed run continues it; "
+                             "at run.steps itself the run finishes as usual (final/).")
     dump_grads: str = cfg("", "Debug: write the step-1 (post all-reduce) gradients to this safetensors file.")
     stop_signals: list[str] = cfg(default_factory=lambda: ["SIGTERM", "SIGUSR1"],
                                   help="Signals that stop the run cleanly: the step in flight ends, a checkpoint is "

@@ -196,6 +196,53 @@ def _same_paths(there, here) -> bool:
         isinstance(a, str) and isinstance(b, str) and absolute_path(a) == absolute_path(b) for a, b in zip(there, here))
 
 
+_SAID_SAME_SHARDS: set[tuple] = set()
+
+
+def _train_shards_kept(there, here, data_cfg, notes: dict) -> bool:
+    """``data.train_urls`` names the run's shards still: the same paths written another way, or the same shards in
+    the same order at a new location (a bucket's index copied to local disk), by the sha256 each one's index records
+    on both sides. The checkpoint records no digest of its own, so the earlier URLs are resolved again; when they
+    cannot be, or an index records no sha256, the content cannot be compared and the change is refused, with why in
+    ``notes``."""
+    if _same_paths(there, here):
+        return True
+    if not (isinstance(there, list) and isinstance(here, list) and all(isinstance(u, str) for u in there + here)):
+        return False
+    try:
+        new = resolve_shards(list(here))
+    except (ValueError, OSError):
+        return False  # this run's own shards are check_shards' to name
+    key = "data.train_urls"
+    try:
+        old = resolve_shards(list(there))
+    except (ValueError, OSError) as e:
+        notes[key] = (f" (the run's shards could not be read there to compare their content: {e}; its checkpoint "
+                      "records no shard digests)")
+        return False
+    if len(old) != len(new):
+        notes[key] = f" ({len(old)} shards there, {len(new)} in this run)"
+        return False
+    if any(s.sha256 is None for s in old + new):
+        notes[key] = " (not every shard has a sha256 in a wids index there and here: the content cannot be compared)"
+        return False
+    differ = next((i for i, (a, b) in enumerate(zip(old, new)) if a.sha256 != b.sha256), None)
+    if differ is not None:
+        notes[key] = (f" (other shards: shard {differ + 1} of {len(new)}, {new[differ].url}, has another sha256 than "
+                      f"{old[differ].url})")
+        return False
+    names = [s.url.rsplit("/", 1)[-1] for s in old], [s.url.rsplit("/", 1)[-1] for s in new]
+    if data_cfg.stream and names[0] != names[1]:  # the stream's saved position names the shards by file name
+        notes[key] = " (the same shards under other file names: data.stream's saved position names them by file name)"
+        return False
+    said = (tuple(here), tuple(there))
+    if said not in _SAID_SAME_SHARDS:  # the launch's checks and the session's both look: one line
+        _SAID_SAME_SHARDS.add(said)
+        log.info("data.train_urls %r: the same content at a new location, %d shards with the sha256s and order of "
+                 "the run's %r", here, len(new), there)
+    return True
+
+
 def _same_dir(a, b) -> bool:
     """One directory written two ways (relative to another working directory, through a symlink)."""
     return isinstance(a, str) and isinstance(b, str) and os.path.isdir(a) and os.path.isdir(b) \
@@ -410,9 +457,10 @@ def check_resume(cfg, stage: str, checkpoint: Path) -> list[str]:
     if saved is None:  # written before checkpoints kept their config: nothing to compare
         return []
     there, here = _flat(saved), _flat(config_record(cfg))
+    notes: dict[str, str] = {}
     changed = [k for k in sorted(set(there) | set(here)) if there.get(k) != here.get(k)
                and not (k == "model.path" and _model_path_kept(there.get(k), here.get(k), state))
-               and not (k == "data.train_urls" and _same_paths(there.get(k), here.get(k)))]
+               and not (k == "data.train_urls" and _train_shards_kept(there.get(k), here.get(k), cfg.data, notes))]
     rounding = [f"{k}: {there.get(k)!r} -> {here.get(k)!r}" for k in changed if k in RESUMABLE_WITHIN_ROUNDING]
     unused = unread_by(stage, cfg)
     differ = [k for k in changed if not _resumable(k) and k not in RESUMABLE_WITHIN_ROUNDING
@@ -421,7 +469,7 @@ def check_resume(cfg, stage: str, checkpoint: Path) -> list[str]:
         # a linear or cosine schedule is laid out over run.steps: another total changes every later step's rate
         differ.insert(0, "run.steps")
     if differ:
-        why = {"run.steps": f" (optim.schedule={cfg.optim.schedule} is laid out over run.steps)"}
+        why = {"run.steps": f" (optim.schedule={cfg.optim.schedule} is laid out over run.steps)", **notes}
         shown = "; ".join(f"{k}: {there.get(k)!r} there, {here.get(k)!r} in this run{why.get(k, '')}"
                           for k in differ[:3])
         more = f" (and {len(differ) - 3} more)" if len(differ) > 3 else ""

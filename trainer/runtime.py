@@ -830,10 +830,12 @@ class TrainSession:
         return items
 
     def maybe_save(self, signalled: bool = False) -> bool:
-        """Save on the schedule; return True when the run should stop now (run.stop_after, or ``signalled``: a
-        signal of run.stop_signals reached a rank)."""
+        """Save on the schedule; return True when the run should stop now (run.stop_after before the last step, or
+        ``signalled``: a signal of run.stop_signals reached a rank)."""
         every = self.cfg.run.save_every
-        stop = signalled or (bool(self.cfg.run.stop_after) and self.step >= self.cfg.run.stop_after)
+        # run.stop_after stops a run short of its end: one at its last step finishes (final/), whatever it says
+        stop_after = self.cfg.run.stop_after
+        stop = signalled or (bool(stop_after) and stop_after <= self.step < self.total_steps)
         if (every and self.step % every == 0) or stop:
             self.save()
         return stop

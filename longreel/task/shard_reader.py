@@ -108,12 +108,42 @@ def resolve_shards(source) -> list[ShardSpec]:
 
 
 def _index_specs(s: str) -> list[ShardSpec]:
-    """The shards a wids index lists, their URLs resolved against the index's own location."""
+    """The shards a wids index lists, their URLs resolved against the index's own location. A malformed index is a
+    ValueError naming it (an HTML error page at the URL, a list, an entry without its url): read unchecked it was an
+    AttributeError or KeyError, reported as a bug."""
     with open_url(s) as fh:
-        doc = json.loads(fh.read())
+        text = fh.read()
+    try:
+        doc = json.loads(text)
+    except ValueError as e:  # UnicodeDecodeError too: the error must name the index, not only the JSON position
+        raise ValueError(f"{s} is not a wids shard index (not JSON: {e})") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{s} is not a wids shard index (a JSON {type(doc).__name__}, not an object)")
     if doc.get("__kind__") != "wids-shard-index-v1" or not isinstance(doc.get("shardlist"), list):
         raise ValueError(f"{s} is not a wids shard index (__kind__ wids-shard-index-v1 with a shardlist)")
-    return [ShardSpec(_join(s, e["url"]), e.get("sha256"), e.get("bytes"), e.get("nsamples")) for e in doc["shardlist"]]
+    return [_index_entry(s, i, e) for i, e in enumerate(doc["shardlist"])]
+
+
+def _index_entry(s: str, i: int, e) -> ShardSpec:
+    """Entry ``i`` of index ``s``'s shardlist: ``url`` a string, ``nsamples`` a count, ``sha256`` and ``bytes`` (the
+    names the pack stage writes) absent or of their type, so that what the loader and the cache check is sound."""
+    def bad(what: str) -> ValueError:
+        return ValueError(f"{s}: shardlist entry {i} {what} (each entry is {{url, nsamples[, bytes, sha256]}})")
+
+    if not isinstance(e, dict):
+        raise bad(f"is a JSON {type(e).__name__}, not an object")
+    if not isinstance(e.get("url"), str) or not e["url"]:
+        raise bad("has no url" if "url" not in e else f"has url {e['url']!r}, not a shard URL")
+    n = e.get("nsamples")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:  # a count of samples (a bool is an int to Python)
+        raise bad("has no nsamples" if "nsamples" not in e else f"has nsamples {n!r}, not a count of samples")
+    sha = e.get("sha256")
+    if sha is not None and not (isinstance(sha, str) and re.fullmatch(r"[0-9a-fA-F]{64}", sha)):
+        raise bad(f"has sha256 {sha!r}, not 64 hex digits")
+    size = e.get("bytes")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
+        raise bad(f"has bytes {size!r}, not a size in bytes")
+    return ShardSpec(_join(s, e["url"]), sha, size, n)
 
 
 def local_path(url: str) -> str | None:
