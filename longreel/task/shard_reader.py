@@ -687,7 +687,7 @@ def copy_verified(spec: ShardSpec, out, stop=None) -> int:
 
     try:
         with open_url(spec.url) as src, cut_on_stop(stop, src):
-            announced = _announced_length(src)
+            announced = announced_length(src)
             # read1 returns what has arrived rather than waiting for a full MB, so `stop` is looked at during a
             # slow transfer too
             read = getattr(src, "read1", src.read)
@@ -716,7 +716,7 @@ def copy_verified(spec: ShardSpec, out, stop=None) -> int:
     return size
 
 
-def _announced_length(src) -> int | None:
+def announced_length(src) -> int | None:
     """The Content-Length of an HTTP response (None for other sources, or a response without one)."""
     headers = getattr(src, "headers", None)
     value = headers.get("Content-Length") if hasattr(headers, "get") else None

@@ -26,6 +26,7 @@ from apache_beam.io.filesystems import FileSystems
 from longreel.pipelines.media.worker import IsolatedWorker, WorkerError
 from longreel.pipelines.stages.base import MAIN, REJECTS, Progress, checked, rejected
 from longreel.pipelines.tmp_dirs import make_tmpdir
+from longreel.task.shard_reader import announced_length
 
 STAGE = "ingest"
 DEDUP_STAGE = "dedup"
@@ -91,19 +92,10 @@ def _copy(uri: str, local: str) -> tuple[str, int]:
             h.update(chunk)
             size += len(chunk)
             out.write(chunk)
-        expected = _content_length(fh)
+        expected = announced_length(fh)
     if expected is not None and size < expected:  # http.client ends a cut transfer as if it were whole
         raise http.client.IncompleteRead(b"", expected - size)
     return h.hexdigest(), size
-
-
-def _content_length(fh) -> int | None:
-    """The length an HTTP answer announced (None for other streams, or when it announced none)."""
-    value = fh.headers.get("Content-Length") if isinstance(fh, http.client.HTTPResponse) else None
-    try:
-        return int(value) if value is not None else None
-    except ValueError:
-        return None
 
 
 def _fetch(uri: str, local: str) -> tuple[str, int]:
